@@ -47,8 +47,11 @@ def row_from(result: dict, rate: float, n: int, k: dict, slo: dict) -> dict:
     for m in METRICS:
         for p in PCTS:
             row[f"p{p}_{m}_ms"] = result.get(f"p{p}_{m}_ms")
-    # completions falling well behind arrivals = a growing queue: latency there is backlog, not service time
-    row["backlog"] = bool(row["achieved_rps"] is not None and row["achieved_rps"] < k["backlog_ratio"] * rate)
+    # completions falling behind arrivals = a growing queue, whose latency is backlog, not service time.
+    # A probe that keeps up still takes one request's drain (p50 E2E) after the last arrival.
+    e2e = (row["p50_e2el_ms"] or 0) / 1000
+    expected = n / (n / rate + e2e)
+    row["backlog"] = bool(row["achieved_rps"] is not None and row["achieved_rps"] < k["backlog_ratio"] * expected)
     row["passed"], row["why"] = stats.probe_passes(row, slo)
     return row
 

@@ -26,6 +26,7 @@ import yaml
 import common
 import stats
 
+LADDER_YAML = common.ROOT / "ladder.yaml"
 LADDER_JSON = common.ROOT / "report" / "ladder.json"
 LOGS = common.ROOT / "results" / "logs" / "ladder"
 TARGETS = ["gate", "bench", "knee"]  # everything a rung measures; `report` runs once at the end
@@ -51,30 +52,47 @@ def committed_params() -> dict | None:
     return yaml.safe_load(out.stdout) if out.returncode == 0 else None
 
 
-def profile_overrides(params: dict, profile: str, defaults: dict | None = None) -> dict:
+def load_ladder(path: Path = LADDER_YAML) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lad = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as e:
+        raise common.ParamsError(f"{path.name}: cannot read ({e})") from None
+    unknown = set(lad or {}) - {"objective", "groups", "profiles"}
+    if unknown:
+        raise common.ParamsError(f"{path.name}: unknown section(s) {', '.join(sorted(unknown))}; "
+                                 f"allowed: objective, groups, profiles")
+    if lad.get("objective", "knee_rps") not in ("knee_rps", "output_tps"):
+        raise common.ParamsError(f"{path.name}: objective: {lad['objective']!r}; allowed: knee_rps, output_tps")
+    for name, prof in (lad.get("profiles") or {}).items():
+        if not isinstance(prof, dict) or set(prof) - {"settings", "rungs"}:
+            raise common.ParamsError(f"{path.name}: profiles.{name} must hold `settings` and `rungs`")
+    return lad
+
+
+def profile_overrides(lad: dict, profile: str, defaults: dict) -> dict:
     """Every key any profile sets: this profile's value, else the committed default, so that switching
     profiles never leaves another profile's value behind in the workspace."""
-    profiles = params.get("profiles") or {}
+    profiles = {name: (p.get("settings") or {}) for name, p in (lad.get("profiles") or {}).items()}
     if profile not in profiles:
-        raise common.ParamsError(f"profile: {profile!r} is not defined; allowed: {', '.join(profiles)}")
-    defaults = defaults or params
+        raise common.ParamsError(f"profile: {profile!r} is not defined in ladder.yaml; allowed: {', '.join(profiles)}")
     out = {"profile": profile}
-    for key in dict.fromkeys(k for p in profiles.values() for k in (p or {})):
-        if key in (profiles[profile] or {}):
+    for key in dict.fromkeys(k for p in profiles.values() for k in p):
+        if key in profiles[profile]:
             out[key] = profiles[profile][key]
         else:
             try:
                 out[key] = get_dotted(defaults, key)
             except (KeyError, TypeError):
-                raise common.ParamsError(f"profiles.{profile}: {key} has no default in params.yaml; "
-                                         f"set it in profiles.{profile}") from None
+                raise common.ParamsError(f"ladder.yaml profiles.{profile}.settings: {key} has no default in "
+                                         f"params.yaml; set it for this profile") from None
     return out
 
 
-def effective_params(params: dict, profile: str, defaults: dict | None = None) -> dict:
+def effective_params(params: dict, lad: dict, profile: str, defaults: dict | None = None) -> dict:
     """params.yaml with the profile applied and the rung in force reset to the baseline (rung 0)."""
     eff = copy.deepcopy(params)
-    for key, value in profile_overrides(params, profile, defaults).items():
+    for key, value in profile_overrides(lad, profile, defaults or params).items():
         set_dotted(eff, key, value)
     for section in ("model", "engine", "env"):
         eff[section] = copy.deepcopy(eff["baseline"][section])
@@ -114,21 +132,21 @@ def check_change(where: str, change, in_force: dict, params: dict, groups: dict)
         errors.append(f"{where}: candidates (a list of values) are allowed for one knob only")
     if len(change) > 1 and not any(set(change) <= set(members) for members in groups.values()):
         errors.append(f"{where}: changes {len(change)} knobs ({', '.join(change)}); a rung changes ONE knob, "
-                      f"or several that ladder.groups declares as one change ({', '.join(groups) or 'none declared'})")
+                      f"or several that ladder.yaml `groups` declares as one ({', '.join(groups) or 'none declared'})")
     return errors
 
 
-def plan(params: dict, profile: str) -> list[dict]:
+def plan(params: dict, lad: dict, profile: str) -> list[dict]:
     """Validate the profile's ladder before any engine starts; raise ParamsError naming rung and knob."""
-    lad = params.get("ladder") or {}
-    rungs, groups = lad.get(profile), lad.get("groups") or {}
+    rungs = ((lad.get("profiles") or {}).get(profile) or {}).get("rungs")
+    groups = lad.get("groups") or {}
     if not isinstance(rungs, list):
-        raise common.ParamsError(f"ladder.{profile}: missing; expected a list of rungs")
+        raise common.ParamsError(f"ladder.yaml profiles.{profile}.rungs: missing; expected a list of rungs")
     in_force = common.flatten_knobs(common.rung_config(params, "baseline"))
     errors, names, out = [], set(), []
     for i, rung in enumerate(rungs, 1):
         name = rung.get("name") if isinstance(rung, dict) else None
-        where = f"ladder.{profile}[{i}] {name!r}"
+        where = f"ladder.yaml {profile} rung {i} {name!r}"
         if not name or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", str(name)):
             errors.append(f"{where}: `name` must be lower-case letters, digits and dashes")
             continue
@@ -246,12 +264,12 @@ def decide(rec: dict, base: dict, objective: str) -> tuple[bool, str]:
 
 # ---------------------------------------------------------------- running rungs
 class Driver:
-    def __init__(self, params: dict, profile: str, out: Path = LADDER_JSON):
-        self.params, self.profile, self.out = params, profile, out
-        defaults = committed_params()
-        self.overrides = profile_overrides(params, profile, defaults)
-        self.eff = effective_params(params, profile, defaults)
-        self.objective = self.eff["ladder"].get("objective", "knee_rps")
+    def __init__(self, params: dict, lad: dict, profile: str, out: Path = LADDER_JSON):
+        self.params, self.lad, self.profile, self.out = params, lad, profile, out
+        defaults = committed_params() or params
+        self.overrides = profile_overrides(lad, profile, defaults)
+        self.eff = effective_params(params, lad, profile, defaults)
+        self.objective = lad.get("objective", "knee_rps")
         self.records: list[dict] = []
         self.t0 = time.monotonic()
         self.started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
@@ -329,7 +347,7 @@ class Driver:
 
     # -- the ladder
     def run(self, limit: int | None = None) -> int:
-        rungs = plan(self.eff, self.profile)[:limit]
+        rungs = plan(self.eff, self.lad, self.profile)[:limit]
         gpus = len((common.read_json(common.RESULTS / "fingerprint.json") if (common.RESULTS / "fingerprint.json").exists()
                     else {}).get("gpus") or [])
         kept_flat = common.flatten_knobs(common.rung_config(self.eff, "baseline"))
@@ -464,10 +482,10 @@ def main() -> int:
     sys.path.insert(0, str(common.ROOT / "evals"))
     import score
     try:  # every bad input is reported here, before any engine starts
-        params = common.load_params(check=False)
-        eff = effective_params(params, profile, committed_params())
+        params, lad = common.load_params(check=False), load_ladder()
+        eff = effective_params(params, lad, profile, committed_params())
         common.validate(eff)
-        rungs = plan(eff, profile)
+        rungs = plan(eff, lad, profile)
         score.load_items(eff["eval"]["file"])
     except (common.ParamsError, score.EvalFileError) as e:
         common.die(str(e))
@@ -475,7 +493,7 @@ def main() -> int:
           + ", ".join(r["name"] for r in rungs[:args.rungs]))
     if args.check:
         return 0
-    drv = Driver(params, profile)
+    drv = Driver(params, lad, profile)
     common.handle_signals()
     try:
         rc = drv.run(args.rungs)
