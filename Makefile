@@ -26,7 +26,7 @@ $(VENV)/.ladder-setup: requirements.txt scripts/requirements-cpu.txt scripts/set
 	touch $@
 
 ladder: setup ## run the whole ladder as DVC experiments and write report/before_after.md (PROFILE=…, RUNGS=N)
-	python scripts/ladder.py --profile $(PROFILE) $(if $(RUNGS),--rungs $(RUNGS))
+	python scripts/ladder.py --profile $(PROFILE) $(if $(RUNGS),--rungs $(RUNGS)) $(if $(LADDER),--ladder $(LADDER))
 
 check: setup ## validate params.yaml, the ladder and the eval set; start nothing
 	python scripts/ladder.py --profile $(PROFILE) --check

@@ -1,13 +1,15 @@
-"""Stage `bench`: `vllm bench throughput` on the fixed decode-heavy shape, `bench.repeats` times.
+"""Stage `bench`: vLLM's `bench throughput` on the fixed decode-heavy shape, `bench.repeats` timed runs.
 
-vLLM's CLI starts one engine per run and has no in-engine repeat, so each repeat is a fresh engine with
-`--num-warmups` requests before its timed part: the spread across repeats is the run-to-run noise a user
-will see. vLLM 0.26/0.32 ignore --input-len/--output-len for the random dataset, so the --random-* flags
-are used and the shape vLLM actually ran is read back from its output and checked against params.
+bench.mode `engine` (default): vLLM's own `vllm.benchmarks.throughput.main`, its arguments parsed by its own
+parser, with its `run_vllm` wrapped so that ONE engine serves the warm-up and every timed repeat (an engine
+start costs more than the measurement). bench.mode `cli`: `vllm bench throughput` once per repeat, each a
+fresh engine, so the spread also holds start-to-start noise. vLLM 0.26/0.32 ignore --input-len/--output-len
+for the random dataset, so the --random-* flags are used and the shape vLLM ran is checked against params.
 """
 from __future__ import annotations
 
 import re
+import sys
 import time
 
 import common
@@ -23,17 +25,20 @@ class ShapeError(RuntimeError):
     pass
 
 
-def parse_output(text: str) -> dict:
-    """The numbers `vllm bench throughput` prints (its --output-json lacks output tok/s)."""
-    m = _THROUGHPUT.search(text)
-    if not m:
-        raise ShapeError("no 'Throughput:' line in vllm bench throughput output")
-    out = {"requests_per_s": float(m.group(1)), "total_tps": float(m.group(2)), "output_tps": float(m.group(3))}
-    if p := _PROMPT_TOK.search(text):
-        out["prompt_tokens"] = int(p.group(1))
-    if o := _OUTPUT_TOK.search(text):
-        out["output_tokens"] = int(o.group(1))
-    return out
+def parse_output(text: str) -> list[dict]:
+    """Every result block `vllm bench throughput` printed (its --output-json lacks output tok/s)."""
+    runs = []
+    for m in _THROUGHPUT.finditer(text):
+        run = {"requests_per_s": float(m.group(1)), "total_tps": float(m.group(2)), "output_tps": float(m.group(3))}
+        rest = text[m.end():m.end() + 400]
+        if p := _PROMPT_TOK.search(rest):
+            run["prompt_tokens"] = int(p.group(1))
+        if o := _OUTPUT_TOK.search(rest):
+            run["output_tokens"] = int(o.group(1))
+        runs.append(run)
+    if not runs:
+        raise ShapeError("no 'Throughput:' line in the vllm bench throughput output")
+    return runs
 
 
 def check_shape(run: dict, num_prompts: int, input_len: int, output_len: int) -> dict:
@@ -45,43 +50,81 @@ def check_shape(run: dict, num_prompts: int, input_len: int, output_len: int) ->
     return applied
 
 
+def worker(job_path: str) -> None:
+    """In the child: vLLM's own throughput benchmark, one engine, warm-up then `repeats` timed runs."""
+    import vllm.benchmarks.throughput as T
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    job = common.read_json(job_path)
+    parser = FlexibleArgumentParser()
+    T.add_cli_args(parser)
+    args = parser.parse_args(job["argv"])
+
+    def run_vllm(requests, n, engine_args, do_profile, disable_detokenize=False, warmup_requests=None,
+                 prequeue_requests=False):
+        from vllm import LLM
+        llm = LLM.from_engine_args(engine_args)
+        kw = dict(n=n, disable_detokenize=disable_detokenize, do_profile=False, prequeue_requests=prequeue_requests,
+                  enable_lora=engine_args.enable_lora)
+        if warmup_requests:
+            print(f"Warming up with {len(warmup_requests)} requests...")
+            T._run_vllm_requests(llm, warmup_requests, **kw)
+        for r in range(job["repeats"]):
+            elapsed, outputs = T._run_vllm_requests(llm, requests, **kw)
+            p = sum(len(o.prompt_token_ids or []) for o in outputs)
+            o = sum(len(c.token_ids) for out in outputs for c in out.outputs if c is not None)
+            print(f"[repeat {r + 1}/{job['repeats']}] Throughput: {len(requests) / elapsed:.2f} requests/s, "
+                  f"{(p + o) / elapsed:.2f} total tokens/s, {o / elapsed:.2f} output tokens/s\n"
+                  f"Total num prompt tokens:  {p}\nTotal num output tokens:  {o}", flush=True)
+        return elapsed, outputs
+
+    T.run_vllm = run_vllm  # the only change to vLLM's flow: the timed part runs `repeats` times
+    T.main(args)
+
+
 def main():
     params = common.stage_start()
     cfg, b = common.rung_config(params), params["bench"]
     entry = common.model_entry(cfg["model"]["name"])
     logs = common.RESULTS / "logs" / "bench"
-    eng = dict(cfg["engine"])
-    shape = ["--dataset-name", "random", "--random-input-len", str(b["input_len"]), "--random-output-len",
-             str(b["output_len"]), "--random-range-ratio", "0", "--num-prompts", str(b["num_prompts"]),
-             "--num-warmups", str(b.get("warmups", 0))]
-    runs, t_all = [], time.monotonic()
-    for r in range(b["repeats"]):
-        log = logs / f"run{r + 1}.log"
-        t0 = time.monotonic()
-        proc = engine.run(engine.vllm_cli() + ["bench", "throughput", "--model", entry["path"]] + shape +
-                          engine.cli_flags(eng), log, engine.child_env(cfg["env"]), timeout=b.get("timeout_s", 1800),
-                          what="vllm bench throughput")
-        text = log.read_text(encoding="utf-8", errors="replace")
-        run = parse_output(text)
+    mode = b.get("mode", "engine")
+    argv = ["--model", entry["path"], "--dataset-name", "random", "--random-input-len", str(b["input_len"]),
+            "--random-output-len", str(b["output_len"]), "--random-range-ratio", "0",
+            "--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b.get("warmups", 0))] + engine.cli_flags(cfg["engine"])
+    t0 = time.monotonic()
+    if mode == "engine":
+        proc = engine.run_worker(__file__, {"argv": argv, "repeats": b["repeats"]}, logs, cfg["env"],
+                                 b.get("timeout_s", 1800), "vllm bench throughput (in-engine repeats)")
+        runs = parse_output((logs / "engine.log").read_text(encoding="utf-8", errors="replace"))[:b["repeats"]]
+        facts = engine.engine_facts(proc.log)
+    elif mode == "cli":
+        runs, facts = [], {}
+        for r in range(b["repeats"]):
+            log = logs / f"run{r + 1}.log"
+            engine.run(engine.vllm_cli() + ["bench", "throughput"] + argv, log, engine.child_env(cfg["env"]),
+                       timeout=b.get("timeout_s", 1800), what="vllm bench throughput")
+            runs += parse_output(log.read_text(encoding="utf-8", errors="replace"))[:1]
+            facts = facts or engine.engine_facts(log)
+    else:
+        raise common.ParamsError(f"bench.mode: {mode!r} is not allowed; expected engine or cli")
+    for i, run in enumerate(runs, 1):
         run["applied"] = check_shape(run, b["num_prompts"], b["input_len"], b["output_len"])
-        run.update(wall_s=round(time.monotonic() - t0, 1), engine=engine.engine_facts(log), lines=proc.lines_seen)
-        runs.append(run)
-        print(f"bench: run {r + 1}/{b['repeats']}: {run['output_tps']:.1f} output tok/s ({run['wall_s']:.0f} s)")
+        print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
     out = {key: stats.summarize([run[key] for run in runs]) for key in ("output_tps", "total_tps", "requests_per_s")}
-    facts = runs[0]["engine"]
     common.write_json(common.RESULTS / "bench.json", {
         "output_tps": out["output_tps"]["median"],
         "total_tps": out["total_tps"]["median"],
         "requests_per_s": out["requests_per_s"]["median"],
         "output_tps_ci95": out["output_tps"]["ci95"],
         "repeats": len(runs),
+        "mode": mode,
         "shape": {"num_prompts": b["num_prompts"], "input_len": b["input_len"], "output_len": b["output_len"],
                   "dataset": "random", "ignore_eos": True, "warmups": b.get("warmups", 0)},
         "applied_shape": runs[0]["applied"],
         "kv_cache_tokens": facts.get("kv_cache_tokens"),
         "max_concurrency": facts.get("max_concurrency"),
         "engine_init_s": facts.get("engine_init_s"),
-        "wall_s": round(time.monotonic() - t_all, 1),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "engine": facts,
         "summary": out,
         "runs": runs,
         "provenance": common.provenance(params, cfg),
@@ -89,6 +132,9 @@ def main():
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        worker(sys.argv[2])
+        sys.exit(0)
     try:
         main()
     except (common.ParamsError, engine.EngineError, ShapeError) as e:

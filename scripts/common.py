@@ -152,6 +152,7 @@ def validate(params: dict) -> None:
     _need(errors, params, "slo.p99_tpot_ms", _pos_num, "a number of milliseconds > 0")
     for key in ("num_prompts", "input_len", "output_len", "repeats"):
         _need(errors, params, f"bench.{key}", _pos_int, "an integer > 0")
+    _need(errors, params, "bench.mode", lambda v: v in ("engine", "cli"), "engine or cli")
     _need(errors, params, "eval.max_tokens", _pos_int, "an integer > 0")
     _need(errors, params, "eval.file", lambda v: isinstance(v, str) and (ROOT / v).is_file(), "an existing eval file")
     mode = _need(errors, params, "knee.mode", lambda v: v in ("sweep", "search"), "sweep or search")

@@ -90,6 +90,8 @@ def _die_with_parent():
 
 
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|Traceback|CUDA out of memory|No available memory|Killed)")
+_LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s+)?((ERROR|WARNING|INFO|DEBUG|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
+_EXCEPTION = re.compile(r"^[\w.]*(Error|Exception)\b: \S")
 _NOISE = re.compile(r"^\s*(File \"|\^+|~+|raise |return |Traceback)|See root cause above|"
                     r"Engine core initialization failed|exit code \d+")
 
@@ -140,15 +142,19 @@ class Proc:
         return rc
 
     def error_line(self) -> str:
-        """The engine's own last error line (skipping traceback frames), else the last line it printed."""
-        lines = [ln for ln in self.tail if ln.strip()]
-        for i in range(len(lines) - 1, -1, -1):
-            ln = lines[i]
-            if _ERROR_LINE.search(ln) and not _NOISE.search(ln):
-                if ln.rstrip().endswith(":") and i + 1 < len(lines):  # message on the next line
-                    ln = ln.rstrip() + " " + lines[i + 1].strip()
-                return ln.strip()[:500]
-        return (lines[-1].strip()[:500] if lines else "no output")
+        """The engine's own root-cause line: the last exception message it printed (vLLM's wrappers such as
+        "Engine core initialization failed. See root cause above." skipped), else its last error-ish line."""
+        msgs = [_LOG_PREFIX.sub("", ln).strip() for ln in self.tail if ln.strip()]
+        exc = [m for m in msgs if _EXCEPTION.match(m) and not _NOISE.search(m)]
+        if exc:
+            return exc[-1][:500]
+        for i in range(len(msgs) - 1, -1, -1):
+            m = msgs[i]
+            if _ERROR_LINE.search(m) and not _NOISE.search(m):
+                if m.endswith(":") and i + 1 < len(msgs):  # the message is on the next line
+                    m = f"{m} {msgs[i + 1]}"
+                return m[:500]
+        return msgs[-1][:500] if msgs else "no output"
 
     def stop(self, grace: float = STOP_GRACE_S) -> None:
         """SIGTERM to the whole group, wait, SIGKILL what is left after `grace` seconds."""
@@ -208,6 +214,14 @@ def run(cmd: list[str], log: Path, env: dict | None = None, timeout: float = 180
     if rc != 0:
         raise EngineError(proc.what, f"exit code {rc}: {proc.error_line()}", proc.log)
     return proc
+
+
+def run_worker(script: str, job: dict, logs: Path, env_knobs: dict, timeout: float, what: str) -> Proc:
+    """`python <script> --worker job.json`: a stage's in-process vLLM engine, under the same lifecycle rules."""
+    job_path = Path(logs) / "job.json"
+    common.write_json(job_path, job)
+    return run([sys.executable, script, "--worker", str(job_path)], Path(logs) / "engine.log", child_env(env_knobs),
+               timeout=timeout, what=what)
 
 
 # ---------------------------------------------------------------- server

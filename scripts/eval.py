@@ -64,10 +64,8 @@ def main(which: str) -> None:
     job = {"model": entry["path"], "engine": engine.llm_kwargs(cfg["engine"]), "conversations": conversations(items),
            "temperature": ev.get("temperature", 0), "seed": ev.get("seed", 0), "max_tokens": ev["max_tokens"],
            "out": str(logs / "texts.json")}
-    common.write_json(logs / "job.json", job)
     t0 = time.monotonic()
-    engine.run([sys.executable, __file__, "--worker", str(logs / "job.json")], logs / "engine.log",
-               engine.child_env(cfg["env"]), timeout=ev.get("timeout_s", 1800), what=f"eval[{which}] engine")
+    engine.run_worker(__file__, job, logs, cfg["env"], ev.get("timeout_s", 1800), f"eval[{which}] engine")
     wall = time.monotonic() - t0
     gen = common.read_json(logs / "texts.json")
     summary = score.summarize(items, gen["texts"])

@@ -56,17 +56,22 @@ def compare(base: dict, cur: dict, g: dict) -> dict:
             "flipped": {"right_to_wrong": r2w, "wrong_to_right": w2r}}
 
 
-def main():
-    params = common.stage_start()
-    g = params["gate"]
-    base, cur = common.read_json("results/baseline/eval.json"), common.read_json("results/eval.json")
+def evaluate(base: dict, cur: dict, base_items, cur_items, g: dict) -> dict:
+    """The gate for two eval.json results; *_items are callables that load the per-item files when needed."""
     if base.get("status") != "ok" or cur.get("status") != "ok":
         why = cur.get("reason") or base.get("reason") or "no accuracy measured"
         result = {"keep": True, "gated": False, "verdict": "not gated", "reasons": [f"not gated: {why}"],
                   "overall": None, "by_category": {}, "regressed_categories": [], "flipped": {}}
     else:
-        result = compare(read_items("results/baseline/eval_items.jsonl"), read_items("results/eval_items.jsonl"), g)
-    result.update(thresholds=g, baseline_model=base.get("model"), rung_model=cur.get("model"))
+        result = compare(base_items(), cur_items(), g)
+    return {**result, "thresholds": g, "baseline_model": base.get("model"), "rung_model": cur.get("model")}
+
+
+def main():
+    params = common.stage_start()
+    result = evaluate(common.read_json("results/baseline/eval.json"), common.read_json("results/eval.json"),
+                      lambda: read_items("results/baseline/eval_items.jsonl"),
+                      lambda: read_items("results/eval_items.jsonl"), params["gate"])
     common.write_json(common.RESULTS / "gate.json", result)
     print(f"gate: {result['verdict']}: " + "; ".join(result["reasons"]))
 

@@ -6,7 +6,7 @@ reads the gate and the measurements and keeps or reverts it; a rung that fails (
 OOM, timeout) is recorded with the engine's own error and the ladder goes on. Finished rungs are saved to
 report/ladder.json as they finish; a re-run restores them from DVC's run-cache instead of re-measuring.
 
-  python scripts/ladder.py [--profile cpu|gpu|gpu-shape] [--check] [--rungs N]
+  python scripts/ladder.py [--profile cpu|gpu|gpu-shape] [--check] [--rungs N] [--ladder FILE]
 """
 from __future__ import annotations
 
@@ -30,6 +30,12 @@ LADDER_YAML = common.ROOT / "ladder.yaml"
 LADDER_JSON = common.ROOT / "report" / "ladder.json"
 LOGS = common.ROOT / "results" / "logs" / "ladder"
 TARGETS = ["gate", "bench", "knee"]  # everything a rung measures; `report` runs once at the end
+_REUSED = re.compile(r"(?:Restored stage '(\w+)' from run-cache|Stage '(\w+)' didn't change)")
+
+
+def reused_stages(lines: list[str]) -> list[str]:
+    """Stages DVC did not re-measure: restored from the run-cache, or already up to date in the workspace."""
+    return [m.group(1) or m.group(2) for ln in lines if (m := _REUSED.match(ln))]
 
 
 # ---------------------------------------------------------------- profile + plan (pure)
@@ -207,7 +213,11 @@ def applied_check(change: dict, facts: dict, models: dict) -> list[dict]:
             seen = f"enable_prefix_caching={got}, hit rate {'n/a' if rate is None else f'{rate:.1%}'}"
         elif knob == "engine.max_num_batched_tokens":
             got = facts.get("max_num_batched_tokens")
-            ok, seen = (None if got is None else got == want), f"max_num_batched_tokens={got}"
+            seen = f"max_num_batched_tokens={got} (scheduler log)"
+            if got is None:  # vLLM logs it only when chunked prefill splits prompts; else: what it received
+                got = received.get("max_num_batched_tokens")
+                seen = f"max_num_batched_tokens={got} (as received)"
+            ok = None if got is None else got == want
         elif knob == "engine.max_num_seqs":
             got = received.get("max_num_seqs")
             ok, seen = (None if got is None else got == want), f"max_num_seqs={got} (as received)"
@@ -258,6 +268,8 @@ def decide(rec: dict, base: dict, objective: str) -> tuple[bool, str]:
         return True, f"{quality}; {says(primary, pname)}; {says(secondary, sname)}"
     if secondary["verdict"] == "worse":
         return False, f"{quality}; {says(primary, pname)}, and {says(secondary, sname)}"
+    if secondary["verdict"] == "better":
+        return True, f"{quality}; {says(secondary, sname)}; {says(primary, pname)}"
     return True, (f"{quality}; no significant change: {says(primary, pname)}, {says(secondary, sname)}; "
                   "kept because nothing measurably got worse")
 
@@ -304,7 +316,7 @@ class Driver:
             rc = self.dvc.wait()
             self.dvc = None
         rec["seconds"] = round(time.monotonic() - t0, 1)
-        rec["reused"] = [m.group(1) for ln in lines if (m := re.match(r"Restored stage '(\w+)' from run-cache", ln))]
+        rec["reused"] = reused_stages(lines)
         if rc != 0:
             errs = [ln[len("error: "):] for ln in lines if ln.startswith("error: ")]
             dvc_errs = [ln for ln in lines if ln.startswith("ERROR")]
@@ -334,7 +346,7 @@ class Driver:
                                   "knee": (knee.get("wall_s") or 0) + (knee.get("server_ready_s") or 0)})
         if rec["role"] == "baseline":  # rung 0 also measured the gate's reference eval
             rec["stage_seconds"]["eval_baseline"] = common.read_json(R / "baseline" / "eval.json").get("wall_s") or 0
-        facts = {**(bench["runs"][0].get("engine") or {}), **(knee.get("applied") or {})}
+        facts = {**(bench.get("engine") or {}), **(knee.get("applied") or {})}
         rec["applied"] = applied_check(rec["change"], facts, models) if rec["change"] else []
         rec["roofline"] = roofline(self.eff, rec, models)
         self.models = {n: {k: m.get(k) for k in ("id", "revision", "sha256", "path")} for n, m in models.items()}
@@ -476,13 +488,14 @@ def main() -> int:
     ap.add_argument("--profile", default=os.environ.get("PROFILE") or None)
     ap.add_argument("--check", action="store_true", help="validate params and the ladder; run nothing")
     ap.add_argument("--rungs", type=int, default=None, help="run only the first N rungs after the baseline")
+    ap.add_argument("--ladder", type=Path, default=LADDER_YAML, help="the ladder file (default: ladder.yaml)")
     args = ap.parse_args()
     os.chdir(common.ROOT)
     profile = args.profile or detect_profile()
     sys.path.insert(0, str(common.ROOT / "evals"))
     import score
     try:  # every bad input is reported here, before any engine starts
-        params, lad = common.load_params(check=False), load_ladder()
+        params, lad = common.load_params(check=False), load_ladder(args.ladder)
         eff = effective_params(params, lad, profile, committed_params())
         common.validate(eff)
         rungs = plan(eff, lad, profile)

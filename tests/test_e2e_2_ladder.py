@@ -1,0 +1,111 @@
+"""`make ladder` end to end on the real engine: rungs as DVC experiments, keep/revert, a rung designed to
+fail the gate, a rung whose engine cannot start, Ctrl-C and resume, run-cache reuse, the report."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from conftest import wait_no_vllm, vllm_pids
+
+pytestmark = pytest.mark.engine
+
+# A short ladder for CI: one real optimization, one rung designed to fail the quality gate (RoPE base
+# forced to 1: positions scrambled), one whose engine cannot start (no KV cache space on CPU).
+CI_LADDER = {
+    "objective": "knee_rps",
+    "groups": {},
+    "profiles": {"cpu": {"settings": {}, "rungs": [
+        {"name": "fp8-kv", "set": {"engine.kv_cache_dtype": "fp8"}, "note": "KV cache in fp8"},
+        {"name": "broken-rope", "set": {"engine.hf_overrides": {"rope_parameters": {"rope_type": "default", "rope_theta": 1.0}}},
+         "note": "designed to fail the gate: RoPE base 1 scrambles positions"},
+        {"name": "no-kv-space", "set": {"env.VLLM_CPU_KVCACHE_SPACE": 0}, "note": "designed not to start: no KV cache"},
+    ]}},
+}
+
+
+def ladder_cmd(project):
+    path = project.path / "ci-ladder.yaml"
+    path.write_text(yaml.safe_dump(CI_LADDER, sort_keys=False))
+    return ["python", "scripts/ladder.py", "--profile", "cpu", "--ladder", str(path)]
+
+
+def ladder_json(project):
+    return json.loads((project.path / "report/ladder.json").read_text())
+
+
+def test_ctrl_c_keeps_finished_rungs_and_leaves_no_process(project):
+    proc = subprocess.Popen(ladder_cmd(project), cwd=project.path, env=project.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 900
+    try:  # wait until rung 1 is running an engine, then press Ctrl-C
+        while time.monotonic() < deadline:
+            lad = json.loads((project.path / "report/ladder.json").read_text()) if (project.path / "report/ladder.json").exists() else {}
+            rungs = lad.get("rungs") or []
+            if len(rungs) >= 2 and rungs[1]["status"] == "running" and vllm_pids():
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-3000:]
+    lad = ladder_json(project)
+    assert [r["status"] for r in lad["rungs"]] == ["ok", "interrupted"]
+    exps = project.dvc("exp", "show", "--json").stdout
+    assert "cpu-0-baseline" in exps
+    assert not wait_no_vllm(), "Ctrl-C left a vLLM process behind"
+
+
+def test_make_ladder_resumes_keeps_reverts_and_reports(project):
+    t0 = time.monotonic()
+    p = project.run(*ladder_cmd(project), timeout=3600)
+    lad = ladder_json(project)
+    by = {r["name"]: r for r in lad["rungs"]}
+    assert set(by) == {"baseline", "fp8-kv", "broken-rope", "no-kv-space"}
+    # resumed: rung 0 came back from DVC's run-cache instead of being measured again
+    assert {"eval", "bench", "knee"} <= set(by["baseline"]["reused"]) or "didn't change" in p.stdout
+    # the rung designed to fail the gate is reverted, and says why
+    br = by["broken-rope"]
+    assert br["status"] == "ok" and br["kept"] is False and br["gate"]["keep"] is False
+    assert br["decision"].startswith("quality gate failed")
+    # the rung whose engine cannot start is recorded as failed with the engine's own error, and the ladder went on
+    nk = by["no-kv-space"]
+    assert nk["status"] == "failed" and nk["kept"] is False and "memory" in nk["error"].lower()
+    assert by["baseline"]["kept"] is True
+    assert lad["complete"] is True and lad["final_exp"] in {"cpu-0-baseline", "cpu-1-fp8-kv"}
+    # the change took effect, per the engine's own log / metrics
+    fp8 = by["fp8-kv"]
+    assert fp8["applied"][0]["knob"] == "engine.kv_cache_dtype" and fp8["applied"][0]["applied"] is True
+    # DVC experiments: one per rung that ran to the end
+    exps = project.dvc("exp", "show", "--json").stdout
+    for name in ("cpu-0-baseline", "cpu-1-fp8-kv", "cpu-2-broken-rope"):
+        assert name in exps
+    # the report
+    md = (project.path / "report/before_after.md").read_text()
+    for row in ("| 0 baseline", "| 1 fp8-kv", "| 2 broken-rope", "| 3 no-kv-space"):
+        assert row in md
+    assert "failed → reverted" in md and "reverted" in md.split("| 2 broken-rope")[1].split("\n")[0]
+    assert "## What I kept and why" in md and "quality gate failed" in md
+    assert md.count("**") >= 2 and "output tok/s →" in md  # the headline
+    for png in ("knee.png", "rungs.png"):
+        data = (project.path / "report" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert not wait_no_vllm()
+    print(f"ladder wall time {time.monotonic() - t0:.0f} s")
+
+
+def test_rerunning_with_nothing_changed_reuses_every_finished_rung(project):
+    t0 = time.monotonic()
+    project.run(*ladder_cmd(project), timeout=1800)
+    lad = ladder_json(project)
+    for r in lad["rungs"]:
+        if r["status"] == "ok":
+            assert {"eval", "bench", "knee"} <= set(r["reused"]), (r["name"], r["reused"])
+    assert not wait_no_vllm()
+    print(f"re-run wall time {time.monotonic() - t0:.0f} s")

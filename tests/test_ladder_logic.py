@@ -1,0 +1,90 @@
+"""Keep/revert decisions and the applied-knob check, on fixture records: pure logic, no engine."""
+import ladder
+import stats
+
+
+def rec(tps, knee, bracket=1.0, gate=None, applied=None, status="ok"):
+    return {"status": status, "gate": gate or {"gated": True, "keep": True, "reasons": []}, "applied": applied or [],
+            "bench": {"output_tps_runs": tps, "output_tps": sorted(tps)[len(tps) // 2]},
+            "knee": {"knee_rps": knee, "bracket_rps": bracket}}
+
+
+BASE = rec([400.0, 402.0, 398.0], 6.0)
+
+
+def decided(r, objective="knee_rps"):
+    r["delta"] = {"output_tps": stats.delta(BASE["bench"]["output_tps_runs"], r["bench"]["output_tps_runs"]),
+                  "knee_rps": stats.knee_delta(BASE["knee"], r["knee"])}
+    return ladder.decide(r, BASE, objective)
+
+
+def test_a_failed_gate_reverts_whatever_the_speed():
+    keep, why = decided(rec([800.0, 810.0, 790.0], 12.0, gate={"gated": True, "keep": False, "reasons": ["category math collapsed"]}))
+    assert keep is False and why.startswith("quality gate failed: category math collapsed")
+
+
+def test_a_faster_rung_is_kept():
+    keep, why = decided(rec([500.0, 505.0, 495.0], 9.0))
+    assert keep is True and "knee +50.0 % (better" in why
+
+
+def test_a_slower_rung_is_reverted():
+    keep, why = decided(rec([300.0, 301.0, 299.0], 3.0))
+    assert keep is False and "knee -50.0 % (worse" in why
+
+
+def test_within_noise_is_kept_and_says_so():
+    keep, why = decided(rec([390.0, 410.0, 405.0], 6.5, bracket=0.5))
+    assert keep is True and "no significant change" in why and "within noise" in why
+
+
+def test_within_noise_on_the_objective_but_worse_elsewhere_is_reverted():
+    keep, why = decided(rec([300.0, 301.0, 299.0], 6.0))
+    assert keep is False and "output tok/s -25.0 % (worse" in why
+
+
+def test_throughput_objective_or_no_knee_falls_back_to_output_tps():
+    keep, why = decided(rec([500.0, 505.0, 495.0], None), objective="knee_rps")
+    assert keep is True and why.split("; ")[1].startswith("output tok/s +25.0 % (better")
+
+
+def test_a_change_that_did_not_take_effect_is_not_credited():
+    r = rec([500.0, 505.0, 495.0], 9.0, applied=[{"knob": "engine.kv_cache_dtype", "applied": False}])
+    keep, why = decided(r)
+    assert keep is False and why.startswith("not applied")
+
+
+def test_a_failed_rung_is_reverted_with_its_reason():
+    assert ladder.decide({"status": "failed", "error": "ValueError: too little KV cache"}, BASE, "knee_rps") == \
+        (False, "failed: ValueError: too little KV cache")
+
+
+def test_not_gated_perf_only_rungs_are_decided_by_performance():
+    keep, why = decided(rec([500.0, 505.0, 495.0], 9.0, gate={"gated": False, "keep": True, "reasons": ["not gated"]}))
+    assert keep is True and why.startswith("not gated (no quality measured)")
+
+
+FACTS = {"model_path": "/m/w4", "quantization": "compressed-tensors", "kernels": ["CPUWNA16LinearKernel"],
+         "kv_cache_tokens": 93184, "max_num_batched_tokens": 1024, "tensor_parallel_size": 1,
+         "received": {"max_num_seqs": 64},
+         "cache_config": {"cache_dtype": "fp8", "enable_prefix_caching": "True", "gpu_memory_utilization": "0.94",
+                          "kv_cache_memory_bytes": str(2 * 2**30)},
+         "prefix_cache_hit_rate": 0.0}
+
+
+def test_applied_check_reads_the_engines_own_evidence():
+    models = {"w4": {"path": "/m/w4"}, "bf16": {"path": "/m/bf16"}}
+    checks = {c["knob"]: c for c in ladder.applied_check(
+        {"model.name": "w4", "engine.kv_cache_dtype": "fp8", "engine.enable_prefix_caching": True,
+         "engine.max_num_batched_tokens": 1024, "engine.max_num_seqs": 64, "engine.gpu_memory_utilization": 0.94,
+         "env.VLLM_CPU_KVCACHE_SPACE": 2, "engine.tensor_parallel_size": 2}, FACTS, models)}
+    assert all(checks[k]["applied"] for k in list(checks)[:-1])
+    assert "CPUWNA16LinearKernel" in checks["model.name"]["observed"]
+    assert "hit rate 0.0%" in checks["engine.enable_prefix_caching"]["observed"]
+    assert checks["engine.tensor_parallel_size"]["applied"] is False  # asked 2, the engine ran 1
+    assert ladder.applied_check({"model.name": "bf16"}, FACTS, models)[0]["applied"] is False
+
+
+def test_a_throughput_gain_with_the_knee_within_noise_is_kept_as_a_gain():
+    keep, why = decided(rec([500.0, 505.0, 495.0], 6.5, bracket=1.0))
+    assert keep is True and why.split("; ")[1].startswith("output tok/s +25.0 % (better")

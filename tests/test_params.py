@@ -1,0 +1,155 @@
+"""params.yaml and ladder.yaml validation: bad input is refused before any engine starts, naming the field,
+the value and what is allowed. Pure logic, no engine."""
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import common
+import engine
+import ladder
+from conftest import ROOT
+
+PARAMS = common.load_params(ROOT / "params.yaml", check=False)
+LADDER = ladder.load_ladder(ROOT / "ladder.yaml")
+
+
+def eff(profile="cpu"):
+    return ladder.effective_params(PARAMS, LADDER, profile, PARAMS)
+
+
+def errors_of(params) -> str:
+    with pytest.raises(common.ParamsError) as e:
+        common.validate(params)
+    return str(e.value)
+
+
+def test_the_shipped_params_and_every_profile_are_valid():
+    for profile in LADDER["profiles"]:
+        p = eff(profile)
+        common.validate(p)
+        assert ladder.plan(p, LADDER, profile)
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda p: p["engine"].update(max_num_seqs="lots"),
+     "engine.max_num_seqs: 'lots' is not allowed; expected an integer > 0"),
+    (lambda p: p["engine"].update(speculative_magic=True), "engine.speculative_magic: unknown knob; allowed engine knobs:"),
+    (lambda p: p["engine"].update(kv_cache_dtype="int3"), "engine.kv_cache_dtype: 'int3' is not allowed; expected one of auto"),
+    (lambda p: p["engine"].update(gpu_memory_utilization=1.5), "engine.gpu_memory_utilization: 1.5 is not allowed; expected a number in (0, 1]"),
+    (lambda p: p["baseline"]["engine"].update(enable_prefix_caching="yes"),
+     "baseline.engine.enable_prefix_caching: 'yes' is not allowed; expected true or false"),
+    (lambda p: p["model"].update(name="llama-70b"), "model.name: 'llama-70b' is not a model the download stage provides"),
+    (lambda p: p["slo"].update(p99_ttft_ms=0), "slo.p99_ttft_ms: 0 is not allowed; expected a number of milliseconds > 0"),
+    (lambda p: p["slo"].update(p99_tpot_ms=-5), "slo.p99_tpot_ms: -5 is not allowed"),
+    (lambda p: p["env"].update(HF_TOKEN="x"), "env.HF_TOKEN: unknown knob"),
+    (lambda p: p["env"].update(VLLM_API_TOKEN="x"), "env.VLLM_API_TOKEN: secrets do not belong in params.yaml"),
+    (lambda p: p["knee"].update(rates=[4, 2], mode="sweep"), "knee.rates: [4, 2] is not allowed; expected an increasing list"),
+    (lambda p: p["bench"].update(repeats=0), "bench.repeats: 0 is not allowed; expected an integer > 0"),
+    (lambda p: p["download"].update(fetch=["nope"]), "download.fetch: 'nope' is not in download.catalog"),
+])
+def test_bad_params_name_field_value_and_what_is_allowed(mutate, expected):
+    p = copy.deepcopy(PARAMS)
+    mutate(p)
+    assert expected in errors_of(p)
+
+
+def rungs(*rs, groups=None):
+    lad = copy.deepcopy(LADDER)
+    lad["profiles"]["cpu"]["rungs"] = list(rs)
+    if groups is not None:
+        lad["groups"] = groups
+    return lad
+
+
+def plan_error(lad) -> str:
+    with pytest.raises(common.ParamsError) as e:
+        ladder.plan(eff(), lad, "cpu")
+    return str(e.value)
+
+
+def test_a_two_knob_rung_is_refused_naming_rung_and_knobs():
+    msg = plan_error(rungs({"name": "two", "set": {"engine.kv_cache_dtype": "fp8", "engine.enable_prefix_caching": True}}))
+    assert "cpu rung 1 'two': changes 2 knobs (engine.kv_cache_dtype, engine.enable_prefix_caching)" in msg
+    assert "nothing was run" in msg
+
+
+def test_a_declared_group_counts_as_one_change():
+    lad = rungs({"name": "mem", "set": {"env.VLLM_CPU_KVCACHE_SPACE": 2, "engine.max_num_seqs": 64}})
+    assert [r["name"] for r in ladder.plan(eff(), lad, "cpu")] == ["mem"]
+
+
+def test_an_unknown_knob_is_refused_naming_rung_and_knob():
+    msg = plan_error(rungs({"name": "magic", "set": {"engine.turbo": True}}))
+    assert "cpu rung 1 'magic': engine.turbo: unknown knob" in msg
+
+
+def test_a_wrong_type_in_a_rung_is_refused():
+    msg = plan_error(rungs({"name": "seqs", "set": {"engine.max_num_seqs": "lots"}}))
+    assert "'seqs': engine.max_num_seqs: 'lots' is not allowed; expected an integer > 0" in msg
+
+
+def test_a_no_op_rung_is_refused():
+    msg = plan_error(rungs({"name": "same", "set": {"engine.kv_cache_dtype": "auto"}}))
+    assert "'same': engine.kv_cache_dtype is already 'auto' in force: a no-op rung changes nothing" in msg
+    # a rung repeating an earlier rung's change is a no-op too (composed as if the earlier one was kept)
+    msg = plan_error(rungs({"name": "fp8", "set": {"engine.kv_cache_dtype": "fp8"}},
+                           {"name": "fp8-again", "set": {"engine.kv_cache_dtype": "fp8"}}))
+    assert "cpu rung 2 'fp8-again': engine.kv_cache_dtype is already 'fp8'" in msg
+
+
+def test_a_rung_naming_a_model_the_download_stage_does_not_provide_is_refused():
+    msg = plan_error(rungs({"name": "big", "set": {"model.name": "qwen2.5-7b-instruct"}}))
+    assert "'big': model.name: 'qwen2.5-7b-instruct' is not a model the download stage provides" in msg
+
+
+def test_candidates_expand_one_knob_and_fallbacks_are_checked():
+    assert ladder.candidates({"engine.max_num_batched_tokens": [1024, 2048]}) == [
+        {"engine.max_num_batched_tokens": 1024}, {"engine.max_num_batched_tokens": 2048}]
+    msg = plan_error(rungs({"name": "kv", "set": {"engine.kv_cache_dtype": "fp8"}, "fallback": {"engine.kv_cache_dtype": "auto"}}))
+    assert "'kv' fallback: engine.kv_cache_dtype is already 'auto' in force" in msg
+    msg = plan_error(rungs({"name": "x", "set": {"engine.kv_cache_dtype": "fp8"}, "sett": 1}))
+    assert "unknown field(s) sett" in msg
+
+
+def test_switching_profiles_resets_keys_of_other_profiles_to_the_committed_defaults():
+    gpu = ladder.profile_overrides(LADDER, "gpu", PARAMS)
+    assert gpu["baseline.model.name"] == "qwen2.5-7b-instruct" and gpu["bench.num_prompts"] == 200
+    cpu = ladder.profile_overrides(LADDER, "cpu", PARAMS)
+    assert cpu["baseline.model.name"] == "smollm2-135m" and cpu["bench.num_prompts"] == PARAMS["bench"]["num_prompts"]
+    assert set(cpu) == set(gpu) | set(ladder.profile_overrides(LADDER, "gpu-shape", PARAMS))
+    with pytest.raises(common.ParamsError, match="profile: 'tpu' is not defined"):
+        ladder.profile_overrides(LADDER, "tpu", PARAMS)
+
+
+def test_baseline_pins_prefix_caching_off():
+    for profile in LADDER["profiles"]:
+        assert eff(profile)["baseline"]["engine"]["enable_prefix_caching"] is False
+
+
+def test_hydra_values_survive_dvc_exp_run_set():
+    assert ladder.hydra("fp8") == "'fp8'"
+    assert ladder.hydra(True) == "true" and ladder.hydra(None) == "null" and ladder.hydra(0.94) == "0.94"
+    assert ladder.hydra(["a-1", "b.2"]) == "['a-1','b.2']"
+    assert ladder.hydra({"rope_theta": 1.0}) == "{rope_theta:1.0}"
+    assert ladder.hydra("it's") == "'it\\'s'"
+
+
+def test_engine_knobs_become_vllm_flags():
+    flags = engine.cli_flags({"max_num_seqs": 16, "enable_prefix_caching": False, "enforce_eager": True,
+                              "max_num_batched_tokens": None, "hf_overrides": {"a": 1}})
+    assert flags == ["--max-num-seqs", "16", "--no-enable-prefix-caching", "--enforce-eager",
+                     "--hf-overrides", '{"a": 1}']
+
+
+def test_ladder_check_cli_refuses_a_bad_ladder_before_starting_anything(tmp_path):
+    bad = copy.deepcopy(LADDER)
+    bad["profiles"]["cpu"]["rungs"] = [{"name": "two", "set": {"engine.kv_cache_dtype": "fp8", "engine.seed": 1}}]
+    path = tmp_path / "ladder.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "ladder.py"), "--profile", "cpu", "--check",
+                        "--ladder", str(path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "cpu rung 1 'two': changes 2 knobs (engine.kv_cache_dtype, engine.seed)" in p.stderr

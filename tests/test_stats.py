@@ -1,0 +1,124 @@
+"""Interval maths, noise calls, McNemar, the knee search and the roofline: pure functions on fixture numbers."""
+import json
+import math
+
+import pytest
+
+import stats
+from conftest import FIXTURES
+
+
+def test_summary_interval_matches_students_t():
+    s = stats.summarize([90.0, 100.0, 110.0])
+    assert s["median"] == 100 and s["mean"] == 100 and s["sd"] == pytest.approx(10)
+    half = 4.303 * 10 / math.sqrt(3)
+    assert s["ci95"] == pytest.approx([100 - half, 100 + half])
+    assert stats.summarize([5.0])["ci95"] is None  # one run: no interval
+
+
+def test_delta_calls_better_worse_within_noise_and_unknown():
+    base = [100.0, 101.0, 99.0]
+    assert stats.delta(base, [120.0, 121.0, 119.0])["verdict"] == "better"
+    assert stats.delta(base, [80.0, 81.0, 79.0])["verdict"] == "worse"
+    noisy = stats.delta(base, [90.0, 115.0, 102.0])
+    assert noisy["verdict"] == "within noise" and noisy["ci95"][0] < 0 < noisy["ci95"][1]
+    assert stats.delta([100.0], [150.0])["verdict"] == "unknown"
+    d = stats.delta(base, [110.0, 110.0, 110.0])
+    assert d["rel"] == pytest.approx(0.10)
+
+
+def test_the_17_percent_gpu_spread_is_noise_with_two_runs():
+    # the two identical H200 runs from the brief: 18,050 vs 14,956 tok/s
+    d = stats.delta([18050.0, 14956.0], [16000.0, 16500.0])
+    assert d["verdict"] == "within noise"
+
+
+def test_mcnemar_exact():
+    assert stats.mcnemar_exact(0, 0) == 1.0
+    assert stats.mcnemar_exact(4, 0) == pytest.approx(0.125)
+    assert stats.mcnemar_exact(6, 0) == pytest.approx(0.03125)
+    assert stats.mcnemar_exact(4, 1) == pytest.approx(0.375)
+    assert stats.mcnemar_exact(5, 5) == 1.0
+
+
+def test_paired_verdict():
+    assert stats.paired_verdict(40, 8, 0, 0.05, 5) == ("regressed", pytest.approx(2 / 256))
+    assert stats.paired_verdict(40, 0, 8, 0.05, 5)[0] == "improved"
+    assert stats.paired_verdict(40, 2, 1, 0.05, 5)[0] == "not enough evidence"
+    assert stats.paired_verdict(40, 0, 0, 0.05, 5)[0] == "no change"
+    assert stats.paired_verdict(3, 3, 0, 0.05, 5)[0] == "not enough evidence"  # too few items to say
+
+
+def search(true_knee, start=4.0, max_rate=256.0, tol=0.25, max_probes=7):
+    probes = []
+    while (r := stats.next_rate(probes, start, max_rate, tol, max_probes)) is not None:
+        probes.append((r, r <= true_knee))  # synthetic latency curve: meets the SLO up to the knee
+    return probes, stats.knee_result(probes)
+
+
+@pytest.mark.parametrize("true_knee", [4.5, 5.0, 9.3, 13.7, 27.0, 37.0, 50.0, 63.0])
+def test_bisection_finds_the_knee_within_tolerance_in_at_most_7_probes(true_knee):
+    probes, res = search(true_knee)
+    assert len(probes) <= 7
+    assert res["status"] == "inside"
+    lo, hi = res["last_pass_rps"], res["first_fail_rps"]
+    assert lo <= true_knee < hi
+    assert (hi - lo) / lo <= 0.25
+
+
+def test_knee_below_and_above_the_range_are_reported_as_such():
+    _, below = search(0.01)
+    assert below["status"] == "below" and below["knee_rps"] is None
+    _, above = search(1000.0)
+    assert above["status"] == "above" and above["knee_rps"] == 256.0 and above["first_fail_rps"] is None
+
+
+def test_sweep_mode_and_non_monotonic_flag():
+    rates = [1, 2, 4, 8]
+    probes = []
+    while (r := stats.sweep_next(probes, rates)) is not None:
+        probes.append((r, r in (1, 2, 8)))  # 4 fails, 8 passes again: noise
+    res = stats.knee_result(probes, rates)
+    assert res["knee_rps"] == 2 and res["first_fail_rps"] == 4 and res["non_monotonic"] is True
+    assert res["range_rps"] == [1, 8]
+
+
+def test_probe_passes_checks_slo_failures_and_backlog():
+    slo = {"p99_ttft_ms": 500, "p99_tpot_ms": 50}
+    row = {"p99_ttft_ms": 400, "p99_tpot_ms": 40, "failed": 0, "backlog": False}
+    assert stats.probe_passes(row, slo) == (True, "")
+    assert not stats.probe_passes({**row, "p99_ttft_ms": 501}, slo)[0]
+    assert "failed" in stats.probe_passes({**row, "failed": 2}, slo)[1]
+    assert "backlog" in stats.probe_passes({**row, "backlog": True}, slo)[1]
+
+
+def test_knee_delta_uses_the_search_bracket_as_resolution():
+    base = {"knee_rps": 6, "bracket_rps": 1}
+    assert stats.knee_delta(base, {"knee_rps": 6.5, "bracket_rps": 0.5})["verdict"] == "within noise"
+    assert stats.knee_delta(base, {"knee_rps": 9, "bracket_rps": 1})["verdict"] == "better"
+    assert stats.knee_delta(base, {"knee_rps": 3, "bracket_rps": 0.5})["verdict"] == "worse"
+    assert stats.knee_delta(base, {"knee_rps": None})["verdict"] == "unknown"
+
+
+QWEN = json.loads((FIXTURES / "qwen2.5-7b-config.json").read_text())
+
+
+def test_roofline_qwen25_7b_bf16():
+    rtx = stats.tpot_floor_ms(QWEN, stats.bandwidth_gbs("NVIDIA GeForce RTX 4090"))
+    h200 = stats.tpot_floor_ms(QWEN, stats.bandwidth_gbs("NVIDIA H200"))
+    assert rtx == pytest.approx(14.0, abs=0.5)
+    assert h200 == pytest.approx(2.9, abs=0.1)
+    # 4-bit weights read about a third of the bytes (the LM head stays 16-bit)
+    awq = stats.tpot_floor_ms(QWEN, 1008, weight_bits=4)
+    assert 0.25 < awq / rtx < 0.40
+    # KV bytes grow the floor with batch x context; fp8 KV halves that part
+    kv16 = stats.tpot_floor_ms(QWEN, 1008, context_tokens=1000, batch=8) - rtx
+    kv8 = stats.tpot_floor_ms(QWEN, 1008, kv_bytes=1, context_tokens=1000, batch=8) - rtx
+    assert kv8 == pytest.approx(kv16 / 2)
+
+
+def test_bandwidth_table_longest_match_and_overrides():
+    assert stats.bandwidth_gbs("NVIDIA H100 PCIe") == 2000
+    assert stats.bandwidth_gbs("NVIDIA H100 80GB HBM3") == 3350
+    assert stats.bandwidth_gbs("Mystery GPU") is None
+    assert stats.bandwidth_gbs("Mystery GPU", {"Mystery": 123}) == 123
