@@ -56,6 +56,7 @@ def main(which: str) -> None:
         result.update(status="n/a", reason="dummy weights (load_format: dummy): quality is not measured",
                       overall=None, by_category={})
         common.write_text(out / "eval_items.jsonl", "")
+        common.write_text(out / "logs" / "eval" / "skipped.txt", result["reason"] + "\n")  # a declared output
         common.write_json(out / "eval.json", result)
         print(f"eval[{which}]: n/a — {result['reason']}")
         return
