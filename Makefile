@@ -12,6 +12,7 @@ SETUP := $(VENV)/.ladder-setup
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 endif
 export PYTHONUNBUFFERED := 1
+KNOBS := kv_cache_dtype|max_num_seqs|max_num_batched_tokens|enable_prefix_caching|gpu_memory_utilization|tensor_parallel_size
 export DVC_NO_ANALYTICS := 1
 
 .DEFAULT_GOAL := help
@@ -37,8 +38,8 @@ repro: setup ## dvc repro: re-run only the stale stages of the rung in params.ya
 report: setup ## re-render report/before_after.md and its plots from report/ladder.json
 	dvc repro report
 
-compare: setup ## dvc exp show: one row per rung, knobs that differ and the headline metrics
-	dvc exp show --only-changed --drop 'Created|State|Executor|deps:.*|.*provenance.*|.*engine\..*facts.*|.*summary.*|.*runs.*|.*by_category.*|.*flipped.*|.*thresholds.*|.*applied.*|.*shape.*|.*slo\..*|.*rows.*'
+compare: setup ## dvc exp show: one row per rung, its knobs and headline metrics (noise columns dropped)
+	dvc exp show -A --md --drop '.*' --keep '^(Experiment|(params\.yaml:)?(model\.name|engine\.($(KNOBS))|env\.VLLM_CPU_KVCACHE_SPACE)|results/eval\.json:overall|output_tps|knee_rps|first_fail_rps|keep|verdict)$$'
 
 test: setup ## the test suite: unit tests + the real-vLLM end-to-end ladder on the cpu profile
 	python -m pytest tests -v -rs

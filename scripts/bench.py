@@ -139,3 +139,5 @@ if __name__ == "__main__":
         main()
     except (common.ParamsError, engine.EngineError, ShapeError) as e:
         common.die(str(e), 1)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the engine child is already stopped
+        common.die(f"interrupted: {e or 'Ctrl-C'}", 130)

@@ -262,7 +262,8 @@ def params_hash(cfg) -> str:
 def provenance(params: dict, cfg: dict | None = None) -> dict:
     """Where a number came from: the machine (fingerprint stage), the model, the eval set, the params, the commit."""
     fp_path = RESULTS / "fingerprint.json"
-    prov = {"environment": read_json(fp_path) if fp_path.exists() else None, "git_commit": git_commit()}
+    prov = {"environment": read_json(fp_path) if fp_path.exists() else None, "git_commit": git_commit(),
+            "params_hash": params_hash(params)}
     if cfg is not None:
         prov["knobs"] = cfg
         prov["knobs_hash"] = params_hash(cfg)

@@ -92,3 +92,5 @@ if __name__ == "__main__":
         main(which)
     except (common.ParamsError, score.EvalFileError, engine.EngineError) as e:
         common.die(str(e), 1)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the engine child is already stopped
+        common.die(f"interrupted: {e or 'Ctrl-C'}", 130)

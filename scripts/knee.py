@@ -93,52 +93,59 @@ def non_default_args(log) -> dict:
         return dict(re.findall(r"'(\w+)': ([\w.]+)", m.group(1)))
 
 
+def warm_up(srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> None:
+    """A short burst before any timed probe, so first-request costs are not read as latency."""
+    engine.run(probe_cmd(srv.url, model_path, k, slo, k.get("start_rate", 1), max(4, k["min_prompts"] // 2), logs,
+                         "warmup.json"), logs / "warmup.log", engine.child_env(), timeout=k.get("probe_timeout_s", 600),
+               what="vllm bench serve (warm-up)")
+
+
+def sweep(srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> tuple[list[dict], list[tuple[float, bool]]]:
+    """Probe rates (search or fixed sweep) against a running server; every probe is logged as it finishes."""
+    rows: list[dict] = []
+    probes: list[tuple[float, bool]] = []
+    while True:
+        if k["mode"] == "sweep":
+            rate = stats.sweep_next(probes, k["rates"])
+        else:
+            rate = stats.next_rate(probes, k["start_rate"], k["max_rate"], k["rel_tol"], k["max_probes"], k.get("min_rate"))
+        if rate is None:
+            return rows, probes
+        n = prompts_for(rate, k)
+        name = f"probe-{len(probes) + 1:02d}-{rate:g}rps.json"
+        try:
+            engine.run(probe_cmd(srv.url, model_path, k, slo, rate, n, logs, name), logs / "probes.log",
+                       engine.child_env(), timeout=k.get("probe_timeout_s", 600), what=f"vllm bench serve at {rate:g} req/s")
+        except engine.EngineError:
+            if not srv.alive():
+                raise engine.EngineError("vllm serve", f"died during the knee sweep at {rate:g} req/s after "
+                                         f"{len(rows)} probes: {srv.proc.error_line()}", srv.log) from None
+            raise
+        row = row_from(common.read_json(logs / name), rate, n, k, slo)
+        rows.append(row)
+        probes.append((rate, row["passed"]))
+        with open(logs / "sweep.log", "a") as f:  # the sweep so far survives a failure later in the stage
+            f.write(f"{rate:g} req/s x{n}: p99 TTFT {row['p99_ttft_ms']:.0f} ms, p99 TPOT {row['p99_tpot_ms']:.1f} ms, "
+                    f"achieved {row['achieved_rps']:.2f} req/s, failed {row['failed']} -> "
+                    f"{'pass' if row['passed'] else 'FAIL: ' + row['why']}\n")
+        write_csv(logs / "partial.csv", rows)
+        print(f"knee: {rate:g} req/s -> {'pass' if row['passed'] else 'fail'} "
+              f"(p99 TTFT {row['p99_ttft_ms']:.0f} ms, p99 TPOT {row['p99_tpot_ms']:.1f} ms)")
+
+
 def main():
     params = common.stage_start()
     cfg, k, slo = common.rung_config(params), params["knee"], params["slo"]
     entry = common.model_entry(cfg["model"]["name"])
     logs = common.RESULTS / "logs" / "knee"
-    sweep_log = logs / "sweep.log"
-    rows: list[dict] = []
     t0 = time.monotonic()
     with engine.Server(entry["path"], cfg["engine"], cfg["env"], logs / "server.log",
                        start_timeout=k.get("start_timeout_s", 900)) as srv:
-        env = engine.child_env()
         ready_s = srv.ready_s
         print(f"knee: vllm serve ready on {srv.url} in {ready_s:.0f} s")
-        warm_n = max(4, k["min_prompts"] // 2)
-        engine.run(probe_cmd(srv.url, entry["path"], k, slo, k.get("start_rate", 1), warm_n, logs, "warmup.json"),
-                   logs / "warmup.log", env, timeout=k.get("probe_timeout_s", 600), what="vllm bench serve (warm-up)")
+        warm_up(srv, entry["path"], k, slo, logs)
         before = scrape(srv.metrics())
-        probes: list[tuple[float, bool]] = []
-        while True:
-            if k["mode"] == "sweep":
-                rate = stats.sweep_next(probes, k["rates"])
-            else:
-                rate = stats.next_rate(probes, k["start_rate"], k["max_rate"], k["rel_tol"], k["max_probes"],
-                                       k.get("min_rate"))
-            if rate is None:
-                break
-            n = prompts_for(rate, k)
-            name = f"probe-{len(probes) + 1:02d}-{rate:g}rps.json"
-            try:
-                engine.run(probe_cmd(srv.url, entry["path"], k, slo, rate, n, logs, name), logs / "probes.log", env,
-                           timeout=k.get("probe_timeout_s", 600), what=f"vllm bench serve at {rate:g} req/s")
-            except engine.EngineError as e:
-                if not srv.alive():
-                    raise engine.EngineError("vllm serve", f"died during the knee sweep at {rate:g} req/s after "
-                                             f"{len(rows)} probes: {srv.proc.error_line()}", srv.log) from None
-                raise e
-            row = row_from(common.read_json(logs / name), rate, n, k, slo)
-            rows.append(row)
-            probes.append((rate, row["passed"]))
-            with open(sweep_log, "a") as f:  # the sweep so far survives a failure later in the stage
-                f.write(f"{rate:g} req/s x{n}: p99 TTFT {row['p99_ttft_ms']:.0f} ms, p99 TPOT {row['p99_tpot_ms']:.1f} ms, "
-                        f"achieved {row['achieved_rps']:.2f} req/s, failed {row['failed']} -> "
-                        f"{'pass' if row['passed'] else 'FAIL: ' + row['why']}\n")
-            write_csv(logs / "partial.csv", rows)
-            print(f"knee: {rate:g} req/s -> {'pass' if row['passed'] else 'fail'} "
-                  f"(p99 TTFT {row['p99_ttft_ms']:.0f} ms, p99 TPOT {row['p99_tpot_ms']:.1f} ms)")
+        rows, probes = sweep(srv, entry["path"], k, slo, logs)
         after = scrape(srv.metrics())
     measure_s = time.monotonic() - t0
     queries = after.get("vllm:prefix_cache_queries", 0) - before.get("vllm:prefix_cache_queries", 0)
@@ -179,3 +186,5 @@ if __name__ == "__main__":
         main()
     except (common.ParamsError, engine.EngineError) as e:
         common.die(str(e), 1)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: servers are already stopped by their `with`/finally
+        common.die(f"interrupted: {e or 'Ctrl-C'}", 130)

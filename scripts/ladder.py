@@ -343,7 +343,7 @@ class Driver:
                                                   "p99_tpot_ms_at_knee", "output_tps_at_knee", "server_ready_s",
                                                   "wall_s", "non_monotonic", "rows")},
                    stage_seconds={"eval": ev.get("wall_s") or 0, "bench": bench.get("wall_s") or 0,
-                                  "knee": (knee.get("wall_s") or 0) + (knee.get("server_ready_s") or 0)})
+                                  "knee": knee.get("wall_s") or 0})  # includes the server start
         if rec["role"] == "baseline":  # rung 0 also measured the gate's reference eval
             rec["stage_seconds"]["eval_baseline"] = common.read_json(R / "baseline" / "eval.json").get("wall_s") or 0
         facts = {**(bench.get("engine") or {}), **(knee.get("applied") or {})}

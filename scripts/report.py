@@ -95,6 +95,13 @@ def applied_cell(r):
                      f"({c['observed']})" for c in checks)
 
 
+def roof_cell(r):
+    rf = r.get("roofline") or {}
+    if not rf.get("tpot_floor_ms") or not rf.get("tpot_low_load_ms"):
+        return "—"
+    return f"{rf['tpot_floor_ms']:.1f} / {rf['tpot_low_load_ms']:.1f} ms ({rf['pct_of_floor'] * 100:.0f} %)"
+
+
 def table(lad: dict) -> str:
     rows = []
     for r in lad["rungs"]:
@@ -103,7 +110,8 @@ def table(lad: dict) -> str:
                      "per-category regressions": regress_cell(r), "output tok/s [95 % CI]": tps_cell(r),
                      "Δ vs base": delta_cell(r),
                      "speedup vs baseline": fmt((r.get("speedup") or None), ".2f") + "×" if r.get("speedup") else "—",
-                     "knee req/s @ SLO": knee_cell(r), "kept?": kept_cell(r)})
+                     "knee req/s @ SLO": knee_cell(r), "roofline: TPOT floor / low-load p50": roof_cell(r),
+                     "kept?": kept_cell(r)})
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
 
 
@@ -151,7 +159,6 @@ def header(lad: dict) -> list[str]:
     env, p = lad["environment"], lad["settings"]
     hw = env.get("gpu") or f"CPU: {env['cpu']['model']} ({env['cpu']['cores']} cores, {env['cpu']['memory_gib']} GiB)"
     b, k, slo = p["bench"], p["knee"], lad["slo"]
-    roof = lad.get("roofline") or {}
     lines = [
         f"- **Machine**: {hw}" + (f", driver {env['driver']}, CUDA {env.get('cuda_driver')}" if env.get("driver") else ""),
         f"- **Software**: {env.get('vllm_package')} {env.get('vllm')}, torch {env.get('torch')}, "
@@ -168,6 +175,8 @@ def header(lad: dict) -> list[str]:
         + (f" (double from {k['start_rate']} req/s, bisect to {k['rel_tol'] * 100:.0f} %)" if k["mode"] == "search" else
            f" over {k['rates']}"),
         f"- **Shared prefix?** no: random prompts share no prefix, so prefix caching can only show its overhead here",
+        "- **Quality**: n/a: dummy weights (load_format: dummy); every rung is \"not gated\""
+        if ((lad["rungs"] or [{}])[0].get("eval") or {}).get("status") == "n/a" else
         f"- **Quality**: {lad.get('eval_n', '?')} items ({lad.get('eval_file')}, sha256 {str(lad.get('eval_sha256'))[:12]}), "
         f"`LLM.chat`, temperature 0, seed 0, max_tokens {p['eval']['max_tokens']}; gate vs rung 0: overall drop ≤ "
         f"{p['gate']['max_overall_drop']}, per-category drop ≤ {p['gate']['max_category_drop']}, exact McNemar α={p['gate']['alpha']}",
@@ -175,8 +184,9 @@ def header(lad: dict) -> list[str]:
         "i.e. excluding the first token; ITL = gap between streamed tokens; goodput = completed requests/s that met "
         "both SLO bounds (vLLM `--goodput`); knee = highest offered rate meeting the SLO; speedup = output tok/s ÷ rung 0's",
     ]
-    if roof.get("tpot_floor_ms"):
-        lines.append(f"- **Roofline**: {roof['note']}")
+    lines.append("- **Roofline**: batch-1 decode floor = bytes read per step (weights at their bit width + KV) ÷ the "
+                 "GPU's datasheet bandwidth, vs the p50 TPOT at the lowest probed rate (% of the floor reached); "
+                 "n/a on CPU")
     return lines
 
 

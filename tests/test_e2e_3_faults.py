@@ -26,6 +26,22 @@ def serve_pid():
     return None
 
 
+def test_a_stage_killed_midway_stops_its_server(project):
+    log = project.path / "results/logs/knee/warmup.log"
+    log.unlink(missing_ok=True)
+    proc = subprocess.Popen(["python", "scripts/knee.py"], cwd=project.path, env=project.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not log.exists():  # the server is up and being warmed
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.5)
+    assert serve_pid(), "no vllm serve found"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted: stopped by signal SIGTERM" in out
+    assert not wait_no_vllm(), "the server outlived its killed stage"
+
+
 def test_a_server_that_dies_mid_sweep_fails_the_stage_cleanly_and_only_that_stage_reruns(project):
     sweep = project.path / "results/logs/knee/sweep.log"
     proc = subprocess.Popen(["dvc", "repro", "-f", "-s", "knee"], cwd=project.path, env=project.env,

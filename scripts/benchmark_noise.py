@@ -1,0 +1,72 @@
+"""Measurement-noise benchmark (`make benchmark`; prints numbers, asserts nothing).
+
+On the rung in params.yaml (the cpu profile by default) it measures:
+  1. output tok/s of N timed repeats inside one engine (bench.mode engine): spread and 95 % interval width;
+  2. the same with a fresh engine per repeat (bench.mode cli): the start-to-start noise on top;
+  3. the knee found by the bracket-then-bisect search vs a fixed 10-rate sweep: probes used, knee, time.
+Writes only under results/logs/benchmark/. Usage: python scripts/benchmark_noise.py [--repeats 5]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import bench
+import common
+import engine
+import knee
+import stats
+
+
+def spread(name: str, values: list[float]) -> None:
+    s = stats.summarize(values)
+    lo, hi = s["ci95"]
+    print(f"{name}: n={s['n']} median {s['median']:.1f} tok/s, min {min(values):.1f}, max {max(values):.1f}, "
+          f"range {(max(values) - min(values)) / s['median'] * 100:.1f} %, CV {statistics.stdev(values) / s['mean'] * 100:.1f} %, "
+          f"95 % interval {lo:.1f}–{hi:.1f} (±{s['rel_halfwidth'] * 100:.1f} %)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--sweep-rates", default="1,2,3,4,5,6,7,8,9,10")
+    args = ap.parse_args()
+    params = common.stage_start()
+    cfg, b, k, slo = common.rung_config(params), params["bench"], params["knee"], params["slo"]
+    entry = common.model_entry(cfg["model"]["name"])
+    logs = common.RESULTS / "logs" / "benchmark"
+    argv = ["--model", entry["path"], "--dataset-name", "random", "--random-input-len", str(b["input_len"]),
+            "--random-output-len", str(b["output_len"]), "--random-range-ratio", "0", "--num-prompts",
+            str(b["num_prompts"]), "--num-warmups", str(b.get("warmups", 0))] + engine.cli_flags(cfg["engine"])
+    print(f"rung: {cfg['model']['name']}, shape {b['num_prompts']} x {b['input_len']}/{b['output_len']}")
+
+    t0 = time.monotonic()
+    engine.run_worker(bench.__file__, {"argv": argv, "repeats": args.repeats}, logs / "in-engine", cfg["env"],
+                      1800, "bench (in-engine repeats)")
+    runs = bench.parse_output((logs / "in-engine" / "engine.log").read_text())[:args.repeats]
+    spread(f"1. {args.repeats} repeats in one engine ({time.monotonic() - t0:.0f} s)", [r["output_tps"] for r in runs])
+
+    t0 = time.monotonic()
+    cli = []
+    for r in range(args.repeats):
+        log = logs / "cli" / f"run{r + 1}.log"
+        engine.run(engine.vllm_cli() + ["bench", "throughput"] + argv, log, engine.child_env(cfg["env"]), timeout=1800)
+        cli.append(bench.parse_output(log.read_text())[0]["output_tps"])
+    spread(f"2. {args.repeats} runs, a fresh engine each ({time.monotonic() - t0:.0f} s)", cli)
+
+    rates = [float(x) for x in args.sweep_rates.split(",")]
+    for label, over in (("3a. search", {"mode": "search"}), (f"3b. fixed {len(rates)}-rate sweep", {"mode": "sweep", "rates": rates})):
+        kk = {**k, **over}
+        out = logs / over["mode"]
+        with engine.Server(entry["path"], cfg["engine"], cfg["env"], out / "server.log") as srv:
+            knee.warm_up(srv, entry["path"], kk, slo, out)
+            t0 = time.monotonic()
+            rows, probes = knee.sweep(srv, entry["path"], kk, slo, out)
+        res = stats.knee_result(probes, rates if over["mode"] == "sweep" else None)
+        print(f"{label}: knee {res['knee_rps']} req/s (first break {res['first_fail_rps']}), {res['probes']} probes, "
+              f"{time.monotonic() - t0:.0f} s of probing")
+
+
+if __name__ == "__main__":
+    main()

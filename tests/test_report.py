@@ -1,0 +1,43 @@
+"""The report renderer on fixture ladders (a CPU run with a reverted rung; a partial H200 gpu-shape run with
+dummy weights and an interrupted rung): table rows, decisions, headline, plots, and no accuracy for dummies."""
+import json
+import re
+
+import report
+from conftest import FIXTURES
+
+
+def render(name, tmp_path):
+    lad = json.loads((FIXTURES / name).read_text())
+    report.plots(lad, tmp_path)
+    return lad, report.render(lad, tmp_path)
+
+
+def rows(md):
+    return {m.group(1).strip(): m.group(0) for m in re.finditer(r"^\| (\d+ [\w.-]+)\s*\|.*$", md, re.M)}
+
+
+def test_cpu_report_has_every_rung_its_decision_and_the_headline(tmp_path):
+    lad, md = render("ladder_cpu.json", tmp_path)
+    table = rows(md)
+    assert len(table) == len(lad["rungs"])
+    assert "reverted" in table["1 w4a16"] and "**kept**" in table["3 spend-memory"]
+    assert "baseline" in table["0 baseline"] and "1.00×" in table["0 baseline"]
+    assert "knowledge −0.38" in table["1 w4a16"]
+    headline = md.split("\n")[2]
+    assert headline.startswith("**smollm2-135m 402 output tok/s → 527 tok/s (1.31×)") and "p99 TTFT" in headline
+    assert "## What I kept and why" in md and "quality gate failed: category knowledge collapsed" in md
+    assert "took effect? engine.kv_cache_dtype: ✓" in md
+    for png in ("knee.png", "rungs.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_dummy_weight_rungs_print_no_accuracy_and_are_not_gated(tmp_path):
+    lad, md = render("ladder_gpu_shape.json", tmp_path)
+    base = rows(md)["0 baseline"]
+    cells = [c.strip() for c in base.split("|")]
+    assert "n/a (dummy weights)" in cells and "not gated" in cells
+    assert not any(re.fullmatch(r"0\.\d+", c) for c in cells)  # no accuracy number anywhere in the row
+    assert "accuracy n/a (dummy weights)" in md.split("\n")[2]
+    assert "interrupted → reverted" in rows(md)["1 awq-int4"]
+    assert "1x NVIDIA H200" in md and "vllm 0.26.0" in md
