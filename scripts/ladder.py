@@ -30,12 +30,12 @@ LADDER_YAML = common.ROOT / "ladder.yaml"
 LADDER_JSON = common.ROOT / "report" / "ladder.json"
 LOGS = common.ROOT / "results" / "logs" / "ladder"
 TARGETS = ["gate", "bench", "knee"]  # everything a rung measures; `report` runs once at the end
-_REUSED = re.compile(r"(?:Restored stage '(\w+)' from run-cache|Stage '(\w+)' didn't change)")
+_REUSED = re.compile(r"(?:Restored stage '(\w+)' from run-cache|Stage '(\w+)' (?:didn't change|is cached))")
 
 
 def reused_stages(lines: list[str]) -> list[str]:
     """Stages DVC did not re-measure: restored from the run-cache, or already up to date in the workspace."""
-    return [m.group(1) or m.group(2) for ln in lines if (m := _REUSED.match(ln))]
+    return [m.group(1) or m.group(2) for ln in lines if (m := _REUSED.match(ln.strip()))]
 
 
 # ---------------------------------------------------------------- profile + plan (pure)
@@ -293,7 +293,8 @@ class Driver:
                 note: str = "") -> dict:
         exp = f"{self.profile}-{index}-{name}"
         sets = {**self.overrides, **cfg_flat}
-        cmd = ["dvc", "exp", "run", "-n", exp] + [a for k, v in sets.items() for a in ("-S", f"{k}={hydra(v)}")] + TARGETS
+        # `++key=value`: Hydra's set-or-add, so a knob params.yaml does not list yet (hf_overrides, say) works too
+        cmd = ["dvc", "exp", "run", "-n", exp] + [a for k, v in sets.items() for a in ("-S", f"++{k}={hydra(v)}")] + TARGETS
         rec = {"index": index, "name": name, "exp": exp, "role": role, "change": change or {}, "note": note,
                "base": base["exp"] if base else None, "knobs": cfg_flat, "status": "running"}
         self.records.append(rec)
@@ -311,7 +312,7 @@ class Driver:
                 line = common.redact(line)
                 f.write(line)
                 lines.append(line.rstrip())
-                if re.match(r"^(Running stage|Restored stage|Stage '.*' didn't change|error:|ERROR|eval|bench|knee|gate):?", line):
+                if re.match(r"^(Running stage|Restored stage|Stage '|error:|ERROR|eval|bench|knee|gate)", line):
                     print("  " + line.rstrip(), flush=True)
             rc = self.dvc.wait()
             self.dvc = None

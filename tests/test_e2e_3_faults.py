@@ -44,6 +44,7 @@ def test_a_stage_killed_midway_stops_its_server(project):
 
 def test_a_server_that_dies_mid_sweep_fails_the_stage_cleanly_and_only_that_stage_reruns(project):
     sweep = project.path / "results/logs/knee/sweep.log"
+    sweep.unlink(missing_ok=True)  # so that only this run's first probe can make it appear
     proc = subprocess.Popen(["dvc", "repro", "-f", "-s", "knee"], cwd=project.path, env=project.env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 600

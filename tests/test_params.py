@@ -137,6 +137,12 @@ def test_hydra_values_survive_dvc_exp_run_set():
     assert ladder.hydra("it's") == "'it\\'s'"
 
 
+def test_dvc_output_tells_which_stages_were_not_measured_again():
+    lines = ["Stage 'download' didn't change, skipping", "Stage 'eval' is cached - skipping run, checking out outputs",
+             "Restored stage 'bench' from run-cache", "Running stage 'knee':"]
+    assert ladder.reused_stages(lines) == ["download", "eval", "bench"]
+
+
 def test_engine_knobs_become_vllm_flags():
     flags = engine.cli_flags({"max_num_seqs": 16, "enable_prefix_caching": False, "enforce_eager": True,
                               "max_num_batched_tokens": None, "hf_overrides": {"a": 1}})
