@@ -26,7 +26,7 @@ $(VENV)/.ladder-setup: requirements.txt scripts/requirements-cpu.txt scripts/set
 	bash scripts/setup.sh $(VENV)
 	touch $@
 
-ladder: setup ## run the whole ladder as DVC experiments and write report/before_after.md (PROFILE=…, RUNGS=N)
+ladder: setup ## run the whole ladder as DVC experiments and write report/before_after.md (PROFILE=, RUNGS=N, LADDER=file)
 	python scripts/ladder.py --profile $(PROFILE) $(if $(RUNGS),--rungs $(RUNGS)) $(if $(LADDER),--ladder $(LADDER))
 
 check: setup ## validate params.yaml, the ladder and the eval set; start nothing

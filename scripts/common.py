@@ -166,6 +166,7 @@ def validate(params: dict) -> None:
         _need(errors, params, "knee.max_probes", _pos_int, "an integer > 0")
     for key in ("probe_seconds", "min_prompts", "max_prompts", "input_len", "output_len"):
         _need(errors, params, f"knee.{key}", _pos_num, "a number > 0")
+    _need(errors, params, "knee.repeats", _pos_int, "an integer > 0 (runs per probed rate; medians decide)")
     for key in ("max_overall_drop", "max_category_drop"):
         _need(errors, params, f"gate.{key}", lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "a fraction in [0, 1]")
     _need(errors, params, "gate.alpha", lambda v: _pos_num(v) and v < 1, "a number in (0, 1)")

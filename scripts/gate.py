@@ -34,7 +34,7 @@ def compare(base: dict, cur: dict, g: dict) -> dict:
         b, c = sum(i in r2w for i in ids), sum(i in w2r for i in ids)
         verdict, p = stats.paired_verdict(n, b, c, g["alpha"], g["min_items"])
         return {"n": n, "baseline": b_acc, "rung": c_acc, "drop": round(b_acc - c_acc, 6),
-                "right_to_wrong": b, "wrong_to_right": c, "p_value": round(p, 4), "evidence": verdict}
+                "right_to_wrong": b, "wrong_to_right": c, "p_value": float(f"{p:.3g}"), "evidence": verdict}
 
     overall = block(list(base))
     cats = sorted({it["category"] for it in base.values()})

@@ -12,6 +12,7 @@ import ast
 import csv
 import math
 import re
+import statistics
 import time
 
 import common
@@ -20,7 +21,7 @@ import stats
 
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
-COLUMNS = (["offered_rps", "num_prompts", "achieved_rps", "output_tps", "goodput_rps", "completed", "failed",
+COLUMNS = (["offered_rps", "num_prompts", "repeats", "achieved_rps", "output_tps", "goodput_rps", "completed", "failed",
             "backlog", "duration_s"] + [f"p{p}_{m}_ms" for m in METRICS for p in PCTS] + ["passed", "why"])
 
 
@@ -54,6 +55,20 @@ def row_from(result: dict, rate: float, n: int, k: dict, slo: dict) -> dict:
     row["backlog"] = bool(row["achieved_rps"] is not None and row["achieved_rps"] < k["backlog_ratio"] * expected)
     row["passed"], row["why"] = stats.probe_passes(row, slo)
     return row
+
+
+def merge_repeats(results: list[dict]) -> dict:
+    """Repeated probes at one rate: the median of each latency/throughput figure, failures summed."""
+    if len(results) == 1:
+        return results[0]
+    out = {}
+    for key in results[0]:
+        vals = [r.get(key) for r in results]
+        if key in ("failed", "completed"):
+            out[key] = sum(v or 0 for v in vals)
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            out[key] = statistics.median(vals)
+    return out
 
 
 def write_csv(path, rows):
@@ -111,17 +126,20 @@ def sweep(srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> tupl
             rate = stats.next_rate(probes, k["start_rate"], k["max_rate"], k["rel_tol"], k["max_probes"], k.get("min_rate"))
         if rate is None:
             return rows, probes
-        n = prompts_for(rate, k)
-        name = f"probe-{len(probes) + 1:02d}-{rate:g}rps.json"
-        try:
-            engine.run(probe_cmd(srv.url, model_path, k, slo, rate, n, logs, name), logs / "probes.log",
-                       engine.child_env(), timeout=k.get("probe_timeout_s", 600), what=f"vllm bench serve at {rate:g} req/s")
-        except engine.EngineError:
-            if not srv.alive():
-                raise engine.EngineError("vllm serve", f"died during the knee sweep at {rate:g} req/s after "
-                                         f"{len(rows)} probes: {srv.proc.error_line()}", srv.log) from None
-            raise
-        row = row_from(common.read_json(logs / name), rate, n, k, slo)
+        n, repeats, results = prompts_for(rate, k), k.get("repeats", 1), []
+        for rep in range(repeats):
+            name = f"probe-{len(probes) + 1:02d}-{rate:g}rps" + (f"-r{rep + 1}" if repeats > 1 else "") + ".json"
+            try:
+                engine.run(probe_cmd(srv.url, model_path, k, slo, rate, n, logs, name), logs / "probes.log",
+                           engine.child_env(), timeout=k.get("probe_timeout_s", 600),
+                           what=f"vllm bench serve at {rate:g} req/s")
+            finally:  # `vllm bench serve` exits 0 with every request failed when the server is gone: ask it
+                if not srv.alive():
+                    raise engine.EngineError("vllm serve", f"died during the knee sweep at {rate:g} req/s after "
+                                             f"{len(rows)} probes: {srv.proc.error_line()}", srv.log)
+            results.append(common.read_json(logs / name))
+        row = row_from(merge_repeats(results), rate, n, k, slo)
+        row["repeats"] = repeats
         rows.append(row)
         probes.append((rate, row["passed"]))
         with open(logs / "sweep.log", "a") as f:  # the sweep so far survives a failure later in the stage

@@ -232,6 +232,9 @@ def applied_check(change: dict, facts: dict, models: dict) -> list[dict]:
         elif knob == "engine.tensor_parallel_size":
             got = facts.get("tensor_parallel_size")
             ok, seen = (None if got is None else got == want), f"tensor_parallel_size={got}"
+        elif knob.startswith("engine.") and knob[7:] in received:  # any other engine arg: as vLLM received it
+            got = received[knob[7:]]
+            ok, seen = got == want, f"{knob[7:]}={got} (as received)"
         out.append({"knob": knob, "requested": want, "observed": seen, "applied": ok})
     return out
 

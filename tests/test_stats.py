@@ -122,3 +122,14 @@ def test_bandwidth_table_longest_match_and_overrides():
     assert stats.bandwidth_gbs("NVIDIA H100 80GB HBM3") == 3350
     assert stats.bandwidth_gbs("Mystery GPU") is None
     assert stats.bandwidth_gbs("Mystery GPU", {"Mystery": 123}) == 123
+
+
+def test_repeated_probes_merge_to_medians_and_summed_failures():
+    import knee
+    runs = [{"p99_ttft_ms": 100.0, "p99_tpot_ms": 10.0, "failed": 0, "completed": 10, "request_throughput": 4.0},
+            {"p99_ttft_ms": 300.0, "p99_tpot_ms": 30.0, "failed": 1, "completed": 9, "request_throughput": 3.0},
+            {"p99_ttft_ms": 200.0, "p99_tpot_ms": 20.0, "failed": 0, "completed": 10, "request_throughput": 5.0}]
+    m = knee.merge_repeats(runs)
+    assert m["p99_ttft_ms"] == 200.0 and m["p99_tpot_ms"] == 20.0 and m["request_throughput"] == 4.0
+    assert m["failed"] == 1 and m["completed"] == 29
+    assert knee.merge_repeats(runs[:1]) is runs[0]
