@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 import common
+import fingerprint
 import stats
 
 LADDER_YAML = common.ROOT / "ladder.yaml"
@@ -364,8 +365,7 @@ class Driver:
     # -- the ladder
     def run(self, limit: int | None = None) -> int:
         rungs = plan(self.eff, self.lad, self.profile)[:limit]
-        gpus = len((common.read_json(common.RESULTS / "fingerprint.json") if (common.RESULTS / "fingerprint.json").exists()
-                    else {}).get("gpus") or [])
+        gpus = len(fingerprint.gpus())
         kept_flat = common.flatten_knobs(common.rung_config(self.eff, "baseline"))
         base = self.finish(self.run_exp(0, "baseline", kept_flat, "baseline", None, None))
         if base["status"] != "ok":
@@ -479,14 +479,6 @@ def roofline(eff: dict, rec: dict, models: dict) -> dict | None:
             "tpot_low_load_ms": low, "pct_of_floor": round(floor / low, 3) if low else None}
 
 
-def detect_profile() -> str:
-    try:
-        ok = subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    return "gpu" if ok else "cpu"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profile", default=os.environ.get("PROFILE") or None)
@@ -495,7 +487,7 @@ def main() -> int:
     ap.add_argument("--ladder", type=Path, default=LADDER_YAML, help="the ladder file (default: ladder.yaml)")
     args = ap.parse_args()
     os.chdir(common.ROOT)
-    profile = args.profile or detect_profile()
+    profile = args.profile or ("gpu" if fingerprint.gpus() else "cpu")
     sys.path.insert(0, str(common.ROOT / "evals"))
     import score
     try:  # every bad input is reported here, before any engine starts
