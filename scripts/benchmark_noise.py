@@ -59,10 +59,11 @@ def main():
     for label, over in (("3a. search", {"mode": "search"}), (f"3b. fixed {len(rates)}-rate sweep", {"mode": "sweep", "rates": rates})):
         kk = {**k, **over}
         out = logs / over["mode"]
+        prober = knee.Prober(out / "probes.log")
         with engine.Server(entry["path"], cfg["engine"], cfg["env"], out / "server.log") as srv:
-            knee.warm_up(srv, entry["path"], kk, slo, out)
+            knee.warm_up(prober, srv, entry["path"], kk, slo, out)
             t0 = time.monotonic()
-            rows, probes = knee.sweep(srv, entry["path"], kk, slo, out)
+            rows, probes = knee.sweep(prober, srv, entry["path"], kk, slo, out)
         res = stats.knee_result(probes, rates if over["mode"] == "sweep" else None)
         print(f"{label}: knee {res['knee_rps']} req/s (first break {res['first_fail_rps']}), {res['probes']} probes, "
               f"{time.monotonic() - t0:.0f} s of probing")

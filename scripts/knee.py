@@ -5,14 +5,21 @@ backlog. knee.mode `search` doubles the rate until the SLO breaks, then bisects 
 the fixed knee.rates. One server serves every probe (after a warm-up) and is stopped by PID in every outcome.
 Writes results/knee.csv (one row per probe), results/knee.json; each probe's vLLM JSON and the sweep so far
 stay in results/logs/knee/ even when the stage fails midway.
+
+Probes run `vllm bench serve`'s own code (its parser, its `main`) inside this process, imported once: on the
+H200 a fresh `vllm bench serve` per probe spent ~40 s of its ~49 s starting up, for ~7 s of traffic.
 """
 from __future__ import annotations
 
 import ast
+import contextlib
 import csv
 import math
+import os
 import re
 import statistics
+import sys
+import threading
 import time
 
 import common
@@ -29,15 +36,55 @@ def prompts_for(rate: float, k: dict) -> int:
     return int(min(max(round(rate * k["probe_seconds"]), k["min_prompts"]), k["max_prompts"]))
 
 
-def probe_cmd(url: str, model_path: str, k: dict, slo: dict, rate: float, n: int, out_dir, name: str) -> list[str]:
-    return engine.vllm_cli() + [
-        "bench", "serve", "--base-url", url, "--model", model_path,
+def probe_args(url: str, model_path: str, k: dict, slo: dict, rate: float, n: int, out_dir, name: str) -> list[str]:
+    """The `vllm bench serve` arguments of one probe."""
+    return [
+        "--base-url", url, "--model", model_path,
         "--dataset-name", "random", "--random-input-len", str(k["input_len"]),
         "--random-output-len", str(k["output_len"]), "--random-range-ratio", "0",
         "--num-prompts", str(n), "--request-rate", str(rate), "--seed", "0", "--ignore-eos", "--temperature", "0",
         "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", ",".join(map(str, PCTS)),
         "--goodput", f"ttft:{slo['p99_ttft_ms']}", f"tpot:{slo['p99_tpot_ms']}",
         "--save-result", "--result-dir", str(out_dir), "--result-filename", name, "--disable-tqdm"]
+
+
+def import_bench_serve():
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")  # local models
+    from vllm.benchmarks import serve
+    return serve
+
+
+class Prober:
+    """`vllm bench serve` in this process: vLLM's own parser and `main`, one import for all of a stage's probes.
+    Each probe runs in a thread so that a hung one times out (the server is then stopped by the stage)."""
+
+    def __init__(self, log):
+        serve = import_bench_serve()
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        self.log, self._main = log, serve.main
+        self._parser = FlexibleArgumentParser(prog="vllm bench serve")
+        serve.add_cli_args(self._parser)
+
+    def __call__(self, argv: list[str], timeout: float, what: str) -> None:
+        args = self._parser.parse_args(argv)
+        box: dict = {}
+
+        def probe():
+            try:  # vLLM prints its result table: into the probes log, with the command it stands for
+                with open(self.log, "a", encoding="utf-8") as f, contextlib.redirect_stdout(f):
+                    print(common.redact("$ vllm bench serve " + " ".join(argv)), flush=True)
+                    self._main(args)
+            except BaseException as e:  # noqa: BLE001 -- re-raised in the stage's thread below
+                box["error"] = e
+
+        t = threading.Thread(target=probe, name="probe", daemon=True)
+        t.start()
+        t.join(timeout)
+        if t.is_alive():
+            raise engine.EngineError(what, f"timed out after {timeout:.0f} s", self.log)
+        if "error" in box:
+            e = box["error"]
+            raise engine.EngineError(what, f"{type(e).__name__}: {e}", self.log) from e
 
 
 def row_from(result: dict, rate: float, n: int, k: dict, slo: dict) -> dict:
@@ -108,14 +155,14 @@ def non_default_args(log) -> dict:
         return dict(re.findall(r"'(\w+)': ([\w.]+)", m.group(1)))
 
 
-def warm_up(srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> None:
+def warm_up(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> None:
     """A short burst before any timed probe, so first-request costs are not read as latency."""
-    engine.run(probe_cmd(srv.url, model_path, k, slo, k.get("start_rate", 1), max(4, k["min_prompts"] // 2), logs,
-                         "warmup.json"), logs / "warmup.log", engine.child_env(), timeout=k.get("probe_timeout_s", 600),
-               what="vllm bench serve (warm-up)")
+    prober(probe_args(srv.url, model_path, k, slo, k.get("start_rate", 1), max(4, k["min_prompts"] // 2), logs,
+                      "warmup.json"), k.get("probe_timeout_s", 600), "vllm bench serve (warm-up)")
 
 
-def sweep(srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> tuple[list[dict], list[tuple[float, bool]]]:
+def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict,
+          logs) -> tuple[list[dict], list[tuple[float, bool]]]:
     """Probe rates (search or fixed sweep) against a running server; every probe is logged as it finishes."""
     rows: list[dict] = []
     probes: list[tuple[float, bool]] = []
@@ -130,9 +177,8 @@ def sweep(srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> tupl
         for rep in range(repeats):
             name = f"probe-{len(probes) + 1:02d}-{rate:g}rps" + (f"-r{rep + 1}" if repeats > 1 else "") + ".json"
             try:
-                engine.run(probe_cmd(srv.url, model_path, k, slo, rate, n, logs, name), logs / "probes.log",
-                           engine.child_env(), timeout=k.get("probe_timeout_s", 600),
-                           what=f"vllm bench serve at {rate:g} req/s")
+                prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name), k.get("probe_timeout_s", 600),
+                       f"vllm bench serve at {rate:g} req/s")
             finally:  # `vllm bench serve` exits 0 with every request failed when the server is gone: ask it
                 if not srv.alive():
                     raise engine.EngineError("vllm serve", f"died during the knee sweep at {rate:g} req/s after "
@@ -157,13 +203,16 @@ def main():
     entry = common.model_entry(cfg["model"]["name"])
     logs = common.RESULTS / "logs" / "knee"
     t0 = time.monotonic()
+    importing = threading.Thread(target=import_bench_serve, daemon=True)
+    importing.start()  # the prober's imports overlap the server's start-up
     with engine.Server(entry["path"], cfg["engine"], cfg["env"], logs / "server.log",
                        start_timeout=k.get("start_timeout_s", 900)) as srv:
         ready_s = srv.ready_s
         print(f"knee: vllm serve ready on {srv.url} in {ready_s:.0f} s")
-        warm_up(srv, entry["path"], k, slo, logs)
+        prober = Prober(logs / "probes.log")
+        warm_up(prober, srv, entry["path"], k, slo, logs)
         before = scrape(srv.metrics())
-        rows, probes = sweep(srv, entry["path"], k, slo, logs)
+        rows, probes = sweep(prober, srv, entry["path"], k, slo, logs)
         after = scrape(srv.metrics())
     measure_s = time.monotonic() - t0
     queries = after.get("vllm:prefix_cache_queries", 0) - before.get("vllm:prefix_cache_queries", 0)
@@ -200,9 +249,17 @@ def main():
 
 
 if __name__ == "__main__":
+    code = 0
     try:
         main()
     except (common.ParamsError, engine.EngineError) as e:
-        common.die(str(e), 1)
+        print(f"error: {e}", file=sys.stderr)
+        code = 1
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: servers are already stopped by their `with`/finally
-        common.die(f"interrupted: {e or 'Ctrl-C'}", 130)
+        print(f"error: interrupted: {e or 'Ctrl-C'}", file=sys.stderr)
+        code = 130
+    # Skip interpreter teardown: triton's bindings, imported by vLLM's bench code, print hundreds of
+    # "nanobind: leaked function" lines at exit. Every child is stopped and every file closed by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
