@@ -27,7 +27,7 @@ def serve_pid():
 
 
 def test_a_stage_killed_midway_stops_its_server(project):
-    log = project.path / "results/logs/knee/warmup.log"
+    log = project.path / "results/logs/knee/probes.log"  # the warm-up probe writes it first
     log.unlink(missing_ok=True)
     proc = subprocess.Popen(["python", "scripts/knee.py"], cwd=project.path, env=project.env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
