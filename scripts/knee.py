@@ -36,13 +36,15 @@ def prompts_for(rate: float, k: dict) -> int:
     return int(min(max(round(rate * k["probe_seconds"]), k["min_prompts"]), k["max_prompts"]))
 
 
-def probe_args(url: str, model_path: str, k: dict, slo: dict, rate: float, n: int, out_dir, name: str) -> list[str]:
-    """The `vllm bench serve` arguments of one probe."""
+def probe_args(url: str, model_path: str, k: dict, slo: dict, rate: float, n: int, out_dir, name: str,
+               seed: int) -> list[str]:
+    """The `vllm bench serve` arguments of one probe. Each call of a stage gets its own seed: one seed for all
+    would re-send the same random prompts, which the prefix cache then serves (66 % hits on the H200)."""
     return [
         "--base-url", url, "--model", model_path,
         "--dataset-name", "random", "--random-input-len", str(k["input_len"]),
         "--random-output-len", str(k["output_len"]), "--random-range-ratio", "0",
-        "--num-prompts", str(n), "--request-rate", str(rate), "--seed", "0", "--ignore-eos", "--temperature", "0",
+        "--num-prompts", str(n), "--request-rate", str(rate), "--seed", str(seed), "--ignore-eos", "--temperature", "0",
         "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", ",".join(map(str, PCTS)),
         "--goodput", f"ttft:{slo['p99_ttft_ms']}", f"tpot:{slo['p99_tpot_ms']}",
         "--save-result", "--result-dir", str(out_dir), "--result-filename", name, "--disable-tqdm"]
@@ -158,7 +160,7 @@ def non_default_args(log) -> dict:
 def warm_up(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> None:
     """A short burst before any timed probe, so first-request costs are not read as latency."""
     prober(probe_args(srv.url, model_path, k, slo, k.get("start_rate", 1), max(4, k["min_prompts"] // 2), logs,
-                      "warmup.json"), k.get("probe_timeout_s", 600), "vllm bench serve (warm-up)")
+                      "warmup.json", seed=0), k.get("probe_timeout_s", 600), "vllm bench serve (warm-up)")
 
 
 def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict,
@@ -177,7 +179,8 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
         for rep in range(repeats):
             name = f"probe-{len(probes) + 1:02d}-{rate:g}rps" + (f"-r{rep + 1}" if repeats > 1 else "") + ".json"
             try:
-                prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name), k.get("probe_timeout_s", 600),
+                seed = sum(r["repeats"] for r in rows) + rep + 1  # 0 was the warm-up's
+                prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k.get("probe_timeout_s", 600),
                        f"vllm bench serve at {rate:g} req/s")
             finally:  # `vllm bench serve` exits 0 with every request failed when the server is gone: ask it
                 if not srv.alive():

@@ -169,11 +169,11 @@ def header(lad: dict) -> list[str]:
         f"{b['input_len']} in / {b['output_len']} out tokens (ignore_eos), {b.get('warmups', 0)} warm-up requests, "
         + (f"{b['repeats']} timed repeats inside one engine (vLLM's own bench code)" if b.get("mode", "engine") == "engine"
            else f"{b['repeats']} repeats, each its own engine start")
-        + "; median with a 95 % t-interval",
+        + " (prefix cache reset before each); median with a 95 % t-interval",
         f"- **Latency workload**: `vllm serve` + `vllm bench serve`, random {k['input_len']} in / {k['output_len']} out, "
         f"Poisson arrivals, ~{k['probe_seconds']} s of traffic per probe, knee by {k['mode']}"
         + (f" (double from {k['start_rate']} req/s, bisect to {k['rel_tol'] * 100:.0f} %)" if k["mode"] == "search" else
-           f" over {k['rates']}"),
+           f" over {k['rates']}") + "; each probe its own seed, so no prompt is sent twice",
         f"- **Shared prefix?** no: random prompts share no prefix, so prefix caching can only show its overhead here",
         "- **Quality**: n/a: dummy weights (load_format: dummy); every rung is \"not gated\""
         if ((lad["rungs"] or [{}])[0].get("eval") or {}).get("status") == "n/a" else
