@@ -84,31 +84,43 @@ def worker(job_path: str) -> None:
     T.main(args)
 
 
+def throughput_argv(model_path: str, b: dict, engine_knobs: dict) -> list[str]:
+    """`vllm bench throughput` arguments: the fixed shape of params `bench`, the rung's knobs unchanged."""
+    return ["--model", model_path, "--dataset-name", "random", "--random-input-len", str(b["input_len"]),
+            "--random-output-len", str(b["output_len"]), "--random-range-ratio", "0",
+            "--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b.get("warmups", 0))] + engine.cli_flags(engine_knobs)
+
+
+def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float) -> tuple[list[dict], dict]:
+    """`repeats` timed runs inside one engine (bench.mode engine): their results and the engine's facts."""
+    proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats}, logs, env_knobs, timeout,
+                             "vllm bench throughput (in-engine repeats)")
+    return parse_output(proc.log.read_text(encoding="utf-8", errors="replace"))[:repeats], engine.engine_facts(proc.log)
+
+
+def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float) -> tuple[list[dict], dict]:
+    """`vllm bench throughput` once per repeat, a fresh engine each (bench.mode cli): results and engine facts."""
+    runs, facts = [], {}
+    for r in range(repeats):
+        log = logs / f"run{r + 1}.log"
+        engine.run(engine.vllm_cli() + ["bench", "throughput"] + argv, log, engine.child_env(env_knobs),
+                   timeout=timeout, what="vllm bench throughput")
+        runs += parse_output(log.read_text(encoding="utf-8", errors="replace"))[:1]
+        facts = facts or engine.engine_facts(log)
+    return runs, facts
+
+
 def main():
     params = common.stage_start()
     cfg, b = common.rung_config(params), params["bench"]
     entry = common.model_entry(cfg["model"]["name"])
-    logs = common.RESULTS / "logs" / "bench"
     mode = b.get("mode", "engine")
-    argv = ["--model", entry["path"], "--dataset-name", "random", "--random-input-len", str(b["input_len"]),
-            "--random-output-len", str(b["output_len"]), "--random-range-ratio", "0",
-            "--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b.get("warmups", 0))] + engine.cli_flags(cfg["engine"])
-    t0 = time.monotonic()
-    if mode == "engine":
-        proc = engine.run_worker(__file__, {"argv": argv, "repeats": b["repeats"]}, logs, cfg["env"],
-                                 b.get("timeout_s", 1800), "vllm bench throughput (in-engine repeats)")
-        runs = parse_output((logs / "engine.log").read_text(encoding="utf-8", errors="replace"))[:b["repeats"]]
-        facts = engine.engine_facts(proc.log)
-    elif mode == "cli":
-        runs, facts = [], {}
-        for r in range(b["repeats"]):
-            log = logs / f"run{r + 1}.log"
-            engine.run(engine.vllm_cli() + ["bench", "throughput"] + argv, log, engine.child_env(cfg["env"]),
-                       timeout=b.get("timeout_s", 1800), what="vllm bench throughput")
-            runs += parse_output(log.read_text(encoding="utf-8", errors="replace"))[:1]
-            facts = facts or engine.engine_facts(log)
-    else:
+    runner = {"engine": run_in_engine, "cli": run_cli}.get(mode)
+    if runner is None:
         raise common.ParamsError(f"bench.mode: {mode!r} is not allowed; expected engine or cli")
+    t0 = time.monotonic()
+    runs, facts = runner(throughput_argv(entry["path"], b, cfg["engine"]), b["repeats"], common.RESULTS / "logs" / "bench",
+                         cfg["env"], b.get("timeout_s", 1800))
     for i, run in enumerate(runs, 1):
         run["applied"] = check_shape(run, b["num_prompts"], b["input_len"], b["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
@@ -138,9 +150,4 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
         sys.exit(0)
-    try:
-        main()
-    except (common.ParamsError, engine.EngineError, ShapeError) as e:
-        common.die(str(e), 1)
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the engine child is already stopped
-        common.die(f"interrupted: {e or 'Ctrl-C'}", 130)
+    common.run_stage(main, (common.ParamsError, engine.EngineError, ShapeError))

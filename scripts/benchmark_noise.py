@@ -36,24 +36,16 @@ def main():
     cfg, b, k, slo = common.rung_config(params), params["bench"], params["knee"], params["slo"]
     entry = common.model_entry(cfg["model"]["name"])
     logs = common.RESULTS / "logs" / "benchmark"
-    argv = ["--model", entry["path"], "--dataset-name", "random", "--random-input-len", str(b["input_len"]),
-            "--random-output-len", str(b["output_len"]), "--random-range-ratio", "0", "--num-prompts",
-            str(b["num_prompts"]), "--num-warmups", str(b.get("warmups", 0))] + engine.cli_flags(cfg["engine"])
+    argv = bench.throughput_argv(entry["path"], b, cfg["engine"])
     print(f"rung: {cfg['model']['name']}, shape {b['num_prompts']} x {b['input_len']}/{b['output_len']}")
 
     t0 = time.monotonic()
-    engine.run_worker(bench.__file__, {"argv": argv, "repeats": args.repeats}, logs / "in-engine", cfg["env"],
-                      1800, "bench (in-engine repeats)")
-    runs = bench.parse_output((logs / "in-engine" / "engine.log").read_text())[:args.repeats]
+    runs, _ = bench.run_in_engine(argv, args.repeats, logs / "in-engine", cfg["env"], 1800)
     spread(f"1. {args.repeats} repeats in one engine ({time.monotonic() - t0:.0f} s)", [r["output_tps"] for r in runs])
 
     t0 = time.monotonic()
-    cli = []
-    for r in range(args.repeats):
-        log = logs / "cli" / f"run{r + 1}.log"
-        engine.run(engine.vllm_cli() + ["bench", "throughput"] + argv, log, engine.child_env(cfg["env"]), timeout=1800)
-        cli.append(bench.parse_output(log.read_text())[0]["output_tps"])
-    spread(f"2. {args.repeats} runs, a fresh engine each ({time.monotonic() - t0:.0f} s)", cli)
+    runs, _ = bench.run_cli(argv, args.repeats, logs / "cli", cfg["env"], 1800)
+    spread(f"2. {args.repeats} runs, a fresh engine each ({time.monotonic() - t0:.0f} s)", [r["output_tps"] for r in runs])
 
     rates = [float(x) for x in args.sweep_rates.split(",")]
     for label, over in (("3a. search", {"mode": "search"}), (f"3b. fixed {len(rates)}-rate sweep", {"mode": "sweep", "rates": rates})):

@@ -296,6 +296,25 @@ def die(msg: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def run_stage(main, errors: tuple, *args, hard_exit: bool = False) -> None:
+    """An engine stage's entry point: `errors` exit 1 with their message; Ctrl-C or SIGTERM exits 130 (the
+    stage's children are stopped by their `with`/finally by then). `hard_exit` skips interpreter teardown."""
+    code = 0
+    try:
+        main(*args)
+    except errors as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt as e:
+        print(f"error: interrupted: {e or 'Ctrl-C'}", file=sys.stderr)
+        code = 130
+    if hard_exit:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 def stage_start(check: bool = True) -> dict:
     """Common start of a stage script: run from the repo root, turn SIGTERM into an exception, load params."""
     os.chdir(ROOT)

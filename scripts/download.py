@@ -15,7 +15,6 @@ import importlib.util
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 

@@ -88,9 +88,4 @@ if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "rung"
     if which not in ("rung", "baseline"):
         common.die(f"usage: eval.py [rung|baseline], got {which!r}")
-    try:
-        main(which)
-    except (common.ParamsError, score.EvalFileError, engine.EngineError) as e:
-        common.die(str(e), 1)
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the engine child is already stopped
-        common.die(f"interrupted: {e or 'Ctrl-C'}", 130)
+    common.run_stage(main, (common.ParamsError, score.EvalFileError, engine.EngineError), which)

@@ -18,7 +18,6 @@ import math
 import os
 import re
 import statistics
-import sys
 import threading
 import time
 
@@ -252,17 +251,6 @@ def main():
 
 
 if __name__ == "__main__":
-    code = 0
-    try:
-        main()
-    except (common.ParamsError, engine.EngineError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        code = 1
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: servers are already stopped by their `with`/finally
-        print(f"error: interrupted: {e or 'Ctrl-C'}", file=sys.stderr)
-        code = 130
-    # Skip interpreter teardown: triton's bindings, imported by vLLM's bench code, print hundreds of
-    # "nanobind: leaked function" lines at exit. Every child is stopped and every file closed by now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    # hard_exit: triton's bindings, imported by vLLM's bench code, print hundreds of "nanobind: leaked function"
+    # lines at interpreter teardown. Every child is stopped and every file closed by then.
+    common.run_stage(main, (common.ParamsError, engine.EngineError), hard_exit=True)

@@ -163,7 +163,7 @@ def header(lad: dict) -> list[str]:
         f"- **Machine**: {hw}" + (f", driver {env['driver']}, CUDA {env.get('cuda_driver')}" if env.get("driver") else ""),
         f"- **Software**: {env.get('vllm_package')} {env.get('vllm')}, torch {env.get('torch')}, "
         f"transformers {env.get('transformers')}, Python {env.get('python')}; git {str(lad.get('git_commit'))[:12]}",
-        f"- **Models**: " + "; ".join(f"{n}: {m.get('id')} @ {str(m.get('revision'))[:12]}" for n, m in lad.get("models", {}).items()),
+        "- **Models**: " + "; ".join(f"{n}: {m.get('id')} @ {str(m.get('revision'))[:12]}" for n, m in lad.get("models", {}).items()),
         f"- **SLO**: p99 TTFT ≤ {slo['p99_ttft_ms']} ms and p99 TPOT ≤ {slo['p99_tpot_ms']} ms, no failed request",
         f"- **Throughput workload**: `vllm bench throughput`, random dataset, {b['num_prompts']} prompts × "
         f"{b['input_len']} in / {b['output_len']} out tokens (ignore_eos), {b.get('warmups', 0)} warm-up requests, "
@@ -174,7 +174,7 @@ def header(lad: dict) -> list[str]:
         f"Poisson arrivals, ~{k['probe_seconds']} s of traffic per probe, knee by {k['mode']}"
         + (f" (double from {k['start_rate']} req/s, bisect to {k['rel_tol'] * 100:.0f} %)" if k["mode"] == "search" else
            f" over {k['rates']}") + "; each probe its own seed, so no prompt is sent twice",
-        f"- **Shared prefix?** no: random prompts share no prefix, so prefix caching can only show its overhead here",
+        "- **Shared prefix?** no: random prompts share no prefix, so prefix caching can only show its overhead here",
         "- **Quality**: n/a: dummy weights (load_format: dummy); every rung is \"not gated\""
         if ((lad["rungs"] or [{}])[0].get("eval") or {}).get("status") == "n/a" else
         f"- **Quality**: {lad.get('eval_n', '?')} items ({lad.get('eval_file')}, sha256 {str(lad.get('eval_sha256'))[:12]}), "
