@@ -15,8 +15,7 @@ import time
 import common
 import engine
 
-sys.path.insert(0, str(common.ROOT / "evals"))
-import score  # noqa: E402
+import score
 
 
 def out_dir(which: str):

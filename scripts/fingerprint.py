@@ -14,8 +14,7 @@ import sys
 
 import common
 
-sys.path.insert(0, str(common.ROOT / "evals"))
-import score  # noqa: E402
+import score
 
 
 def _version(*names):

@@ -75,16 +75,13 @@ def knee_cell(r):
     return f"{k['knee_rps']:g} (breaks at {k['first_fail_rps']:g})"
 
 
+VERDICT_CELL = {"baseline": "baseline", "kept": "**kept**", "reverted": "reverted", "not chosen": "not chosen",
+                "failed": "failed → reverted", "interrupted": "interrupted → reverted", "skipped": "skipped"}
+
+
 def kept_cell(r):
-    if r["status"] == "skipped":
-        return "skipped"
-    if r["status"] in ("failed", "interrupted"):
-        return f"{r['status']} → reverted"
-    if r.get("role") == "baseline":
-        return "baseline"
-    if r.get("role") == "candidate" and not r.get("kept"):
-        return "not chosen" if r.get("chosen") is False and r.get("gate", {}).get("keep", True) else "reverted"
-    return "**kept**" if r.get("kept") else "reverted"
+    """The verdict the ladder recorded (decide.verdict), as the table shows it."""
+    return VERDICT_CELL.get(r.get("verdict"), r.get("verdict") or r["status"])
 
 
 def applied_cell(r):

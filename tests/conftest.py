@@ -12,13 +12,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "evals")]
 FIXTURES = Path(__file__).parent / "fixtures"
 PLANTED_TOKEN = "hf_LADDERTESTTOKEN0123456789abcdef"  # a fake HF token: must never reach results, logs or reports
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "engine: starts the real vLLM engine (slow)")
 
 
 def vllm_pids() -> list[int]:

@@ -1,5 +1,5 @@
 """Keep/revert decisions and the applied-knob check, on fixture records: pure logic, no engine."""
-import ladder
+import decide
 import stats
 
 
@@ -15,7 +15,7 @@ BASE = rec([400.0, 402.0, 398.0], 6.0)
 def decided(r, objective="knee_rps"):
     r["delta"] = {"output_tps": stats.delta(BASE["bench"]["output_tps_runs"], r["bench"]["output_tps_runs"]),
                   "knee_rps": stats.knee_delta(BASE["knee"], r["knee"])}
-    return ladder.decide(r, BASE, objective)
+    return decide.decide(r, BASE, objective)
 
 
 def test_a_failed_gate_reverts_whatever_the_speed():
@@ -55,7 +55,7 @@ def test_a_change_that_did_not_take_effect_is_not_credited():
 
 
 def test_a_failed_rung_is_reverted_with_its_reason():
-    assert ladder.decide({"status": "failed", "error": "ValueError: too little KV cache"}, BASE, "knee_rps") == \
+    assert decide.decide({"status": "failed", "error": "ValueError: too little KV cache"}, BASE, "knee_rps") == \
         (False, "failed: ValueError: too little KV cache")
 
 
@@ -74,7 +74,7 @@ FACTS = {"model_path": "/m/w4", "quantization": "compressed-tensors", "kernels":
 
 def test_applied_check_reads_the_engines_own_evidence():
     models = {"w4": {"path": "/m/w4"}, "bf16": {"path": "/m/bf16"}}
-    checks = {c["knob"]: c for c in ladder.applied_check(
+    checks = {c["knob"]: c for c in decide.applied_check(
         {"model.name": "w4", "engine.kv_cache_dtype": "fp8", "engine.enable_prefix_caching": True,
          "engine.max_num_batched_tokens": 1024, "engine.max_num_seqs": 64, "engine.gpu_memory_utilization": 0.94,
          "env.VLLM_CPU_KVCACHE_SPACE": 2, "engine.tensor_parallel_size": 2}, FACTS, models)}
@@ -82,7 +82,7 @@ def test_applied_check_reads_the_engines_own_evidence():
     assert "CPUWNA16LinearKernel" in checks["model.name"]["observed"]
     assert "hit rate 0.0%" in checks["engine.enable_prefix_caching"]["observed"]
     assert checks["engine.tensor_parallel_size"]["applied"] is False  # asked 2, the engine ran 1
-    assert ladder.applied_check({"model.name": "bf16"}, FACTS, models)[0]["applied"] is False
+    assert decide.applied_check({"model.name": "bf16"}, FACTS, models)[0]["applied"] is False
 
 
 def test_a_throughput_gain_with_the_knee_within_noise_is_kept_as_a_gain():

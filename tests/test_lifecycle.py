@@ -52,14 +52,14 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path)
 def test_children_die_with_the_stage_even_when_it_is_sigkilled(tmp_path):
     """A stage process killed hard (no finally runs) still takes its servers down: PR_SET_PDEATHSIG."""
     stage = textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {str(common.ROOT / 'scripts')!r})
+        import time
         import engine
         p = engine.Proc(["sleep", "300"], {str(tmp_path / 'c.log')!r})
         print(p.pid, flush=True)
         time.sleep(300)
     """)
-    parent = subprocess.Popen([sys.executable, "-c", stage], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", stage], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(common.ROOT / "scripts")})
     child = int(parent.stdout.readline())
     assert alive(child)
     parent.send_signal(signal.SIGKILL)

@@ -10,14 +10,15 @@ import yaml
 import common
 import engine
 import ladder
+import plan as planning
 from conftest import ROOT
 
 PARAMS = common.load_params(ROOT / "params.yaml", check=False)
-LADDER = ladder.load_ladder(ROOT / "ladder.yaml")
+LADDER = planning.load_ladder(ROOT / "ladder.yaml")
 
 
 def eff(profile="cpu"):
-    return ladder.effective_params(PARAMS, LADDER, profile, PARAMS)
+    return planning.effective_params(PARAMS, LADDER, profile, PARAMS)
 
 
 def errors_of(params) -> str:
@@ -30,7 +31,7 @@ def test_the_shipped_params_and_every_profile_are_valid():
     for profile in LADDER["profiles"]:
         p = eff(profile)
         common.validate(p)
-        assert ladder.plan(p, LADDER, profile)
+        assert planning.plan(p, LADDER, profile)
 
 
 @pytest.mark.parametrize("mutate, expected", [
@@ -66,7 +67,7 @@ def rungs(*rs, groups=None):
 
 def plan_error(lad) -> str:
     with pytest.raises(common.ParamsError) as e:
-        ladder.plan(eff(), lad, "cpu")
+        planning.plan(eff(), lad, "cpu")
     return str(e.value)
 
 
@@ -78,7 +79,7 @@ def test_a_two_knob_rung_is_refused_naming_rung_and_knobs():
 
 def test_a_declared_group_counts_as_one_change():
     lad = rungs({"name": "mem", "set": {"env.VLLM_CPU_KVCACHE_SPACE": 2, "engine.max_num_seqs": 64}})
-    assert [r["name"] for r in ladder.plan(eff(), lad, "cpu")] == ["mem"]
+    assert [r["name"] for r in planning.plan(eff(), lad, "cpu")] == ["mem"]
 
 
 def test_an_unknown_knob_is_refused_naming_rung_and_knob():
@@ -106,7 +107,7 @@ def test_a_rung_naming_a_model_the_download_stage_does_not_provide_is_refused():
 
 
 def test_candidates_expand_one_knob_and_fallbacks_are_checked():
-    assert ladder.candidates({"engine.max_num_batched_tokens": [1024, 2048]}) == [
+    assert planning.candidates({"engine.max_num_batched_tokens": [1024, 2048]}) == [
         {"engine.max_num_batched_tokens": 1024}, {"engine.max_num_batched_tokens": 2048}]
     msg = plan_error(rungs({"name": "kv", "set": {"engine.kv_cache_dtype": "fp8"}, "fallback": {"engine.kv_cache_dtype": "auto"}}))
     assert "'kv' fallback: engine.kv_cache_dtype is already 'auto' in force" in msg
@@ -115,13 +116,13 @@ def test_candidates_expand_one_knob_and_fallbacks_are_checked():
 
 
 def test_switching_profiles_resets_keys_of_other_profiles_to_the_committed_defaults():
-    gpu = ladder.profile_overrides(LADDER, "gpu", PARAMS)
+    gpu = planning.profile_overrides(LADDER, "gpu", PARAMS)
     assert gpu["baseline.model.name"] == "qwen2.5-7b-instruct" and gpu["bench.num_prompts"] == 200
-    cpu = ladder.profile_overrides(LADDER, "cpu", PARAMS)
+    cpu = planning.profile_overrides(LADDER, "cpu", PARAMS)
     assert cpu["baseline.model.name"] == "smollm2-135m" and cpu["bench.num_prompts"] == PARAMS["bench"]["num_prompts"]
-    assert set(cpu) == set(gpu) | set(ladder.profile_overrides(LADDER, "gpu-shape", PARAMS))
+    assert set(cpu) == set(gpu) | set(planning.profile_overrides(LADDER, "gpu-shape", PARAMS))
     with pytest.raises(common.ParamsError, match="profile: 'tpu' is not defined"):
-        ladder.profile_overrides(LADDER, "tpu", PARAMS)
+        planning.profile_overrides(LADDER, "tpu", PARAMS)
 
 
 def test_baseline_pins_prefix_caching_off():

@@ -1,0 +1,186 @@
+"""Planning the ladder (pure): the profile applied to params.yaml, the rungs validated, candidates expanded.
+
+Worked out ONCE per `make ladder` (`resolve`), before any engine starts: every bad rung is reported at once,
+naming the rung and the knob. The driver (ladder.py) only runs what the plan says.
+"""
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+import common
+
+LADDER_YAML = common.ROOT / "ladder.yaml"
+
+
+def set_dotted(d: dict, dotted: str, value) -> None:
+    node = d
+    *parents, last = dotted.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = copy.deepcopy(value)
+
+
+def get_dotted(d: dict, dotted: str):
+    for part in dotted.split("."):
+        d = d[part]
+    return d
+
+
+def committed_params() -> dict | None:
+    """params.yaml as committed: the defaults a profile's keys fall back to (the workspace may hold another's)."""
+    out = subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=common.ROOT, capture_output=True, text=True)
+    return yaml.safe_load(out.stdout) if out.returncode == 0 else None
+
+
+def load_ladder(path: Path = LADDER_YAML) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lad = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as e:
+        raise common.ParamsError(f"{path.name}: cannot read ({e})") from None
+    unknown = set(lad or {}) - {"objective", "groups", "profiles"}
+    if unknown:
+        raise common.ParamsError(f"{path.name}: unknown section(s) {', '.join(sorted(unknown))}; "
+                                 f"allowed: objective, groups, profiles")
+    if lad.get("objective", "knee_rps") not in ("knee_rps", "output_tps"):
+        raise common.ParamsError(f"{path.name}: objective: {lad['objective']!r}; allowed: knee_rps, output_tps")
+    for name, prof in (lad.get("profiles") or {}).items():
+        if not isinstance(prof, dict) or set(prof) - {"settings", "rungs"}:
+            raise common.ParamsError(f"{path.name}: profiles.{name} must hold `settings` and `rungs`")
+    return lad
+
+
+def profile_overrides(lad: dict, profile: str, defaults: dict) -> dict:
+    """Every key any profile sets: this profile's value, else the committed default, so that switching
+    profiles never leaves another profile's value behind in the workspace."""
+    profiles = {name: (p.get("settings") or {}) for name, p in (lad.get("profiles") or {}).items()}
+    if profile not in profiles:
+        raise common.ParamsError(f"profile: {profile!r} is not defined in ladder.yaml; allowed: {', '.join(profiles)}")
+    out = {"profile": profile}
+    for key in dict.fromkeys(k for p in profiles.values() for k in p):
+        if key in profiles[profile]:
+            out[key] = profiles[profile][key]
+        else:
+            try:
+                out[key] = get_dotted(defaults, key)
+            except (KeyError, TypeError):
+                raise common.ParamsError(f"ladder.yaml profiles.{profile}.settings: {key} has no default in "
+                                         f"params.yaml; set it for this profile") from None
+    return out
+
+
+def effective_params(params: dict, lad: dict, profile: str, defaults: dict | None = None) -> dict:
+    """params.yaml with the profile applied and the rung in force reset to the baseline (rung 0)."""
+    eff = copy.deepcopy(params)
+    for key, value in profile_overrides(lad, profile, defaults or params).items():
+        set_dotted(eff, key, value)
+    for section in ("model", "engine", "env"):
+        eff[section] = copy.deepcopy(eff["baseline"][section])
+    return eff
+
+
+def candidates(change: dict) -> list[dict]:
+    """A rung's `set`; a list value names candidate values of that one knob, each tried on its own."""
+    lists = [k for k, v in change.items() if isinstance(v, list)]
+    if not lists:
+        return [dict(change)]
+    key = lists[0]
+    return [{**change, key: v} for v in change[key]]
+
+
+def candidate_label(rung: dict, change: dict) -> str:
+    """`batched-tokens-1024`: the rung's name and the candidate value it tries."""
+    value = next(v for k, v in change.items() if isinstance(rung["set"][k], list))
+    return f"{rung['name']}-{re.sub(r'[^a-z0-9]+', '-', str(value).lower()).strip('-')}"
+
+
+def check_change(where: str, change, in_force: dict, params: dict, groups: dict) -> list[str]:
+    """Errors for one rung change against the knobs in force; each names the rung and the knob."""
+    if not isinstance(change, dict) or not change:
+        return [f"{where}: `set` must map knob names to values, got {change!r}"]
+    errors = []
+    fetch = params["download"]["fetch"]
+    for knob, value in change.items():
+        for v in (value if isinstance(value, list) else [value]):
+            err = common.check_knob(knob, v)
+            if err:
+                errors.append(f"{where}: {err}")
+            elif knob == "model.name" and v not in fetch:
+                errors.append(f"{where}: model.name: {v!r} is not a model the download stage provides "
+                              f"(download.fetch: {', '.join(fetch)})")
+            elif v == in_force.get(knob):
+                errors.append(f"{where}: {knob} is already {v!r} in force: a no-op rung changes nothing")
+    if len([k for k, v in change.items() if isinstance(v, list)]) > 1:
+        errors.append(f"{where}: candidates (a list of values) are allowed for one knob only")
+    if len(change) > 1 and not any(set(change) <= set(members) for members in groups.values()):
+        errors.append(f"{where}: changes {len(change)} knobs ({', '.join(change)}); a rung changes ONE knob, "
+                      f"or several that ladder.yaml `groups` declares as one ({', '.join(groups) or 'none declared'})")
+    return errors
+
+
+def _rung_errors(where: str, rung: dict, in_force: dict, params: dict, groups: dict) -> list[str]:
+    unknown = set(rung) - {"name", "set", "fallback", "note", "when"}
+    errors = [f"{where}: unknown field(s) {', '.join(sorted(unknown))}; allowed: name, set, fallback, note, when"] \
+        if unknown else []
+    errors += check_change(where, rung.get("set"), in_force, params, groups)
+    if rung.get("fallback") is not None:
+        errors += check_change(f"{where} fallback", rung["fallback"], in_force, params, groups)
+    return errors
+
+
+def plan(params: dict, lad: dict, profile: str) -> list[dict]:
+    """Validate the profile's ladder before any engine starts; raise ParamsError naming rung and knob."""
+    rungs = ((lad.get("profiles") or {}).get(profile) or {}).get("rungs")
+    groups = lad.get("groups") or {}
+    if not isinstance(rungs, list):
+        raise common.ParamsError(f"ladder.yaml profiles.{profile}.rungs: missing; expected a list of rungs")
+    in_force = common.flatten_knobs(common.rung_config(params, "baseline"))
+    errors, names, out = [], set(), []
+    for i, rung in enumerate(rungs, 1):
+        name = rung.get("name") if isinstance(rung, dict) else None
+        where = f"ladder.yaml {profile} rung {i} {name!r}"
+        if not name or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", str(name)):
+            errors.append(f"{where}: `name` must be lower-case letters, digits and dashes")
+            continue
+        if name in names:
+            errors.append(f"{where}: the name repeats an earlier rung")
+        names.add(name)
+        errs = _rung_errors(where, rung, in_force, params, groups)
+        errors += errs
+        if not errs:
+            out.append(rung)
+            in_force.update(candidates(rung["set"])[0])  # later rungs compose on this one, as if kept
+    if errors:
+        raise common.ParamsError("the ladder is not valid (nothing was run):\n  " + "\n  ".join(errors))
+    return out
+
+
+@dataclass
+class Plan:
+    """Everything `make ladder` needs to know before it starts: worked out once, passed to the driver."""
+    profile: str
+    params: dict                 # params.yaml with the profile applied, rung in force = rung 0
+    overrides: dict              # what every `dvc exp run -S` sets besides the rung's knobs
+    rungs: list[dict]
+    objective: str
+    gpus: int
+    baseline: dict = field(init=False)  # rung 0's knobs, flattened (model.name, engine.*, env.*)
+
+    def __post_init__(self):
+        self.baseline = common.flatten_knobs(common.rung_config(self.params, "baseline"))
+
+
+def resolve(params: dict, lad: dict, profile: str, defaults: dict | None, gpus: int, limit: int | None = None) -> Plan:
+    """The plan for one ladder: profile applied, params validated, rungs checked; raises ParamsError."""
+    defaults = defaults or params
+    eff = effective_params(params, lad, profile, defaults)
+    common.validate(eff)
+    rungs = plan(eff, lad, profile)[:limit]
+    return Plan(profile=profile, params=eff, overrides=profile_overrides(lad, profile, defaults), rungs=rungs,
+                objective=lad.get("objective", "knee_rps"), gpus=gpus)
