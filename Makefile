@@ -12,11 +12,10 @@ SETUP := $(VENV)/.ladder-setup
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 endif
 export PYTHONUNBUFFERED := 1
-KNOBS := kv_cache_dtype|max_num_seqs|max_num_batched_tokens|enable_prefix_caching|gpu_memory_utilization|tensor_parallel_size
 export DVC_NO_ANALYTICS := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup ladder check repro report compare test test-unit benchmark clean
+.PHONY: help setup ladder check repro report compare lint test test-unit benchmark clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -38,8 +37,11 @@ repro: setup ## dvc repro: re-run only the stale stages of the rung in params.ya
 report: setup ## re-render report/before_after.md and its plots from report/ladder.json
 	dvc repro report
 
-compare: setup ## dvc exp show: one row per rung, its knobs and headline metrics (noise columns dropped)
-	dvc exp show -A --md --drop '.*' --keep '^(Experiment|(params\.yaml:)?(model\.name|engine\.($(KNOBS))|env\.VLLM_CPU_KVCACHE_SPACE)|results/eval\.json:overall|output_tps|knee_rps|first_fail_rps|keep|verdict)$$'
+compare: setup ## one row per rung of the last ladder: its change, headline metrics (dvc exp show) and verdict
+	python scripts/compare.py
+
+lint: setup ## ruff: style and common bugs in scripts/ and tests/ (CI runs it)
+	ruff check scripts tests
 
 test: setup ## the test suite: unit tests + the real-vLLM end-to-end ladder on the cpu profile
 	python -m pytest tests -v -rs

@@ -4,26 +4,51 @@ The driver (ladder.py) records what `decide` returns; the report prints it and n
 """
 from __future__ import annotations
 
+import stats
+
 # The verdicts a rung record can carry (record.RungRecord.verdict); the report prints them as they are.
 BASELINE, KEPT, REVERTED, NOT_CHOSEN, FAILED, INTERRUPTED, SKIPPED = (
     "baseline", "kept", "reverted", "not chosen", "failed", "interrupted", "skipped")
 
 
-def objective_value(rec: dict, objective: str):
-    if objective == "knee_rps" and (rec.get("knee") or {}).get("knee_rps") is not None:
-        return rec["knee"]["knee_rps"]
-    return (rec.get("bench") or {}).get("output_tps")
+RULE = ("a rung is kept only when it is significantly better than the last kept rung: its knee (req/s at the SLO) "
+        "moved up by more than the knee's resolution, or the knee moved less than its resolution and output tok/s "
+        "is better with a 95 % interval that excludes zero. Anything else is reverted (no measurable gain: the "
+        "simpler config stays); a lost knee is worse. The quality gate and 'did the change take effect' come first; "
+        "candidates of one knob are ranked against each other by the same rule.")
+RULE_TPS = ("a rung is kept only when output tok/s is better with a 95 % interval that excludes zero and the knee is "
+            "not worse (moved down by more than its resolution, or lost). Anything else is reverted (no measurable "
+            "gain: the simpler config stays). The quality gate and 'did the change take effect' come first; "
+            "candidates of one knob are ranked against each other by the same rule.")
+
+
+def rule(objective: str) -> str:
+    """The decision rule in words, as the ladder prints it and the report states it."""
+    return RULE if objective == "knee_rps" else RULE_TPS
 
 
 def _says(d: dict, name: str) -> str:
     if d.get("rel") is None:
-        return f"{name} {d['verdict']}"
+        return f"{name} {d['verdict']}{' (' + d['why'] + ')' if d.get('why') else ''}"
     return f"{name} {d['rel'] * 100:+.1f} % ({d['verdict']}{', ' + d['why'] if d.get('why') else ''})"
+
+
+def gain(d_knee: dict, d_tps: dict, objective: str) -> tuple[bool, str]:
+    """The performance half of the rule, on two deltas (vs the last kept rung, or candidate vs candidate)."""
+    knee, tps = _says(d_knee, "knee"), _says(d_tps, "output tok/s")
+    if d_knee["verdict"] == "worse":
+        return False, f"{knee}; {tps}"
+    if objective == "knee_rps" and d_knee["verdict"] == "better":
+        return True, f"{knee}; {tps}"
+    if d_tps["verdict"] == "better":
+        why = "the knee moved less than its resolution" if d_knee["verdict"] != "better" else "the knee is better too"
+        return True, f"{tps} ({why}); {knee}"
+    return False, f"no measurable gain: {knee}; {tps}; the simpler config stays"
 
 
 def decide(rec: dict, base: dict, objective: str) -> tuple[bool, str]:
     """Keep or revert a finished rung against the last kept one: quality gate first, then 'did the change take
-    effect', then performance judged by intervals, never by point values."""
+    effect', then the performance rule (`RULE`), judged by intervals and knee brackets, never by point values."""
     if rec["status"] != "ok":
         return False, f"{rec['status']}: {rec.get('error', 'no reason recorded')}"
     gate = rec.get("gate") or {}
@@ -32,21 +57,9 @@ def decide(rec: dict, base: dict, objective: str) -> tuple[bool, str]:
     not_applied = [c["knob"] for c in rec.get("applied") or [] if c["applied"] is False]
     if not_applied:
         return False, f"not applied: the engine did not run with {', '.join(not_applied)} as asked; not credited"
-    d_tps, d_knee = rec["delta"]["output_tps"], rec["delta"]["knee_rps"]
-    knee_first = objective == "knee_rps" and d_knee["verdict"] != "unknown"
-    primary, secondary = (d_knee, d_tps) if knee_first else (d_tps, d_knee)
-    pname, sname = ("knee", "output tok/s") if knee_first else ("output tok/s", "knee")
     quality = "quality gate passed" if gate.get("gated") else "not gated (no quality measured)"
-    if primary["verdict"] == "worse":
-        return False, f"{quality}, but {_says(primary, pname)}"
-    if primary["verdict"] == "better":
-        return True, f"{quality}; {_says(primary, pname)}; {_says(secondary, sname)}"
-    if secondary["verdict"] == "worse":
-        return False, f"{quality}; {_says(primary, pname)}, and {_says(secondary, sname)}"
-    if secondary["verdict"] == "better":
-        return True, f"{quality}; {_says(secondary, sname)}; {_says(primary, pname)}"
-    return True, (f"{quality}; no significant change: {_says(primary, pname)}, {_says(secondary, sname)}; "
-                  "kept because nothing measurably got worse")
+    keep, why = gain(rec["delta"]["knee_rps"], rec["delta"]["output_tps"], objective)
+    return keep, f"{quality}; {'better' if keep else 'reverted'}: {why}"
 
 
 def verdict(rec: dict) -> str:
@@ -58,19 +71,28 @@ def verdict(rec: dict) -> str:
     return KEPT if rec.get("kept") else REVERTED
 
 
+def beats(a: dict, b: dict, objective: str) -> tuple[bool, str]:
+    """Candidate a vs candidate b, in like units and by the same rule as a rung vs its base."""
+    return gain(stats.knee_delta(b["knee"], a["knee"]),
+                stats.delta(b["bench"]["output_tps_runs"], a["bench"]["output_tps_runs"]), objective)
+
+
 def choose(recs: list[dict], objective: str) -> dict | None:
-    """Candidates of one knob: the best on the objective among those that would be kept; the others are
-    marked "not chosen" (or keep their own revert). Returns the chosen record, or None."""
+    """Candidates of one knob: of those that would be kept, the one no other beats by the rule (ties: the first
+    listed stays); the others are marked "not chosen". Returns the chosen record, or None."""
     good = [r for r in recs if r.get("kept")]
-    if len(recs) == 1:
+    if len(recs) == 1 or not good:
         return good[0] if good else None
-    best = max(good, key=lambda r: objective_value(r, objective) or 0, default=None)
+    best, why = good[0], "no other candidate beat it"
+    for r in good[1:]:
+        better, how = beats(r, best, objective)
+        if better:
+            best, why = r, how
     for r in good:
         if r is not best:
             r["kept"], r["verdict"] = False, NOT_CHOSEN
-            r["decision"] += f"; not chosen: {best['name']} did better on {objective}"
-    if best:
-        best["decision"] += f"; chosen among {len(recs)} candidates by {objective}"
+            r["decision"] += f"; not chosen: {best['name']} is kept instead"
+    best["decision"] += f"; chosen among {len(recs)} candidates ({why})"
     return best
 
 

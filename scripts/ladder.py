@@ -174,7 +174,7 @@ class Driver:
             "profile": self.profile, "started": self.started, "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z") if final else None,
             "complete": final, "environment": common.read_json(fp) if fp.exists() else {},
             "git_commit": common.git_commit(), "models": self.models,
-            "slo": self.eff["slo"], "objective": self.objective,
+            "slo": self.eff["slo"], "objective": self.objective, "rule": decide.rule(self.objective),
             "settings": {k: self.eff[k] for k in ("bench", "knee", "eval", "gate", "cost")},
             "eval_file": self.eff["eval"]["file"], "eval_sha256": common.sha256_file(ev_file),
             "eval_n": sum(1 for ln in open(ev_file, encoding="utf-8") if ln.strip()),
@@ -214,6 +214,7 @@ def main() -> int:
     except (common.ParamsError, score.EvalFileError) as e:
         common.die(str(e))
     print(f"ladder: profile {profile}, baseline + {len(plan.rungs)} rungs: " + ", ".join(r["name"] for r in plan.rungs))
+    print(f"ladder: decision rule: {decide.rule(plan.objective)}")
     if args.check:
         return 0
     drv = Driver(plan)

@@ -53,6 +53,7 @@ class LadderRecord(TypedDict, total=False):
     models: dict
     slo: dict
     objective: str
+    rule: str                # decide.rule: the keep/revert rule in words
     settings: dict           # the bench, knee, eval, gate and cost params the ladder ran with
     eval_file: str
     eval_sha256: str

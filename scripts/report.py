@@ -241,7 +241,7 @@ def render(lad: dict, out: Path) -> str:
           "Output tok/s: median of the repeats with its 95 % t-interval; Δ vs base: change against the last kept rung "
           "with a Welch 95 % interval (\"within noise\" where it includes zero). Knee: highest offered rate meeting "
           "the SLO, with the first rate that broke it.", "",
-          "## What I kept and why", *kept_why(lad), "",
+          "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
           "## Plots", "![knee curves](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
           "## Time", f"- measured engine time (eval + bench + knee stages): {lad.get('engine_seconds', 0) / 60:.1f} min; "
           f"ladder wall time {lad.get('wall_seconds', 0) / 60:.1f} min",

@@ -64,15 +64,27 @@ def delta(base: list[float], new: list[float]) -> dict:
 
 
 def knee_delta(base: dict, new: dict) -> dict:
-    """Knee change vs base; a knee is known only to its search bracket, so a change smaller than either
-    bracket (first fail - last pass) is 'within noise'."""
+    """Knee change vs base: 'better' / 'worse' only when the two search brackets are apart. A knee that is lost (the SLO met at no rate) is 'worse';
+    one gained where the base had none is 'better'."""
     kb, kn = base.get("knee_rps"), new.get("knee_rps")
-    if kb is None or kn is None:
-        return {"rel": None, "verdict": "unknown", "why": "no knee on one side (SLO broken at every rate, or not run)"}
-    width = max(base.get("bracket_rps") or 0, new.get("bracket_rps") or 0)
+    if kb is None and kn is None:
+        return {"rel": None, "verdict": "unknown", "why": "no knee on either side (SLO broken at every rate)"}
+    if kn is None:
+        return {"rel": None, "verdict": "worse", "why": "knee lost: the SLO was met at no probed rate"}
+    if kb is None:
+        return {"rel": None, "verdict": "better", "why": "knee gained: the base met the SLO at no probed rate"}
+    # Each knee is known only to its bracket [last pass, first fail). The knee moved only when the brackets are
+    # apart with a gap: brackets that touch (6-7 vs 7-8) are one probe's noise, not a change.
+    ff_b, ff_n = (k.get("first_fail_rps") or math.inf for k in (base, new))
     rel = (kn - kb) / kb
-    verdict = "within noise" if abs(kn - kb) <= width else ("better" if kn > kb else "worse")
-    return {"rel": rel, "verdict": verdict, "why": f"knee resolution ±{width:g} req/s"}
+    verdict = "better" if kn > ff_b else "worse" if ff_n < kb else "within noise"
+    why = f"bracket {kb:g}–{_g(ff_b)} → {kn:g}–{_g(ff_n)} req/s" + (", overlapping or touching" if
+                                                                    verdict == "within noise" else "")
+    return {"rel": rel, "verdict": verdict, "why": why}
+
+
+def _g(v: float) -> str:
+    return "∞" if math.isinf(v) else f"{v:g}"
 
 
 # ---------------------------------------------------------------- paired quality test

@@ -6,7 +6,7 @@ import stats
 def rec(tps, knee, bracket=1.0, gate=None, applied=None, status="ok"):
     return {"status": status, "gate": gate or {"gated": True, "keep": True, "reasons": []}, "applied": applied or [],
             "bench": {"output_tps_runs": tps, "output_tps": sorted(tps)[len(tps) // 2]},
-            "knee": {"knee_rps": knee, "bracket_rps": bracket}}
+            "knee": {"knee_rps": knee, "first_fail_rps": knee and knee + bracket}}
 
 
 BASE = rec([400.0, 402.0, 398.0], 6.0)
@@ -33,9 +33,9 @@ def test_a_slower_rung_is_reverted():
     assert keep is False and "knee -50.0 % (worse" in why
 
 
-def test_within_noise_is_kept_and_says_so():
+def test_no_significant_change_is_reverted_the_simpler_config_stays():
     keep, why = decided(rec([390.0, 410.0, 405.0], 6.5, bracket=0.5))
-    assert keep is True and "no significant change" in why and "within noise" in why
+    assert keep is False and "no measurable gain" in why and "within noise" in why and "simpler config stays" in why
 
 
 def test_within_noise_on_the_objective_but_worse_elsewhere_is_reverted():
@@ -43,9 +43,18 @@ def test_within_noise_on_the_objective_but_worse_elsewhere_is_reverted():
     assert keep is False and "output tok/s -25.0 % (worse" in why
 
 
-def test_throughput_objective_or_no_knee_falls_back_to_output_tps():
-    keep, why = decided(rec([500.0, 505.0, 495.0], None), objective="knee_rps")
-    assert keep is True and why.split("; ")[1].startswith("output tok/s +25.0 % (better")
+def test_a_lost_knee_is_worse_whatever_the_throughput():
+    keep, why = decided(rec([500.0, 505.0, 495.0], None))
+    assert keep is False and "knee worse (knee lost" in why
+
+
+def test_throughput_objective_needs_a_significant_gain_and_a_knee_not_worse():
+    keep, why = decided(rec([500.0, 505.0, 495.0], 6.0), objective="output_tps")
+    assert keep is True and "output tok/s +25.0 % (better" in why
+    keep, why = decided(rec([500.0, 505.0, 495.0], 3.0), objective="output_tps")
+    assert keep is False and "knee -50.0 % (worse" in why
+    keep, why = decided(rec([400.0, 405.0, 395.0], 9.0), objective="output_tps")
+    assert keep is False and "no measurable gain" in why
 
 
 def test_a_change_that_did_not_take_effect_is_not_credited():
@@ -87,4 +96,24 @@ def test_applied_check_reads_the_engines_own_evidence():
 
 def test_a_throughput_gain_with_the_knee_within_noise_is_kept_as_a_gain():
     keep, why = decided(rec([500.0, 505.0, 495.0], 6.5, bracket=1.0))
-    assert keep is True and why.split("; ")[1].startswith("output tok/s +25.0 % (better")
+    assert keep is True and "better: output tok/s +25.0 % (better" in why and "less than its resolution" in why
+
+
+def candidate(name, tps, knee, bracket=1.0):
+    r = rec(tps, knee, bracket)
+    keep, why = decided(r)
+    r.update(name=name, kept=keep, decision=why, status="ok")
+    return r
+
+
+def test_candidates_are_ranked_by_the_same_rule_in_like_units():
+    # a knee 1 req/s higher is inside both brackets: the significantly higher throughput decides, not the point knee
+    a, b = candidate("a", [450.0, 452.0, 448.0], 9.0), candidate("b", [520.0, 522.0, 518.0], 8.0)
+    assert decide.choose([a, b], "knee_rps") is b
+    assert a["verdict"] == "not chosen" and "b is kept instead" in a["decision"]
+    # neither beats the other: the first listed stays
+    c, d = candidate("c", [500.0, 505.0, 495.0], 9.0), candidate("d", [501.0, 504.0, 496.0], 9.0)
+    assert decide.choose([c, d], "knee_rps") is c and "no other candidate beat it" in c["decision"]
+    # a candidate that would not be kept on its own is never chosen
+    e, f = candidate("e", [400.0, 401.0, 399.0], 6.0), candidate("f", [300.0, 301.0, 299.0], 3.0)
+    assert decide.choose([e, f], "knee_rps") is None

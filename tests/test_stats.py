@@ -92,12 +92,17 @@ def test_probe_passes_checks_slo_failures_and_backlog():
     assert "backlog" in stats.probe_passes({**row, "backlog": True}, slo)[1]
 
 
-def test_knee_delta_uses_the_search_bracket_as_resolution():
-    base = {"knee_rps": 6, "bracket_rps": 1}
-    assert stats.knee_delta(base, {"knee_rps": 6.5, "bracket_rps": 0.5})["verdict"] == "within noise"
-    assert stats.knee_delta(base, {"knee_rps": 9, "bracket_rps": 1})["verdict"] == "better"
-    assert stats.knee_delta(base, {"knee_rps": 3, "bracket_rps": 0.5})["verdict"] == "worse"
-    assert stats.knee_delta(base, {"knee_rps": None})["verdict"] == "unknown"
+def test_a_knee_moves_only_when_the_brackets_are_apart():
+    base = {"knee_rps": 6, "first_fail_rps": 7}
+    assert stats.knee_delta(base, {"knee_rps": 6.5, "first_fail_rps": 7})["verdict"] == "within noise"
+    assert stats.knee_delta(base, {"knee_rps": 7, "first_fail_rps": 8})["verdict"] == "within noise"  # touching
+    assert stats.knee_delta(base, {"knee_rps": 8, "first_fail_rps": 10})["verdict"] == "better"
+    assert stats.knee_delta(base, {"knee_rps": 4, "first_fail_rps": 5})["verdict"] == "worse"
+    assert stats.knee_delta(base, {"knee_rps": 5, "first_fail_rps": 6})["verdict"] == "within noise"
+    assert stats.knee_delta({"knee_rps": 64, "first_fail_rps": None}, {"knee_rps": 64})["verdict"] == "within noise"
+    assert stats.knee_delta(base, {"knee_rps": None})["verdict"] == "worse"  # a lost knee
+    assert stats.knee_delta({"knee_rps": None}, base)["verdict"] == "better"
+    assert stats.knee_delta({"knee_rps": None}, {"knee_rps": None})["verdict"] == "unknown"
 
 
 QWEN = json.loads((FIXTURES / "qwen2.5-7b-config.json").read_text())

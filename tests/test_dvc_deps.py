@@ -1,0 +1,39 @@
+"""dvc.yaml tells the truth about inputs: each stage's script deps are exactly its script and the local modules
+it imports (transitively), so editing any code a stage runs makes that stage stale, and nothing else does."""
+import ast
+
+import yaml
+
+from conftest import ROOT
+
+SCRIPTS = ROOT / "scripts"
+
+
+def local_imports(module: str, seen: set[str] | None = None) -> set[str]:
+    """The scripts/ modules `module` imports, at any depth (function-level imports included)."""
+    seen = set() if seen is None else seen
+    if module in seen:
+        return seen
+    seen.add(module)
+    tree = ast.parse((SCRIPTS / f"{module}.py").read_text())
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+        for name in names:
+            top = name.split(".")[0]
+            if (SCRIPTS / f"{top}.py").exists():
+                local_imports(top, seen)
+    return seen
+
+
+def test_every_stage_depends_on_exactly_the_code_it_runs():
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():
+        script = next(w for w in stage["cmd"].split() if w.startswith("scripts/") and w.endswith(".py"))
+        want = {f"scripts/{m}.py" for m in local_imports(script[len("scripts/"):-3])}
+        deps = {d for d in stage.get("deps") or [] if d.startswith("scripts/")}
+        assert deps == want, f"stage {name}: missing {sorted(want - deps)}, not imported {sorted(deps - want)}"
+
+
+def test_the_import_walk_sees_function_level_imports():
+    assert "shape_model" in local_imports("download")  # imported inside a function
