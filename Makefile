@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 VENV ?= .venv
 PROFILE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
-# SYSTEM_PYTHON=1: use the python/vllm/dvc already on PATH (a box with no registry, e.g. the lent H200)
+# SYSTEM_PYTHON=1: use the python/vllm/dvc already on PATH (a box with no package registry: see README)
 ifeq ($(SYSTEM_PYTHON),1)
 SETUP :=
 else

@@ -87,12 +87,12 @@ def test_run_times_out_and_stops_the_child(tmp_path):
     assert not engine._live
 
 
-def test_a_port_already_in_use_is_not_fought_over():
+def test_a_port_already_in_use_is_not_fought_over(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         taken = s.getsockname()[1]
-        srv = engine.Server("/nowhere", {}, {}, "/tmp/unused.log", port=taken)
+        srv = engine.Server("/nowhere", {}, {}, tmp_path / "unused.log", port=taken)
         assert srv.port != taken and engine.port_free(srv.port)
         assert srv.url.startswith("http://127.0.0.1:")
 
