@@ -52,6 +52,7 @@ ENGINE_KNOBS = {
     "enable_prefix_caching": (lambda v: isinstance(v, bool), "true or false"),
     "enable_chunked_prefill": (lambda v: isinstance(v, bool), "true or false"),
     "tensor_parallel_size": (_pos_int, "an integer >= 1"),
+    "data_parallel_size": (_pos_int, "an integer >= 1"),
     "load_format": _one_of("auto", "safetensors", "pt", "dummy"),
     "quantization": (lambda v: v is None or isinstance(v, str), "a vLLM quantization method name or null"),
     "enforce_eager": (lambda v: isinstance(v, bool), "true or false"),
@@ -171,6 +172,9 @@ def validate(params: dict) -> None:
         _need(errors, params, f"gate.{key}", lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "a fraction in [0, 1]")
     _need(errors, params, "gate.alpha", lambda v: _pos_num(v) and v < 1, "a number in (0, 1)")
     _need(errors, params, "gate.min_items", _pos_int, "an integer > 0")
+    _need(errors, params, "capacity.peak_rps", _pos_num, "a request rate > 0 (the peak to plan for)")
+    _need(errors, params, "capacity.headroom", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+          and 0 <= v < 1, "a fraction in [0, 1) of each instance's knee kept free")
     if errors:
         raise ParamsError("params.yaml is not valid:\n  " + "\n  ".join(errors))
 

@@ -4,6 +4,7 @@ The driver (ladder.py) records what `decide` returns; the report prints it and n
 """
 from __future__ import annotations
 
+import capacity
 import stats
 
 # The verdicts a rung record can carry (record.RungRecord.verdict); the report prints them as they are.
@@ -15,11 +16,13 @@ RULE = ("a rung is kept only when it is significantly better than the last kept 
         "moved up by more than the knee's resolution, or the knee moved less than its resolution and output tok/s "
         "is better with a 95 % interval that excludes zero. Anything else is reverted (no measurable gain: the "
         "simpler config stays); a lost knee is worse. The quality gate and 'did the change take effect' come first; "
-        "candidates of one knob are ranked against each other by the same rule.")
+        "candidates of one rung are ranked against each other by the same rule. An instance with more GPUs is "
+        "compared per GPU (knee and tok/s divided by its GPUs).")
 RULE_TPS = ("a rung is kept only when output tok/s is better with a 95 % interval that excludes zero and the knee is "
             "not worse (moved down by more than its resolution, or lost). Anything else is reverted (no measurable "
             "gain: the simpler config stays). The quality gate and 'did the change take effect' come first; "
-            "candidates of one knob are ranked against each other by the same rule.")
+            "candidates of one rung are ranked against each other by the same rule. An instance with more GPUs is "
+        "compared per GPU (knee and tok/s divided by its GPUs).")
 
 
 def rule(objective: str) -> str:
@@ -72,9 +75,11 @@ def verdict(rec: dict) -> str:
 
 
 def beats(a: dict, b: dict, objective: str) -> tuple[bool, str]:
-    """Candidate a vs candidate b, in like units and by the same rule as a rung vs its base."""
-    return gain(stats.knee_delta(b["knee"], a["knee"]),
-                stats.delta(b["bench"]["output_tps_runs"], a["bench"]["output_tps_runs"]), objective)
+    """Candidate a vs candidate b, in like units (per GPU) and by the same rule as a rung vs its base."""
+    ga, gb = (capacity.gpus_per_instance(r.get("knobs") or {}) for r in (a, b))
+    return gain(stats.knee_delta(capacity.per_gpu_knee(b["knee"], gb), capacity.per_gpu_knee(a["knee"], ga)),
+                stats.delta(capacity.per_gpu_runs(b["bench"].get("output_tps_runs"), gb),
+                            capacity.per_gpu_runs(a["bench"].get("output_tps_runs"), ga)), objective)
 
 
 def choose(recs: list[dict], objective: str) -> dict | None:

@@ -67,6 +67,17 @@ def cli_flags(engine: dict) -> list[str]:
     return flags
 
 
+def offline_unsupported(engine: dict) -> str | None:
+    """Why vLLM's offline engine (`LLM`, `vllm bench throughput`) cannot run these knobs, or None. vLLM refuses
+    `LLM(data_parallel_size>1)` and offline-bench data parallelism unless each rank is its own process under an
+    external launcher (torchrun); `vllm serve` runs it (one API server, an engine per rank)."""
+    dp = engine.get("data_parallel_size") or 1
+    if dp > 1:
+        return (f"data_parallel_size {dp}: vLLM's offline engine runs data parallelism only one process per rank "
+                f"under an external launcher; measured by the knee stage (vllm serve) only")
+    return None
+
+
 def llm_kwargs(engine: dict) -> dict:
     return {k: v for k, v in engine.items() if v is not None}
 

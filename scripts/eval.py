@@ -4,7 +4,8 @@
   python scripts/eval.py baseline   rung 0 (baseline.*), the gate's reference -> results/baseline/...
 
 The engine runs in a child process owned by engine.py (logs, timeout, clean stop); the child is this same
-file with --worker. Dummy weights (load_format: dummy) have no quality: the stage records n/a and starts nothing.
+file with --worker. Dummy weights (load_format: dummy) have no quality to measure, and knobs vLLM's offline engine
+cannot run (engine.offline_unsupported) none to measure here: the stage records n/a, why, and starts nothing.
 """
 from __future__ import annotations
 
@@ -51,9 +52,10 @@ def main(which: str) -> None:
     out = out_dir(which)
     result = {"which": which, "model": cfg["model"]["name"], "knobs": cfg, "n": len(items),
               "provenance": common.provenance(params, cfg)}
-    if cfg["engine"].get("load_format") == "dummy":
-        result.update(status="n/a", reason="dummy weights (load_format: dummy): quality is not measured",
-                      overall=None, by_category={})
+    na = ("dummy weights (load_format: dummy): quality is not measured"
+          if cfg["engine"].get("load_format") == "dummy" else engine.offline_unsupported(cfg["engine"]))
+    if na:
+        result.update(status="n/a", reason=na, overall=None, by_category={})
         common.write_text(out / "eval_items.jsonl", "")
         common.write_text(out / "logs" / "eval" / "skipped.txt", result["reason"] + "\n")  # a declared output
         common.write_json(out / "eval.json", result)

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import capacity
 import common
 import decide
 import fingerprint
@@ -120,14 +121,16 @@ class Driver:
         self.finish(base)
         self.final_exp = base["exp"]
         for i, rung in enumerate(self.plan.rungs, 1):
-            need = (rung.get("when") or {}).get("min_gpus")
-            if need and self.plan.gpus < need:
-                self.finish(self.skipped(i, rung["name"], "rung", rung["set"], rung,
-                                         f"skipped: needs {need} GPUs, this machine has {self.plan.gpus}"))
-                continue
-            cands = planning.candidates(rung["set"])
+            cands = planning.rung_changes(rung)
             tries = [(planning.candidate_label(rung, c), c, "candidate") for c in cands] if len(cands) > 1 \
                 else [(rung["name"], cands[0], "rung")]
+            need = (rung.get("when") or {}).get("min_gpus")
+            if need and self.plan.gpus < need:
+                for name, change, role in tries:  # each candidate its row: what it would have run, and why not
+                    self.finish(self.skipped(i, name, role, change, rung,
+                                             f"skipped: needs {need} GPUs, this machine has {self.plan.gpus}",
+                                             {**kept_flat, **change}))
+                continue
             chosen = self.try_rung(i, rung, tries, kept_flat, base)
             if chosen is None and rung.get("fallback"):
                 chosen = self.try_rung(i, rung, [(f"{rung['name']}-fallback", rung["fallback"], "fallback")],
@@ -138,16 +141,17 @@ class Driver:
         return 0
 
     @staticmethod
-    def skipped(i: int, name: str, role: str, change: dict, rung: dict, why: str) -> dict:
+    def skipped(i: int, name: str, role: str, change: dict, rung: dict, why: str, knobs: dict | None = None) -> dict:
         return {"index": i, "name": name, "exp": None, "role": role, "change": change, "status": decide.SKIPPED,
-                "kept": False, "note": rung.get("note", ""), "decision": why}
+                "kept": False, "note": rung.get("note", ""), "decision": why, "knobs": knobs}
 
     def try_rung(self, i, rung, tries, kept_flat, base) -> dict | None:
         recs = []
         for name, change, role in tries:
             if all(kept_flat.get(k) == v for k, v in change.items()):  # only after a revert: already in force
                 recs.append(self.finish(self.skipped(i, name, role, change, rung,
-                                                     "skipped: already in force (an earlier rung was reverted)")))
+                                                     "skipped: already in force (an earlier rung was reverted)",
+                                                     kept_flat)))
                 continue
             rec = self.run_exp(i, name, {**kept_flat, **change}, role, change, base, rung.get("note", ""))
             rec["kept"], rec["decision"] = decide.decide(rec, base, self.objective)
@@ -175,13 +179,14 @@ class Driver:
             "complete": final, "environment": common.read_json(fp) if fp.exists() else {},
             "git_commit": common.git_commit(), "models": self.models,
             "slo": self.eff["slo"], "objective": self.objective, "rule": decide.rule(self.objective),
-            "settings": {k: self.eff[k] for k in ("bench", "knee", "eval", "gate", "cost")},
+            "settings": {k: self.eff[k] for k in ("bench", "knee", "eval", "gate", "cost", "capacity")},
             "eval_file": self.eff["eval"]["file"], "eval_sha256": common.sha256_file(ev_file),
             "eval_n": sum(1 for ln in open(ev_file, encoding="utf-8") if ln.strip()),
             "final_exp": self.final_exp, "rungs": self.records,
             "engine_seconds": round(measured, 1), "wall_seconds": round(time.monotonic() - self.t0, 1),
         }
         lad["cost_usd"] = round(lad["engine_seconds"] / 3600 * float(self.eff["cost"].get("gpu_price_per_hour") or 0), 4)
+        capacity.annotate(lad, self.eff["capacity"])  # GPUs per instance, per-GPU figures, the capacity plan
         common.write_json(self.out, lad)
 
     def interrupt(self) -> None:
@@ -209,11 +214,14 @@ def main() -> int:
     profile = args.profile or ("gpu" if gpus else "cpu")
     try:  # every bad input is reported here, before any engine starts
         params, lad = common.load_params(check=False), planning.load_ladder(args.ladder)
-        plan = planning.resolve(params, lad, profile, planning.committed_params(), gpus, args.rungs)
+        accepted = planning.installed_engine_args()
+        plan = planning.resolve(params, lad, profile, planning.committed_params(), gpus, args.rungs, accepted)
         score.load_items(plan.params["eval"]["file"])
     except (common.ParamsError, score.EvalFileError) as e:
         common.die(str(e))
     print(f"ladder: profile {profile}, baseline + {len(plan.rungs)} rungs: " + ", ".join(r["name"] for r in plan.rungs))
+    print(f"ladder: engine knobs checked against the installed vLLM {accepted['version']}'s EngineArgs" if accepted
+          else "ladder: engine knobs NOT checked against vLLM's EngineArgs: vLLM cannot be imported here")
     print(f"ladder: decision rule: {decide.rule(plan.objective)}")
     if args.check:
         return 0

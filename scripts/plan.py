@@ -6,8 +6,10 @@ naming the rung and the knob. The driver (ladder.py) only runs what the plan say
 from __future__ import annotations
 
 import copy
+import json
 import re
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,10 +96,24 @@ def candidates(change: dict) -> list[dict]:
     return [{**change, key: v} for v in change[key]]
 
 
+def rung_changes(rung: dict) -> list[dict]:
+    """The changes a rung tries: `candidates` (alternative changes, each one knob or group), else `set`."""
+    if rung.get("candidates") is not None:
+        return [dict(c) for c in rung["candidates"]]
+    return candidates(rung["set"])
+
+
+def _slug(v) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(v).lower()).strip("-")
+
+
 def candidate_label(rung: dict, change: dict) -> str:
-    """`batched-tokens-1024`: the rung's name and the candidate value it tries."""
+    """`batched-tokens-1024`: the rung's name and the candidate value it tries; for alternative changes
+    (`candidates`), the knob too: `second-gpu-tensor-parallel-size-2`."""
+    if rung.get("candidates") is not None:
+        return f"{rung['name']}-" + "-".join(f"{_slug(k.split('.')[-1])}-{_slug(v)}" for k, v in change.items())
     value = next(v for k, v in change.items() if isinstance(rung["set"][k], list))
-    return f"{rung['name']}-{re.sub(r'[^a-z0-9]+', '-', str(value).lower()).strip('-')}"
+    return f"{rung['name']}-{_slug(value)}"
 
 
 def check_change(where: str, change, in_force: dict, params: dict, groups: dict) -> list[str]:
@@ -125,13 +141,57 @@ def check_change(where: str, change, in_force: dict, params: dict, groups: dict)
 
 
 def _rung_errors(where: str, rung: dict, in_force: dict, params: dict, groups: dict) -> list[str]:
-    unknown = set(rung) - {"name", "set", "fallback", "note", "when"}
-    errors = [f"{where}: unknown field(s) {', '.join(sorted(unknown))}; allowed: name, set, fallback, note, when"] \
+    allowed = ("name", "set", "candidates", "fallback", "note", "when")
+    unknown = set(rung) - set(allowed)
+    errors = [f"{where}: unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(allowed)}"] \
         if unknown else []
-    errors += check_change(where, rung.get("set"), in_force, params, groups)
+    if (rung.get("set") is None) == (rung.get("candidates") is None):
+        return errors + [f"{where}: give exactly one of `set` (one change, or a list of values of one knob) "
+                         f"and `candidates` (a list of alternative changes)"]
+    if rung.get("set") is not None:
+        errors += check_change(where, rung["set"], in_force, params, groups)
+    else:
+        cands = rung["candidates"]
+        if not isinstance(cands, list) or len(cands) < 2:
+            return errors + [f"{where}: `candidates` must list at least 2 alternative changes, got {cands!r}"]
+        for j, change in enumerate(cands, 1):
+            if isinstance(change, dict) and any(isinstance(v, list) for v in change.values()):
+                errors.append(f"{where} candidate {j}: one value per knob (a candidate is one change)")
+            else:
+                errors += check_change(f"{where} candidate {j}", change, in_force, params, groups)
+        if len({repr(sorted(c.items())) for c in cands if isinstance(c, dict)}) < len(cands):
+            errors.append(f"{where}: two candidates are the same change")
     if rung.get("fallback") is not None:
         errors += check_change(f"{where} fallback", rung["fallback"], in_force, params, groups)
     return errors
+
+
+def engine_arg_errors(profile: str, rungs: list[dict], accepted: dict | None) -> list[str]:
+    """Engine knobs the installed vLLM's EngineArgs does not have (`installed_engine_args`); [] if not known."""
+    if not accepted:
+        return []
+    errors = []
+    for i, rung in enumerate(rungs, 1):
+        changes = rung_changes(rung) + ([rung["fallback"]] if rung.get("fallback") else [])
+        for knob in dict.fromkeys(k for c in changes for k in c):
+            if knob.startswith("engine.") and knob[7:] not in accepted["args"]:
+                errors.append(f"ladder.yaml {profile} rung {i} {rung['name']!r}: {knob}: not an engine argument of "
+                              f"the installed vLLM {accepted['version']} (vllm.engine.arg_utils.EngineArgs)")
+    return errors
+
+
+def installed_engine_args() -> dict | None:
+    """{"version", "args"}: the engine arguments the installed vLLM accepts, from its own EngineArgs; None when
+    vLLM cannot be imported here. A child process, so the driver never holds vLLM (or torch) itself."""
+    code = ("import dataclasses, json, vllm; from vllm.engine.arg_utils import EngineArgs; "
+            "print(json.dumps({'version': vllm.__version__, 'args': [f.name for f in dataclasses.fields(EngineArgs)]}))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def plan(params: dict, lad: dict, profile: str) -> list[dict]:
@@ -155,7 +215,7 @@ def plan(params: dict, lad: dict, profile: str) -> list[dict]:
         errors += errs
         if not errs:
             out.append(rung)
-            in_force.update(candidates(rung["set"])[0])  # later rungs compose on this one, as if kept
+            in_force.update(rung_changes(rung)[0])  # later rungs compose on this one, as if kept
     if errors:
         raise common.ParamsError("the ladder is not valid (nothing was run):\n  " + "\n  ".join(errors))
     return out
@@ -176,11 +236,17 @@ class Plan:
         self.baseline = common.flatten_knobs(common.rung_config(self.params, "baseline"))
 
 
-def resolve(params: dict, lad: dict, profile: str, defaults: dict | None, gpus: int, limit: int | None = None) -> Plan:
-    """The plan for one ladder: profile applied, params validated, rungs checked; raises ParamsError."""
+def resolve(params: dict, lad: dict, profile: str, defaults: dict | None, gpus: int, limit: int | None = None,
+            accepted: dict | None = None) -> Plan:
+    """The plan for one ladder: profile applied, params validated, rungs checked (against the installed vLLM's
+    engine arguments where `accepted` is given: `installed_engine_args`); raises ParamsError."""
     defaults = defaults or params
     eff = effective_params(params, lad, profile, defaults)
     common.validate(eff)
-    rungs = plan(eff, lad, profile)[:limit]
+    rungs = plan(eff, lad, profile)
+    errors = engine_arg_errors(profile, rungs, accepted)
+    if errors:
+        raise common.ParamsError("the ladder is not valid (nothing was run):\n  " + "\n  ".join(errors))
+    rungs = rungs[:limit]
     return Plan(profile=profile, params=eff, overrides=profile_overrides(lad, profile, defaults), rungs=rungs,
                 objective=lad.get("objective", "knee_rps"), gpus=gpus)

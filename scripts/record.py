@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import TypedDict
 
+import capacity
 import common
 import decide
 import stats
@@ -36,7 +37,9 @@ class RungRecord(TypedDict, total=False):
     stage_seconds: dict
     applied: list[dict]      # decide.applied_check
     roofline: dict | None
-    delta: dict              # output_tps: stats.delta, knee_rps: stats.knee_delta, vs `base`
+    delta: dict              # output_tps: stats.delta, knee_rps: stats.knee_delta, vs `base` (per GPU: `compare`)
+    gpus: int | None         # GPUs per instance (capacity.gpus_per_instance); None on a CPU box
+    per_gpu: dict | None     # capacity.per_gpu: output tok/s and knee per GPU, beside the totals
     speedup: float
     kept: bool
     verdict: str             # decide.verdict: baseline | kept | reverted | not chosen | failed | interrupted | skipped
@@ -63,6 +66,7 @@ class LadderRecord(TypedDict, total=False):
     engine_seconds: float
     wall_seconds: float
     cost_usd: float
+    capacity: dict           # capacity.plan: fleets for `capacity.peak_rps`, cost per 1 M tokens, GPUs saved
 
 
 def _summary(path: Path) -> dict:
@@ -83,13 +87,26 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
     facts = {**(bench.get("engine") or {}), **(knee.get("applied") or {})}
     rec["applied"] = decide.applied_check(rec["change"], facts, models) if rec["change"] else []
     rec["roofline"] = roofline(params, rec, models)
-    rec["delta"] = {"output_tps": stats.delta(base["bench"]["output_tps_runs"], bench["output_tps_runs"])
-                    if base else None,
-                    "knee_rps": stats.knee_delta(base["knee"], knee) if base else None}
+    rec["delta"] = compare(base, rec) if base else {"output_tps": None, "knee_rps": None}
     ref = baseline or rec
-    if ref["bench"].get("output_tps"):
+    if ref["bench"].get("output_tps") and bench.get("output_tps"):
         rec["speedup"] = bench["output_tps"] / ref["bench"]["output_tps"]
     return {n: {k: m.get(k) for k in ("id", "revision", "sha256", "path")} for n, m in models.items()}
+
+
+def compare(base: RungRecord, rec: RungRecord) -> dict:
+    """Deltas of rec vs base in like units: per GPU when their instances hold different numbers of GPUs, so a
+    2-GPU instance is never compared with a 1-GPU one as if they were one."""
+    gb, g = (capacity.gpus_per_instance(r["knobs"]) for r in (base, rec))
+    base_runs, runs = ((r.get("bench") or {}).get("output_tps_runs") or [] for r in (base, rec))
+    if g == gb:
+        return {"output_tps": stats.delta(base_runs, runs), "knee_rps": stats.knee_delta(base["knee"], rec["knee"])}
+    d = {"output_tps": stats.delta(capacity.per_gpu_runs(base_runs, gb), capacity.per_gpu_runs(runs, g)),
+         "knee_rps": stats.knee_delta(capacity.per_gpu_knee(base["knee"], gb), capacity.per_gpu_knee(rec["knee"], g))}
+    for v in d.values():
+        v["why"] = f"per GPU, {g} vs {gb} GPUs per instance; {v['why']}"
+        v["per_gpu"] = [g, gb]
+    return d
 
 
 def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:

@@ -44,6 +44,8 @@ def regress_cell(r):
 
 def tps_cell(r):
     b = r.get("bench") or {}
+    if b.get("status") == "n/a":
+        return "n/a (offline engine cannot run it)"
     if b.get("output_tps") is None:
         return "—"
     ci = b.get("output_tps_ci95")
@@ -99,6 +101,19 @@ def roof_cell(r):
     return f"{rf['tpot_floor_ms']:.1f} / {rf['tpot_low_load_ms']:.1f} ms ({rf['pct_of_floor'] * 100:.0f} %)"
 
 
+def gpus_cell(r):
+    return "— (CPU)" if r.get("gpus") is None else str(r["gpus"])
+
+
+def per_gpu_cell(r):
+    """tok/s and knee per GPU, as recorded (capacity.per_gpu), beside the totals."""
+    pg = r.get("per_gpu")
+    if not pg:
+        return "—"
+    knee = "—" if pg.get("knee_rps") is None else f"{pg['knee_rps']:g}–{fmt(pg.get('first_fail_rps'), 'g', '∞')}"
+    return f"{fmt(pg.get('output_tps'), '.0f')} tok/s · knee {knee} req/s"
+
+
 def table(lad: dict) -> str:
     rows = []
     for r in lad["rungs"]:
@@ -107,7 +122,8 @@ def table(lad: dict) -> str:
                      "per-category regressions": regress_cell(r), "output tok/s [95 % CI]": tps_cell(r),
                      "Δ vs base": delta_cell(r),
                      "speedup vs baseline": fmt((r.get("speedup") or None), ".2f") + "×" if r.get("speedup") else "—",
-                     "knee req/s @ SLO": knee_cell(r), "roofline: TPOT floor / low-load p50": roof_cell(r),
+                     "knee req/s @ SLO": knee_cell(r), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(r),
+                     "roofline: TPOT floor / low-load p50": roof_cell(r),
                      "kept?": kept_cell(r)})
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
 
@@ -119,7 +135,11 @@ def headline(lad: dict) -> str:
     if not base or not final:
         return "No baseline was measured: no headline."
     kept = [r["name"] for r in lad["rungs"] if r.get("kept") and r.get("role") != "baseline"]
-    bt, ft = base["bench"]["output_tps"], final["bench"]["output_tps"]
+    bt, ft = base["bench"]["output_tps"], final["bench"].get("output_tps")
+    if ft is None:  # a final stack the offline bench cannot run (data parallel): its knee is the figure
+        tps = f"{bt:.0f} output tok/s → n/a (offline bench cannot run the final stack)"
+    else:
+        tps = f"{bt:.0f} output tok/s → {ft:.0f} tok/s ({ft / bt:.2f}×)"
     acc = (f"acc {base['eval']['overall']:.3f} → {final['eval']['overall']:.3f} "
            f"({(final['eval']['overall'] - base['eval']['overall']) * 100:+.1f} pts)"
            if base["eval"].get("status") == "ok" and final["eval"].get("status") == "ok" else "accuracy n/a (dummy weights)")
@@ -130,7 +150,7 @@ def headline(lad: dict) -> str:
                if k.get("knee_rps") is not None else f"no rate met the SLO ({slo['p99_ttft_ms']} / {slo['p99_tpot_ms']} ms)")
     minutes = lad.get("engine_seconds", 0) / 60
     cost = lad.get("cost_usd")
-    return (f"**{base['model']} {bt:.0f} output tok/s → {ft:.0f} tok/s ({ft / bt:.2f}×) with "
+    return (f"**{base['model']} {tps} with "
             f"{' + '.join(kept) or 'nothing kept'}; {acc}; {at_knee}; "
             f"{minutes:.1f} {'GPU' if lad['environment'].get('device') == 'gpu' else 'CPU'}-minutes measured"
             + (f" ≈ ${cost:.2f}" if cost else "") + ".**")
@@ -145,6 +165,8 @@ def kept_why(lad: dict) -> list[str]:
         lines.append(f"- **{r['name']}** ({change}): {kept_cell(r).replace('**', '')} — {r.get('decision', '')}")
         if r.get("applied"):
             lines.append(f"  - took effect? {applied_cell(r)}")
+        if (r.get("bench") or {}).get("status") == "n/a":  # the offline engine (bench, eval) cannot run it
+            lines.append(f"  - bench and eval: n/a — {r['bench']['reason']}")
         flips = (r.get("gate") or {}).get("flipped") or {}
         if flips.get("right_to_wrong") or flips.get("wrong_to_right"):
             lines.append(f"  - flipped right→wrong: {', '.join(flips.get('right_to_wrong') or []) or 'none'}; "
@@ -184,6 +206,62 @@ def header(lad: dict) -> list[str]:
     lines.append("- **Roofline**: batch-1 decode floor = bytes read per step (weights at their bit width + KV) ÷ the "
                  "GPU's datasheet bandwidth, vs the p50 TPOT at the lowest probed rate (% of the floor reached); "
                  "n/a on CPU")
+    return lines
+
+
+def _range(v, rng, spec="g", pre=""):
+    """A planned figure with the range its knee's bracket allows: `11 (9–11)`; `≤ 11` where no rate failed."""
+    if v is None:
+        return "—"
+    lo, hi = rng or (None, None)
+    if lo is None:
+        return f"{pre}{format(v, spec)} (an upper bound: the SLO held at every probed rate)"
+    return f"{pre}{format(v, spec)} (bracket {pre}{format(lo, spec)}–{pre}{format(hi, spec)})"
+
+
+def capacity_lines(lad: dict) -> list[str]:
+    """The capacity plan the ladder recorded (capacity.plan), as it is: nothing is computed here."""
+    cap = lad.get("capacity")
+    if not cap:
+        return ["No capacity plan in this record."]
+    slo = lad["slo"]
+    gpu = cap["unit"] == "GPU"
+    lines = [f"Serving a peak of **{cap['peak_rps']:g} req/s** of the knee workload at the SLO (p99 TTFT ≤ "
+             f"{slo['p99_ttft_ms']} ms, TPOT ≤ {slo['p99_tpot_ms']} ms), each instance held to "
+             f"{(1 - cap['headroom']) * 100:.0f} % of its knee (headroom {cap['headroom']:g})"
+             + (f", at ${cap['price_per_gpu_hour']:g} per GPU-hour." if cap["price_per_gpu_hour"] else
+                "; no price (cost.gpu_price_per_hour is 0): instances only, no cost.")
+             + (" One GPU per instance: the plan is N single-GPU instances." if gpu and all(
+                 (cap[s].get("gpus_per_instance") or 1) == 1 for s in ("before", "after")) else ""), ""]
+    rows = []
+    for side, label in (("before", "before (rung 0)"), ("after", "after (final stack)")):
+        p = cap[side]
+        k = p["knee"]
+        knee = (f"{k['rung']} ({k['exp']}): knee {fmt(k['knee_rps'], 'g')} req/s, breaks at "
+                f"{fmt(k['first_fail_rps'], 'g', 'no probed rate')}")
+        if p["plan"] != "ok":
+            rows.append({"": label, "knee it comes from": knee, "instances": f"no plan: {p['why']}"})
+            continue
+        row = {"": label, "knee it comes from": knee, "instances": _range(p["instances"], p["instances_range"])}
+        if gpu:
+            row.update({"GPUs per instance": p["gpus_per_instance"], "GPUs": _range(p["gpus"], p["gpus_range"])})
+        else:
+            row["GPUs"] = "n/a (CPU instances)"
+        row["$ per 1 M output tokens at the knee"] = (
+            _range(p["usd_per_m_output_tokens"], p["usd_per_m_output_tokens_range"], ".3f", "$")
+            if p.get("usd_per_m_output_tokens") is not None else p.get("why_no_cost", "—"))
+        rows.append(row)
+    lines += [tabulate(pd.DataFrame(rows).fillna("—"), headers="keys", tablefmt="github", showindex=False), ""]
+    sv, unit = cap["saved"], ("GPUs" if gpu else "instances")
+    if sv["plan"] != "ok":
+        lines.append(f"**Tune vs scale**: no plan — {sv['why']}.")
+    else:
+        lo, hi = sv["saved_range"]
+        b, a = cap["before"][sv["unit"]], cap["after"][sv["unit"]]
+        lines.append(f"**Tune vs scale**: at {cap['peak_rps']:g} req/s the ladder saves **{sv['saved']} {unit}** "
+                     f"({b} → {a}, planned on the knees); over the knee brackets between "
+                     f"{fmt(lo, 'g', '?')} and {fmt(hi, 'g', '?')}.")
+    lines += ["", f"Method: {cap['method']}"] + ([f"Note: {cap['added']}."] if cap.get("added") else [])
     return lines
 
 
@@ -242,6 +320,7 @@ def render(lad: dict, out: Path) -> str:
           "with a Welch 95 % interval (\"within noise\" where it includes zero). Knee: highest offered rate meeting "
           "the SLO, with the first rate that broke it.", "",
           "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
+          "## Capacity plan", *capacity_lines(lad), "",
           "## Plots", "![knee curves](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
           "## Time", f"- measured engine time (eval + bench + knee stages): {lad.get('engine_seconds', 0) / 60:.1f} min; "
           f"ladder wall time {lad.get('wall_seconds', 0) / 60:.1f} min",
