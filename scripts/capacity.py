@@ -6,7 +6,7 @@ last passing rate (what was shown to meet the SLO) and the range the bracket all
 
   python scripts/capacity.py LADDER_JSON [--peak-rps R] [--headroom H]
       fill the capacity plan (and the per-GPU figures) into an existing ladder record, stating that it was
-      added afterwards from the recorded knees (settings: params.yaml `capacity`, unless given)
+      added afterwards from the recorded knees (settings: `capacity` of the record's profile, unless given)
 """
 from __future__ import annotations
 
@@ -133,14 +133,17 @@ def annotate(lad: dict, settings: dict | None) -> dict:
 
 def main() -> int:
     import common
+    import plan as planning
     ap = argparse.ArgumentParser(description="fill the capacity plan into an existing ladder record")
     ap.add_argument("ladder_json")
     ap.add_argument("--peak-rps", type=float, default=None)
     ap.add_argument("--headroom", type=float, default=None)
     args = ap.parse_args()
-    cap = dict(common.load_params(check=False).get("capacity") or {})
-    cap.update({k: v for k, v in (("peak_rps", args.peak_rps), ("headroom", args.headroom)) if v is not None})
     lad = common.read_json(args.ladder_json)
+    params = common.load_params(check=False)
+    eff = planning.effective_params(params, planning.load_ladder(), lad["profile"], planning.committed_params())
+    cap = dict(eff["capacity"])
+    cap.update({k: v for k, v in (("peak_rps", args.peak_rps), ("headroom", args.headroom)) if v is not None})
     annotate(lad, cap)
     lad["capacity"]["added"] = ("added after the run by scripts/capacity.py from the knees this record holds; "
                                 "nothing was re-measured")

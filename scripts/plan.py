@@ -184,7 +184,8 @@ def installed_engine_args() -> dict | None:
     """{"version", "args"}: the engine arguments the installed vLLM accepts, from its own EngineArgs; None when
     vLLM cannot be imported here. A child process, so the driver never holds vLLM (or torch) itself."""
     code = ("import dataclasses, json, vllm; from vllm.engine.arg_utils import EngineArgs; "
-            "print(json.dumps({'version': vllm.__version__, 'args': [f.name for f in dataclasses.fields(EngineArgs)]}))")
+            "print(json.dumps({'version': vllm.__version__, "
+            "'args': [f.name for f in dataclasses.fields(EngineArgs)]}))")
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired):
