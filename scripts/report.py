@@ -229,7 +229,7 @@ def capacity_lines(lad: dict) -> list[str]:
     lines = [f"Serving a peak of **{cap['peak_rps']:g} req/s** of the knee workload at the SLO (p99 TTFT ≤ "
              f"{slo['p99_ttft_ms']} ms, TPOT ≤ {slo['p99_tpot_ms']} ms), each instance held to "
              f"{(1 - cap['headroom']) * 100:.0f} % of its knee (headroom {cap['headroom']:g})"
-             + (f", at ${cap['price_per_gpu_hour']:g} per GPU-hour." if cap["price_per_gpu_hour"] else
+             + (f", at ${cap['price_per_gpu_hour']:.2f} per GPU-hour." if cap["price_per_gpu_hour"] else
                 "; no price (cost.gpu_price_per_hour is 0): instances only, no cost.")
              + (" One GPU per instance: the plan is N single-GPU instances." if gpu and all(
                  (cap[s].get("gpus_per_instance") or 1) == 1 for s in ("before", "after")) else ""), ""]
