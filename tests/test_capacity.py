@@ -3,13 +3,13 @@ Pure logic, no engine."""
 import copy
 import json
 
-import pytest
-
 import capacity
 import decide
+import pytest
 import record
-import report
 from conftest import FIXTURES, ROOT
+
+import report
 
 SETTINGS = {"peak_rps": 200, "headroom": 0.2}
 

@@ -1,0 +1,116 @@
+"""Rung 6 "second-gpu": alternative candidates (TP=2 vs DP=2) planned and checked, skipped with its reason on a
+smaller machine, refused when the installed vLLM lacks the engine arg; the offline stages say n/a for data
+parallelism. Pure logic, no engine."""
+import copy
+
+import common
+import decide
+import engine
+import gate
+import ladder
+import plan as planning
+import pytest
+from conftest import ROOT
+
+PARAMS = common.load_params(ROOT / "params.yaml", check=False)
+LADDER = planning.load_ladder(ROOT / "ladder.yaml")
+TP2, DP2 = {"engine.tensor_parallel_size": 2}, {"engine.data_parallel_size": 2}
+
+
+def second_gpu(profile):
+    return next(r for r in planning.plan(planning.effective_params(PARAMS, LADDER, profile, PARAMS), LADDER, profile)
+                if r["name"] == "second-gpu")
+
+
+def test_the_gpu_profiles_carry_the_rung_with_tp_and_dp_candidates_for_two_gpus():
+    for profile in ("gpu", "gpu-shape"):
+        rung = second_gpu(profile)
+        assert planning.rung_changes(rung) == [TP2, DP2] and rung["when"] == {"min_gpus": 2}
+        assert [planning.candidate_label(rung, c) for c in planning.rung_changes(rung)] == [
+            "second-gpu-tensor-parallel-size-2", "second-gpu-data-parallel-size-2"]
+    cpu = planning.plan(planning.effective_params(PARAMS, LADDER, "cpu", PARAMS), LADDER, "cpu")
+    assert "second-gpu" not in [r["name"] for r in cpu]
+
+
+def plan_error(*rungs) -> str:
+    lad = copy.deepcopy(LADDER)
+    lad["profiles"]["cpu"]["rungs"] = list(rungs)
+    with pytest.raises(common.ParamsError) as e:
+        planning.plan(planning.effective_params(PARAMS, lad, "cpu", PARAMS), lad, "cpu")
+    return str(e.value)
+
+
+def test_alternative_candidates_are_checked_each_as_one_change():
+    msg = plan_error({"name": "par", "candidates": [TP2, {"engine.data_parallel_size": 2, "engine.seed": 3}]})
+    assert "cpu rung 1 'par' candidate 2: changes 2 knobs (engine.data_parallel_size, engine.seed)" in msg
+    msg = plan_error({"name": "par", "candidates": [TP2, {"engine.data_parallel_size": "two"}]})
+    assert "'par' candidate 2: engine.data_parallel_size: 'two' is not allowed; expected an integer >= 1" in msg
+    msg = plan_error({"name": "par", "candidates": [TP2, {"engine.data_parallel_size": [2, 4]}]})
+    assert "'par' candidate 2: one value per knob" in msg
+    msg = plan_error({"name": "par", "candidates": [TP2]})
+    assert "'par': `candidates` must list at least 2 alternative changes" in msg
+    msg = plan_error({"name": "par", "candidates": [TP2, dict(TP2)]})
+    assert "'par': two candidates are the same change" in msg
+    msg = plan_error({"name": "par", "set": TP2, "candidates": [TP2, DP2]})
+    assert "'par': give exactly one of `set`" in msg
+    msg = plan_error({"name": "par", "candidates": [{"engine.tensor_parallel_size": 1}, DP2]})
+    assert "'par' candidate 1: engine.tensor_parallel_size is already 1 in force" in msg
+
+
+def test_check_refuses_an_engine_arg_the_installed_vllm_does_not_accept():
+    used = {k[7:] for r in LADDER["profiles"]["gpu"]["rungs"] for c in planning.rung_changes(r) for k in c
+            if k.startswith("engine.")}
+    old_vllm = {"version": "0.0.1", "args": sorted(used - {"data_parallel_size"})}  # a vLLM without DP
+    with pytest.raises(common.ParamsError) as e:
+        planning.resolve(PARAMS, LADDER, "gpu", PARAMS, gpus=2, accepted=old_vllm)
+    msg = str(e.value)
+    assert msg.count("not an engine argument") == 1 and "nothing was run" in msg
+    assert ("gpu rung 6 'second-gpu': engine.data_parallel_size: not an engine argument of the installed "
+            "vLLM 0.0.1") in msg
+    every = {"version": "x", "args": sorted(used)}
+    assert planning.resolve(PARAMS, LADDER, "gpu", PARAMS, gpus=2, accepted=every).rungs
+
+
+def test_the_installed_vllm_accepts_both_candidates():
+    accepted = planning.installed_engine_args()
+    if accepted is None:
+        pytest.skip("vLLM cannot be imported here")
+    assert {"tensor_parallel_size", "data_parallel_size"} <= set(accepted["args"])
+    assert planning.resolve(PARAMS, LADDER, "gpu-shape", PARAMS, gpus=1, accepted=accepted).rungs
+
+
+class BaselineOnly(ladder.Driver):
+    """The driver's own logic with rung 0 taken from a finished record: every other rung must be skipped."""
+    def run_exp(self, index, name, cfg_flat, role, change, base, note=""):
+        assert index == 0, f"rung {name} would have run on a 1-GPU machine"
+        rec = {"index": 0, "name": name, "exp": "gpu-0-baseline", "role": role, "change": {}, "knobs": cfg_flat,
+               "status": "ok", "bench": {"output_tps": 100.0, "output_tps_runs": [100.0, 101.0, 99.0]},
+               "knee": {"knee_rps": 4.0, "first_fail_rps": 5.0, "status": "inside", "output_tps_at_knee": 900.0}}
+        self.records.append(rec)
+        return rec
+
+
+def test_a_one_gpu_machine_skips_each_candidate_with_its_reason_not_a_failure(tmp_path):
+    p = planning.resolve(PARAMS, LADDER, "gpu", PARAMS, gpus=1)
+    p.rungs = [r for r in p.rungs if r["name"] == "second-gpu"]
+    drv = BaselineOnly(p, out=tmp_path / "ladder.json")
+    assert drv.run() == 0
+    skipped = drv.records[1:]
+    assert [r["name"] for r in skipped] == ["second-gpu-tensor-parallel-size-2", "second-gpu-data-parallel-size-2"]
+    for r, change in zip(skipped, (TP2, DP2)):
+        assert r["status"] == r["verdict"] == decide.SKIPPED and r["change"] == change
+        assert r["decision"] == "skipped: needs 2 GPUs, this machine has 1"
+        assert r["knobs"][next(iter(change))] == 2  # the row says what the candidate would have run
+    saved = common.read_json(tmp_path / "ladder.json")
+    assert saved["capacity"]["before"]["knee"]["rung"] == "0 baseline"
+    assert saved["final_exp"] == "gpu-0-baseline"
+
+
+def test_offline_stages_say_n_a_for_data_parallelism_and_the_gate_does_not_gate_it():
+    why = engine.offline_unsupported({"data_parallel_size": 2, "tensor_parallel_size": 1})
+    assert why.startswith("data_parallel_size 2: vLLM's offline engine") and "knee stage" in why
+    assert engine.offline_unsupported({"data_parallel_size": 1}) is None
+    assert engine.offline_unsupported({"tensor_parallel_size": 2}) is None
+    g = gate.evaluate({"status": "ok"}, {"status": "n/a", "reason": why}, None, None,
+                      {"max_overall_drop": 0.1, "max_category_drop": 0.25, "alpha": 0.05, "min_items": 5})
+    assert g["keep"] and not g["gated"] and g["reasons"] == [f"not gated: {why}"]
