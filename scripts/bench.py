@@ -113,21 +113,20 @@ def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float
 def main():
     params = common.stage_start()
     cfg, b = common.rung_config(params), params["bench"]
+    na = engine.offline_unsupported(cfg["engine"])
+    if na:  # not a failure: the rung is judged by the knee, and the record says why there is no bench figure
+        common.write_text(common.RESULTS / "logs" / "bench" / "skipped.txt", na + "\n")  # a declared output
+        common.write_json(common.RESULTS / "bench.json", {
+            "status": "n/a", "reason": na, "output_tps": None, "total_tps": None, "requests_per_s": None,
+            "output_tps_ci95": None, "output_tps_runs": [], "repeats": 0, "mode": b.get("mode", "engine"),
+            "wall_s": 0, "provenance": common.provenance(params, cfg)})
+        print(f"bench: n/a — {na}")
+        return
     entry = common.model_entry(cfg["model"]["name"])
     mode = b.get("mode", "engine")
     runner = {"engine": run_in_engine, "cli": run_cli}.get(mode)
     if runner is None:
         raise common.ParamsError(f"bench.mode: {mode!r} is not allowed; expected engine or cli")
-    na = engine.offline_unsupported(cfg["engine"])
-    if na:  # not a failure: the rung is judged by the knee, and the record says why there is no bench figure
-        (common.RESULTS / "logs" / "bench").mkdir(parents=True, exist_ok=True)
-        common.write_text(common.RESULTS / "logs" / "bench" / "skipped.txt", na + "\n")  # a declared output
-        common.write_json(common.RESULTS / "bench.json", {
-            "status": "n/a", "reason": na, "output_tps": None, "total_tps": None, "requests_per_s": None,
-            "output_tps_ci95": None, "output_tps_runs": [], "repeats": 0, "mode": mode, "wall_s": 0,
-            "provenance": common.provenance(params, cfg)})
-        print(f"bench: n/a — {na}")
-        return
     t0 = time.monotonic()
     runs, facts = runner(throughput_argv(entry["path"], b, cfg["engine"]), b["repeats"], common.RESULTS / "logs" / "bench",
                          cfg["env"], b.get("timeout_s", 1800))

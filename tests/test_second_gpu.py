@@ -2,7 +2,12 @@
 smaller machine, refused when the installed vLLM lacks the engine arg; the offline stages say n/a for data
 parallelism. Pure logic, no engine."""
 import copy
+import json
+import shutil
+import subprocess
+import sys
 
+import capacity
 import common
 import decide
 import engine
@@ -10,7 +15,10 @@ import gate
 import ladder
 import plan as planning
 import pytest
-from conftest import ROOT
+import yaml
+from conftest import FIXTURES, ROOT
+
+import report
 
 PARAMS = common.load_params(ROOT / "params.yaml", check=False)
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")
@@ -114,3 +122,41 @@ def test_offline_stages_say_n_a_for_data_parallelism_and_the_gate_does_not_gate_
     g = gate.evaluate({"status": "ok"}, {"status": "n/a", "reason": why}, None, None,
                       {"max_overall_drop": 0.1, "max_category_drop": 0.25, "alpha": 0.05, "min_items": 5})
     assert g["keep"] and not g["gated"] and g["reasons"] == [f"not gated: {why}"]
+
+
+def test_the_report_shows_a_data_parallel_rung_with_no_bench_as_n_a_and_its_gpus(tmp_path):
+    lad = json.loads((FIXTURES / "ladder_gpu_shape.json").read_text())
+    base = lad["rungs"][0]
+    why = engine.offline_unsupported({"data_parallel_size": 2})
+    dp = {**copy.deepcopy(base), "index": 6, "name": "second-gpu-data-parallel-size-2", "role": "candidate",
+          "exp": "gpu-shape-6-dp", "change": DP2, "knobs": {**base["knobs"], **DP2}, "kept": True, "verdict": "kept",
+          "decision": "kept", "bench": {"status": "n/a", "reason": why, "output_tps": None, "output_tps_runs": []}}
+    dp["knee"] = {**base["knee"], "knee_rps": 2 * base["knee"]["knee_rps"]}
+    lad["rungs"] = [base, dp]
+    lad["final_exp"] = "gpu-shape-6-dp"
+    capacity.annotate(lad, {"peak_rps": 200, "headroom": 0.2})
+    md = report.render(lad, tmp_path)
+    row = next(ln for ln in md.splitlines() if ln.startswith("| 6 second-gpu-data-parallel-size-2"))
+    cells = [c.strip() for c in row.split("|")]
+    assert "n/a (offline engine cannot run it)" in cells and "2" in cells
+    assert f"— tok/s · knee {base['knee']['knee_rps']:g}–" in row  # per GPU: the same knee as one GPU
+    assert f"bench and eval: n/a — {why}" in md
+    assert "→ n/a (offline bench cannot run the final stack)" in md.split("\n")[2]
+    assert lad["capacity"]["after"]["gpus_per_instance"] == 2
+
+
+def test_bench_and_eval_stages_record_n_a_for_data_parallelism_and_start_nothing(tmp_path):
+    for d in ("scripts", "evals"):
+        shutil.copytree(ROOT / d, tmp_path / d)
+    params = copy.deepcopy(PARAMS)
+    params["engine"]["data_parallel_size"] = 2
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    why = engine.offline_unsupported(params["engine"])
+    for script, out in (("bench.py", "bench.json"), ("eval.py", "eval.json")):
+        p = subprocess.run([sys.executable, str(tmp_path / "scripts" / script)], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        res = common.read_json(tmp_path / "results" / out)
+        assert res["status"] == "n/a" and res["reason"] == why and f"n/a — {why}" in p.stdout
+    assert common.read_json(tmp_path / "results" / "bench.json")["output_tps_runs"] == []
+    assert not (tmp_path / "results" / "models.json").exists()  # no model was needed: nothing started
