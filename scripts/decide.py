@@ -22,7 +22,7 @@ RULE_TPS = ("a rung is kept only when output tok/s is better with a 95 % interva
             "not worse (moved down by more than its resolution, or lost). Anything else is reverted (no measurable "
             "gain: the simpler config stays). The quality gate and 'did the change take effect' come first; "
             "candidates of one rung are ranked against each other by the same rule. An instance with more GPUs is "
-        "compared per GPU (knee and tok/s divided by its GPUs).")
+            "compared per GPU (knee and tok/s divided by its GPUs).")
 
 
 def rule(objective: str) -> str:
