@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -264,7 +265,7 @@ def provenance(params: dict, cfg: dict | None = None) -> dict:
     """Where a number came from: the machine (fingerprint stage), the model, the eval set, the params, the commit."""
     fp_path = RESULTS / "fingerprint.json"
     prov = {"environment": read_json(fp_path) if fp_path.exists() else None, "git_commit": git_commit(),
-            "params_hash": params_hash(params)}
+            "params_hash": params_hash(params), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if cfg is not None:
         prov["knobs"] = cfg
         prov["knobs_hash"] = params_hash(cfg)

@@ -28,6 +28,7 @@ class RungRecord(TypedDict, total=False):
     log: str
     seconds: float           # wall time of its `dvc exp run`
     reused: list[str]        # stages DVC restored instead of measuring again
+    measured: dict           # when and on which machine (host id, GPU UUIDs) its bench was measured
     model: str
     eval: dict               # results/eval.json, whole
     gate: dict               # results/gate.json, whole
@@ -74,6 +75,10 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
     """Fill a rung that ran to the end from results/; returns the download manifest's models."""
     res = common.RESULTS
     ev, bench, knee, gate = (_summary(res / f) for f in ("eval.json", "bench.json", "knee.json", "gate.json"))
+    prov = common.read_json(res / "bench.json").get("provenance") or {}
+    env = prov.get("environment") or {}
+    rec["measured"] = {"at": prov.get("measured_at"), "host_id": env.get("host_id"),
+                       "gpu_uuids": [g.get("uuid") for g in env.get("gpus") or []]}
     models = common.read_json(res / "models.json")["models"]
     rec.update(status="ok", model=ev.get("model"), eval=ev, gate=gate, bench=bench, knee=knee,
                stage_seconds={"eval": ev.get("wall_s") or 0, "bench": bench.get("wall_s") or 0,

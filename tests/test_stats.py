@@ -1,6 +1,8 @@
 """Interval maths, noise calls, McNemar, the knee search and the roofline: pure functions on fixture numbers."""
 import json
 import math
+import os
+import re
 
 import pytest
 
@@ -138,3 +140,11 @@ def test_repeated_probes_merge_to_medians_and_summed_failures():
     assert m["p99_ttft_ms"] == 200.0 and m["p99_tpot_ms"] == 20.0 and m["request_throughput"] == 4.0
     assert m["failed"] == 1 and m["completed"] == 29
     assert knee.merge_repeats(runs[:1]) is runs[0]
+
+
+def test_the_fingerprint_tells_machines_apart_without_exposing_their_ids():
+    import fingerprint
+    fp = fingerprint.fingerprint()
+    assert re.fullmatch(r"[0-9a-f]{12}", fp["host_id"]) and fp["host_id"] == fingerprint.host_id()
+    raw = open("/etc/machine-id").read().strip() if os.path.exists("/etc/machine-id") else ""
+    assert not raw or raw not in json.dumps(fp)
