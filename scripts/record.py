@@ -106,10 +106,13 @@ def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:
     if not bw or not path or not Path(path, "config.json").exists():
         return None
     cfg = json.loads(Path(path, "config.json").read_text())
-    bits = (cfg.get("quantization_config") or {}).get("bits") or 16
+    bits = stats.weight_bits(cfg.get("quantization_config"))
     kv = 1 if str(rec["knobs"].get("engine.kv_cache_dtype", "auto")).startswith("fp8") else 2
-    floor = stats.tpot_floor_ms(cfg, bw, weight_bits=bits, kv_bytes=kv)
+    shape = (rec.get("knee") or {}).get("shape") or {}
+    context = (shape.get("input_len") or 0) + (shape.get("output_len") or 0) // 2  # mean context while decoding
+    floor = stats.tpot_floor_ms(cfg, bw, weight_bits=bits, kv_bytes=kv, context_tokens=context)
     rows = sorted((rec.get("knee") or {}).get("rows") or [], key=lambda r: r["offered_rps"])
     low = rows[0]["p50_tpot_ms"] if rows else None
-    return {"gpu": gpu, "bandwidth_gbs": bw, "weight_bits": bits, "tpot_floor_ms": round(floor, 2),
+    return {"gpu": gpu, "bandwidth_gbs": bw, "weight_bits": round(bits, 3), "context_tokens": context,
+            "tpot_floor_ms": round(floor, 2),
             "tpot_low_load_ms": low, "pct_of_floor": round(floor / low, 3) if low else None}
