@@ -108,8 +108,19 @@ class Driver:
         self.models = record.fill(rec, base, baseline if base else None, self.eff)
 
     # -- the ladder
+    def progress(self, label: str) -> None:
+        """Where the ladder is and what is left, so a user on a rented box knows when to come back. The estimate
+        is the mean time of the experiments run so far (restored ones are fast, so it errs short early on)."""
+        done = [r["seconds"] for r in self.records if r.get("seconds") is not None]
+        left = self.plan.experiments - len(done)
+        elapsed = (time.monotonic() - self.t0) / 60
+        eta = f", ~{sum(done) / len(done) * left / 60:.0f} min left" if done else ""
+        print(f"\nladder: experiment {len(done) + 1} of {self.plan.experiments} ({label}), "
+              f"{elapsed:.1f} min elapsed{eta}", flush=True)
+
     def run(self) -> int:
         kept_flat = dict(self.plan.baseline)
+        self.progress("rung 0 baseline")
         base = self.run_exp(0, "baseline", kept_flat, decide.BASELINE, None, None)
         if base["status"] != "ok":
             base["kept"], base["decision"] = False, "the baseline failed: nothing to compare against; ladder stopped"
@@ -149,6 +160,7 @@ class Driver:
                 recs.append(self.finish(self.skipped(i, name, role, change, rung,
                                                      "skipped: already in force (an earlier rung was reverted)")))
                 continue
+            self.progress(f"rung {i} {name}")
             rec = self.run_exp(i, name, {**kept_flat, **change}, role, change, base, rung.get("note", ""))
             rec["kept"], rec["decision"] = decide.decide(rec, base, self.objective)
             recs.append(self.finish(rec))

@@ -175,6 +175,13 @@ class Plan:
     def __post_init__(self):
         self.baseline = common.flatten_knobs(common.rung_config(self.params, "baseline"))
 
+    @property
+    def experiments(self) -> int:
+        """`dvc exp run`s the ladder will make at most, fallbacks aside: rung 0 + every candidate of every rung
+        this machine can run."""
+        return 1 + sum(len(candidates(r["set"])) for r in self.rungs
+                       if (r.get("when") or {}).get("min_gpus", 0) <= self.gpus)
+
 
 def resolve(params: dict, lad: dict, profile: str, defaults: dict | None, gpus: int, limit: int | None = None) -> Plan:
     """The plan for one ladder: profile applied, params validated, rungs checked; raises ParamsError."""

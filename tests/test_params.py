@@ -160,3 +160,11 @@ def test_ladder_check_cli_refuses_a_bad_ladder_before_starting_anything(tmp_path
                         "--ladder", str(path)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert "cpu rung 1 'two': changes 2 knobs (engine.kv_cache_dtype, engine.seed)" in p.stderr
+
+
+def test_the_plan_counts_the_experiments_it_will_run():
+    lad = rungs({"name": "kv", "set": {"engine.kv_cache_dtype": "fp8"}},
+                {"name": "bt", "set": {"engine.max_num_batched_tokens": [1024, 2048]}},
+                {"name": "tp", "set": {"engine.tensor_parallel_size": 2}, "when": {"min_gpus": 2}})
+    assert planning.resolve(PARAMS, lad, "cpu", PARAMS, gpus=0).experiments == 1 + 1 + 2
+    assert planning.resolve(PARAMS, lad, "cpu", PARAMS, gpus=2).experiments == 1 + 1 + 2 + 1
