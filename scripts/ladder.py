@@ -131,7 +131,7 @@ class Driver:
         self.finish(base)
         self.final_exp = base["exp"]
         for i, rung in enumerate(self.plan.rungs, 1):
-            need = (rung.get("when") or {}).get("min_gpus")
+            need = (rung["when"] or {}).get("min_gpus")
             if need and self.plan.gpus < need:
                 self.finish(self.skipped(i, rung["name"], "rung", rung["set"], rung,
                                          f"skipped: needs {need} GPUs, this machine has {self.plan.gpus}"))
@@ -140,7 +140,7 @@ class Driver:
             tries = [(planning.candidate_label(rung, c), c, "candidate") for c in cands] if len(cands) > 1 \
                 else [(rung["name"], cands[0], "rung")]
             chosen = self.try_rung(i, rung, tries, kept_flat, base)
-            if chosen is None and rung.get("fallback"):
+            if chosen is None and rung["fallback"]:
                 chosen = self.try_rung(i, rung, [(f"{rung['name']}-fallback", rung["fallback"], "fallback")],
                                        kept_flat, base)
             if chosen is not None:
@@ -151,7 +151,7 @@ class Driver:
     @staticmethod
     def skipped(i: int, name: str, role: str, change: dict, rung: dict, why: str) -> dict:
         return {"index": i, "name": name, "exp": None, "role": role, "change": change, "status": decide.SKIPPED,
-                "kept": False, "note": rung.get("note", ""), "decision": why}
+                "kept": False, "note": rung["note"], "decision": why}
 
     def try_rung(self, i, rung, tries, kept_flat, base) -> dict | None:
         recs = []
@@ -161,7 +161,7 @@ class Driver:
                                                      "skipped: already in force (an earlier rung was reverted)")))
                 continue
             self.progress(f"rung {i} {name}")
-            rec = self.run_exp(i, name, {**kept_flat, **change}, role, change, base, rung.get("note", ""))
+            rec = self.run_exp(i, name, {**kept_flat, **change}, role, change, base, rung["note"])
             rec["kept"], rec["decision"] = decide.decide(rec, base, self.objective)
             recs.append(self.finish(rec))
         chosen = decide.choose(recs, self.objective)
@@ -193,7 +193,7 @@ class Driver:
             "final_exp": self.final_exp, "rungs": self.records,
             "engine_seconds": round(measured, 1), "wall_seconds": round(time.monotonic() - self.t0, 1),
         }
-        lad["cost_usd"] = round(lad["engine_seconds"] / 3600 * float(self.eff["cost"].get("gpu_price_per_hour") or 0), 4)
+        lad["cost_usd"] = round(lad["engine_seconds"] / 3600 * self.eff["cost"]["gpu_price_per_hour"], 4)
         common.write_json(self.out, lad)
 
     def interrupt(self) -> None:

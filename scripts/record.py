@@ -101,7 +101,7 @@ def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:
     """Batch-1 decode floor from the model's shapes and the GPU's bandwidth, vs the TPOT at the lowest probed rate."""
     fp = common.read_json(common.RESULTS / "fingerprint.json")
     gpu = (fp.get("gpus") or [{}])[0].get("name")
-    bw = stats.bandwidth_gbs(gpu, (params.get("roofline") or {}).get("bandwidth_gbs"))
+    bw = stats.bandwidth_gbs(gpu, params["roofline"]["bandwidth_gbs"])
     path = (models.get(rec.get("model")) or {}).get("path")
     if not bw or not path or not Path(path, "config.json").exists():
         return None

@@ -7,7 +7,7 @@ import yaml
 
 import common
 import config
-import ladder
+import plan as planning
 from conftest import ROOT
 
 RAW = config.load_params(ROOT / "params.yaml", check=False)
@@ -121,10 +121,10 @@ def test_a_stage_can_validate_its_own_section():
 def test_every_key_a_ladder_profile_sets_is_a_params_key():
     lad = config.load_ladder(ROOT / "ladder.yaml")
     for profile in lad["profiles"]:
-        eff = ladder.effective_params(RAW, lad, profile, RAW)
+        eff = planning.effective_params(RAW, lad, profile, RAW)
         out = config.validate(eff)
         for key, value in lad["profiles"][profile]["settings"].items():
-            assert ladder.get_dotted(out, key) == value, (profile, key)
+            assert planning.get_dotted(out, key) == value, (profile, key)
 
 
 def test_the_shipped_ladder_validates_with_its_defaults_filled():
