@@ -1,6 +1,6 @@
 """Stage `bench`: vLLM's `bench throughput` on the fixed decode-heavy shape, `bench.repeats` timed runs.
 
-bench.mode `engine` (default): vLLM's own `vllm.benchmarks.throughput.main`, its arguments parsed by its own
+bench.mode `engine`: vLLM's own `vllm.benchmarks.throughput.main`, its arguments parsed by its own
 parser, with its `run_vllm` wrapped so that ONE engine serves the warm-up and every timed repeat (an engine
 start costs more than the measurement). bench.mode `cli`: `vllm bench throughput` once per repeat, each a
 fresh engine, so the spread also holds start-to-start noise. vLLM 0.26/0.32 ignore --input-len/--output-len
@@ -88,7 +88,7 @@ def throughput_argv(model_path: str, b: dict, engine_knobs: dict) -> list[str]:
     """`vllm bench throughput` arguments: the fixed shape of params `bench`, the rung's knobs unchanged."""
     return ["--model", model_path, "--dataset-name", "random", "--random-input-len", str(b["input_len"]),
             "--random-output-len", str(b["output_len"]), "--random-range-ratio", "0",
-            "--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b.get("warmups", 0))] + engine.cli_flags(engine_knobs)
+            "--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b["warmups"])] + engine.cli_flags(engine_knobs)
 
 
 def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float) -> tuple[list[dict], dict]:
@@ -123,13 +123,11 @@ def main():
         print(f"bench: n/a — {na}")
         return
     entry = common.model_entry(cfg["model"]["name"])
-    mode = b.get("mode", "engine")
-    runner = {"engine": run_in_engine, "cli": run_cli}.get(mode)
-    if runner is None:
-        raise common.ParamsError(f"bench.mode: {mode!r} is not allowed; expected engine or cli")
+    mode = b["mode"]
+    runner = {"engine": run_in_engine, "cli": run_cli}[mode]
     t0 = time.monotonic()
     runs, facts = runner(throughput_argv(entry["path"], b, cfg["engine"]), b["repeats"], common.RESULTS / "logs" / "bench",
-                         cfg["env"], b.get("timeout_s", 1800))
+                         cfg["env"], b["timeout_s"])
     for i, run in enumerate(runs, 1):
         run["applied"] = check_shape(run, b["num_prompts"], b["input_len"], b["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
@@ -144,7 +142,7 @@ def main():
         "repeats": len(runs),
         "mode": mode,
         "shape": {"num_prompts": b["num_prompts"], "input_len": b["input_len"], "output_len": b["output_len"],
-                  "dataset": "random", "ignore_eos": True, "warmups": b.get("warmups", 0)},
+                  "dataset": "random", "ignore_eos": True, "warmups": b["warmups"]},
         "applied_shape": runs[0]["applied"],
         "kv_cache_tokens": facts.get("kv_cache_tokens"),
         "max_concurrency": facts.get("max_concurrency"),

@@ -1,6 +1,6 @@
-"""Shared glue for the stage scripts: params (load + validate), JSON I/O, provenance, signals.
+"""Shared glue for the stage scripts: params (loaded and validated by config.py), JSON I/O, provenance, signals.
 
-Every stage script starts with `params = common.load_params()`, which validates the whole file, so a
+Every stage script starts with `params = common.stage_start()`, which validates the whole file, so a
 bad value stops the stage before any engine starts and names the field, the value and what is allowed.
 """
 from __future__ import annotations
@@ -11,83 +11,16 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-import yaml
+from config import (ENGINE_KNOBS, PARAMS, ROOT, SECRET_WORDS, ParamsError, check_knob,  # noqa: F401 -- re-exported
+                    knob_error, load_params, validate)
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
-PARAMS = ROOT / "params.yaml"
-
-
-class ParamsError(ValueError):
-    """A bad params.yaml value (or ladder rung): the message names the field, the value and what is allowed."""
 
 
 # ---------------------------------------------------------------- knobs
-# The engine knobs a rung may set, spelled as vLLM's own engine-arg names. (type, check, what is allowed)
-def _pos_int(v):
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-
-def _frac(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1
-
-
-def _one_of(*choices):
-    return (lambda v: v in choices), "one of " + ", ".join(map(str, choices))
-
-
-def _opt(check):
-    return lambda v: v is None or check(v)
-
-
-ENGINE_KNOBS = {
-    "dtype": _one_of("auto", "bfloat16", "float16", "half", "float32"),
-    "max_model_len": (_pos_int, "an integer > 0"),
-    "kv_cache_dtype": _one_of("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"),
-    "gpu_memory_utilization": (_frac, "a number in (0, 1]"),
-    "max_num_seqs": (_pos_int, "an integer > 0"),
-    "max_num_batched_tokens": (_opt(_pos_int), "an integer > 0 or null"),
-    "enable_prefix_caching": (lambda v: isinstance(v, bool), "true or false"),
-    "enable_chunked_prefill": (lambda v: isinstance(v, bool), "true or false"),
-    "tensor_parallel_size": (_pos_int, "an integer >= 1"),
-    "data_parallel_size": (_pos_int, "an integer >= 1"),
-    "load_format": _one_of("auto", "safetensors", "pt", "dummy"),
-    "quantization": (lambda v: v is None or isinstance(v, str), "a vLLM quantization method name or null"),
-    "enforce_eager": (lambda v: isinstance(v, bool), "true or false"),
-    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "block_size": (_opt(_pos_int), "an integer > 0 or null"),
-    "hf_overrides": (lambda v: v is None or isinstance(v, dict), "a mapping of config overrides or null"),
-}
-ENV_PREFIX = "VLLM_"      # env knobs are vLLM's own environment variables
-SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY")
-
-
-def knob_error(field: str, value, allowed: str) -> str:
-    return f"{field}: {value!r} is not allowed; expected {allowed}"
-
-
-def check_knob(field: str, value) -> str | None:
-    """Return an error message for one dotted knob (model.name is checked elsewhere), or None."""
-    section, _, name = field.partition(".")
-    if section == "engine":
-        if name not in ENGINE_KNOBS:
-            return f"{field}: unknown knob; allowed engine knobs: {', '.join(sorted(ENGINE_KNOBS))}"
-        check, allowed = ENGINE_KNOBS[name]
-        return None if check(value) else knob_error(field, value, allowed)
-    if section == "env":
-        if not name.startswith(ENV_PREFIX):
-            return f"{field}: unknown knob; env knobs are vLLM environment variables ({ENV_PREFIX}*)"
-        if any(w in name for w in SECRET_WORDS):
-            return f"{field}: secrets do not belong in params.yaml; set them in the shell"
-        ok = isinstance(value, (str, int, float)) and not isinstance(value, bool)
-        return None if ok else knob_error(field, value, "a string or a number")
-    if field == "model.name":
-        return None if isinstance(value, str) and value else knob_error(field, value, "a model name from download.fetch")
-    return f"{field}: unknown knob; a rung may change model.name, engine.<vLLM engine arg> or env.VLLM_*"
-
-
 def flatten_knobs(cfg: dict) -> dict:
     """{'model': {'name': m}, 'engine': {...}, 'env': {...}} -> {'model.name': m, 'engine.x': v, ...}"""
     flat = {"model.name": cfg["model"]["name"]}
@@ -103,91 +36,6 @@ def unflatten_knobs(flat: dict) -> dict:
         section, _, name = field.partition(".")
         cfg[section][name] = v
     return cfg
-
-
-# ---------------------------------------------------------------- validation
-def _need(errors, params, dotted, check, allowed):
-    node = params
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            errors.append(f"{dotted}: missing; expected {allowed}")
-            return None
-        node = node[part]
-    if not check(node):
-        errors.append(knob_error(dotted, node, allowed))
-    return node
-
-
-def _pos_num(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-
-
-def validate(params: dict) -> None:
-    """Raise ParamsError listing every bad field of params.yaml (ladder rungs are checked by ladder.py)."""
-    errors = []
-    catalog = (params.get("download") or {}).get("catalog") or {}
-    fetch = _need(errors, params, "download.fetch", lambda v: isinstance(v, list) and v, "a list of model names") or []
-    for name in fetch:
-        if name not in catalog:
-            errors.append(f"download.fetch: {name!r} is not in download.catalog ({', '.join(catalog)})")
-    for which in ("baseline", ""):
-        prefix = f"{which}." if which else ""
-        node = params.get(which) if which else params
-        if not isinstance(node, dict):
-            errors.append(f"{which}: missing; expected model, engine and env sections")
-            continue
-        name = (node.get("model") or {}).get("name")
-        if name not in fetch:
-            errors.append(f"{prefix}model.name: {name!r} is not a model the download stage provides "
-                          f"(download.fetch: {', '.join(map(str, fetch))})")
-        for section in ("engine", "env"):
-            values = node.get(section)
-            if not isinstance(values, dict):
-                errors.append(f"{prefix}{section}: missing; expected a mapping")
-                continue
-            for k, v in values.items():
-                err = check_knob(f"{section}.{k}", v)
-                if err:
-                    errors.append(prefix + err)
-    _need(errors, params, "slo.p99_ttft_ms", _pos_num, "a number of milliseconds > 0")
-    _need(errors, params, "slo.p99_tpot_ms", _pos_num, "a number of milliseconds > 0")
-    for key in ("num_prompts", "input_len", "output_len", "repeats"):
-        _need(errors, params, f"bench.{key}", _pos_int, "an integer > 0")
-    _need(errors, params, "bench.mode", lambda v: v in ("engine", "cli"), "engine or cli")
-    _need(errors, params, "eval.max_tokens", _pos_int, "an integer > 0")
-    _need(errors, params, "eval.file", lambda v: isinstance(v, str) and (ROOT / v).is_file(), "an existing eval file")
-    mode = _need(errors, params, "knee.mode", lambda v: v in ("sweep", "search"), "sweep or search")
-    if mode == "sweep":
-        _need(errors, params, "knee.rates", lambda v: isinstance(v, list) and v and all(map(_pos_num, v))
-              and v == sorted(set(v)), "an increasing list of request rates > 0")
-    elif mode == "search":
-        _need(errors, params, "knee.start_rate", _pos_num, "a request rate > 0")
-        _need(errors, params, "knee.max_rate", _pos_num, "a request rate > 0")
-        _need(errors, params, "knee.rel_tol", lambda v: _pos_num(v) and v < 1, "a number in (0, 1)")
-        _need(errors, params, "knee.max_probes", _pos_int, "an integer > 0")
-    for key in ("probe_seconds", "min_prompts", "max_prompts", "input_len", "output_len"):
-        _need(errors, params, f"knee.{key}", _pos_num, "a number > 0")
-    _need(errors, params, "knee.repeats", _pos_int, "an integer > 0 (runs per probed rate; medians decide)")
-    for key in ("max_overall_drop", "max_category_drop"):
-        _need(errors, params, f"gate.{key}", lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "a fraction in [0, 1]")
-    _need(errors, params, "gate.alpha", lambda v: _pos_num(v) and v < 1, "a number in (0, 1)")
-    _need(errors, params, "gate.min_items", _pos_int, "an integer > 0")
-    _need(errors, params, "capacity.peak_rps", _pos_num, "a request rate > 0 (the peak to plan for)")
-    _need(errors, params, "capacity.headroom", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-          and 0 <= v < 1, "a fraction in [0, 1) of each instance's knee kept free")
-    if errors:
-        raise ParamsError("params.yaml is not valid:\n  " + "\n  ".join(errors))
-
-
-def load_params(path: Path | str = PARAMS, check: bool = True) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            params = yaml.safe_load(f)
-    except yaml.YAMLError as e:
-        raise ParamsError(f"{path}: not valid YAML ({e})") from None
-    if check:
-        validate(params)
-    return params
 
 
 def rung_config(params: dict, which: str = "rung") -> dict:
@@ -268,7 +116,7 @@ def provenance(params: dict, cfg: dict | None = None) -> dict:
     """Where a number came from: the machine (fingerprint stage), the model, the eval set, the params, the commit."""
     fp_path = RESULTS / "fingerprint.json"
     prov = {"environment": read_json(fp_path) if fp_path.exists() else None, "git_commit": git_commit(),
-            "params_hash": params_hash(params)}
+            "params_hash": params_hash(params), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if cfg is not None:
         prov["knobs"] = cfg
         prov["knobs_hash"] = params_hash(cfg)

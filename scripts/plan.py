@@ -16,8 +16,10 @@ from pathlib import Path
 import yaml
 
 import common
+import config
 
-LADDER_YAML = common.ROOT / "ladder.yaml"
+LADDER_YAML = config.LADDER
+load_ladder = config.load_ladder  # ladder.yaml's shape is config's; the rung checks naming rung and knob are here
 
 
 def set_dotted(d: dict, dotted: str, value) -> None:
@@ -40,28 +42,10 @@ def committed_params() -> dict | None:
     return yaml.safe_load(out.stdout) if out.returncode == 0 else None
 
 
-def load_ladder(path: Path = LADDER_YAML) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            lad = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as e:
-        raise common.ParamsError(f"{path.name}: cannot read ({e})") from None
-    unknown = set(lad or {}) - {"objective", "groups", "profiles"}
-    if unknown:
-        raise common.ParamsError(f"{path.name}: unknown section(s) {', '.join(sorted(unknown))}; "
-                                 f"allowed: objective, groups, profiles")
-    if lad.get("objective", "knee_rps") not in ("knee_rps", "output_tps"):
-        raise common.ParamsError(f"{path.name}: objective: {lad['objective']!r}; allowed: knee_rps, output_tps")
-    for name, prof in (lad.get("profiles") or {}).items():
-        if not isinstance(prof, dict) or set(prof) - {"settings", "rungs"}:
-            raise common.ParamsError(f"{path.name}: profiles.{name} must hold `settings` and `rungs`")
-    return lad
-
-
 def profile_overrides(lad: dict, profile: str, defaults: dict) -> dict:
     """Every key any profile sets: this profile's value, else the committed default, so that switching
     profiles never leaves another profile's value behind in the workspace."""
-    profiles = {name: (p.get("settings") or {}) for name, p in (lad.get("profiles") or {}).items()}
+    profiles = {name: p["settings"] for name, p in lad["profiles"].items()}
     if profile not in profiles:
         raise common.ParamsError(f"profile: {profile!r} is not defined in ladder.yaml; allowed: {', '.join(profiles)}")
     out = {"profile": profile}
@@ -141,25 +125,21 @@ def check_change(where: str, change, in_force: dict, params: dict, groups: dict)
 
 
 def _rung_errors(where: str, rung: dict, in_force: dict, params: dict, groups: dict) -> list[str]:
-    allowed = ("name", "set", "candidates", "fallback", "note", "when")
-    unknown = set(rung) - set(allowed)
-    errors = [f"{where}: unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(allowed)}"] \
-        if unknown else []
     if (rung.get("set") is None) == (rung.get("candidates") is None):
-        return errors + [f"{where}: give exactly one of `set` (one change, or a list of values of one knob) "
-                         f"and `candidates` (a list of alternative changes)"]
+        return [f"{where}: give exactly one of `set` (one change, or a list of values of one knob) "
+                f"and `candidates` (a list of alternative changes)"]
     if rung.get("set") is not None:
-        errors += check_change(where, rung["set"], in_force, params, groups)
+        errors = check_change(where, rung["set"], in_force, params, groups)
     else:
-        cands = rung["candidates"]
-        if not isinstance(cands, list) or len(cands) < 2:
-            return errors + [f"{where}: `candidates` must list at least 2 alternative changes, got {cands!r}"]
+        cands, errors = rung["candidates"], []
+        if len(cands) < 2:
+            return [f"{where}: `candidates` must list at least 2 alternative changes, got {cands!r}"]
         for j, change in enumerate(cands, 1):
-            if isinstance(change, dict) and any(isinstance(v, list) for v in change.values()):
+            if any(isinstance(v, list) for v in change.values()):
                 errors.append(f"{where} candidate {j}: one value per knob (a candidate is one change)")
             else:
                 errors += check_change(f"{where} candidate {j}", change, in_force, params, groups)
-        if len({repr(sorted(c.items())) for c in cands if isinstance(c, dict)}) < len(cands):
+        if len({repr(sorted(c.items())) for c in cands}) < len(cands):
             errors.append(f"{where}: two candidates are the same change")
     if rung.get("fallback") is not None:
         errors += check_change(f"{where} fallback", rung["fallback"], in_force, params, groups)
@@ -197,10 +177,10 @@ def installed_engine_args() -> dict | None:
 
 def plan(params: dict, lad: dict, profile: str) -> list[dict]:
     """Validate the profile's ladder before any engine starts; raise ParamsError naming rung and knob."""
-    rungs = ((lad.get("profiles") or {}).get(profile) or {}).get("rungs")
-    groups = lad.get("groups") or {}
-    if not isinstance(rungs, list):
-        raise common.ParamsError(f"ladder.yaml profiles.{profile}.rungs: missing; expected a list of rungs")
+    if profile not in lad["profiles"]:
+        raise common.ParamsError(f"profile: {profile!r} is not defined in ladder.yaml; "
+                                 f"allowed: {', '.join(lad['profiles'])}")
+    rungs, groups = lad["profiles"][profile]["rungs"], lad["groups"]
     in_force = common.flatten_knobs(common.rung_config(params, "baseline"))
     errors, names, out = [], set(), []
     for i, rung in enumerate(rungs, 1):
@@ -236,18 +216,24 @@ class Plan:
     def __post_init__(self):
         self.baseline = common.flatten_knobs(common.rung_config(self.params, "baseline"))
 
+    @property
+    def experiments(self) -> int:
+        """`dvc exp run`s the ladder will make at most, fallbacks aside: rung 0 + every candidate of every rung
+        this machine can run."""
+        return 1 + sum(len(rung_changes(r)) for r in self.rungs
+                       if (r["when"] or {}).get("min_gpus", 0) <= self.gpus)
+
 
 def resolve(params: dict, lad: dict, profile: str, defaults: dict | None, gpus: int, limit: int | None = None,
             accepted: dict | None = None) -> Plan:
     """The plan for one ladder: profile applied, params validated, rungs checked (against the installed vLLM's
     engine arguments where `accepted` is given: `installed_engine_args`); raises ParamsError."""
     defaults = defaults or params
-    eff = effective_params(params, lad, profile, defaults)
-    common.validate(eff)
+    eff = common.validate(effective_params(params, lad, profile, defaults))  # defaults filled from here on
     rungs = plan(eff, lad, profile)
     errors = engine_arg_errors(profile, rungs, accepted)
     if errors:
         raise common.ParamsError("the ladder is not valid (nothing was run):\n  " + "\n  ".join(errors))
     rungs = rungs[:limit]
     return Plan(profile=profile, params=eff, overrides=profile_overrides(lad, profile, defaults), rungs=rungs,
-                objective=lad.get("objective", "knee_rps"), gpus=gpus)
+                objective=lad["objective"], gpus=gpus)

@@ -155,3 +155,15 @@ def test_the_examples_hold_a_capacity_plan_from_their_recorded_knees():
         again = capacity.plan(lad["rungs"], lad["final_exp"], lad["settings"]["capacity"],
                               lad["settings"]["cost"]["gpu_price_per_hour"], unit == "gpus")
         assert again["saved"] == cap["saved"] and again["after"] == cap["after"]
+
+
+def test_capacity_settings_are_validated_naming_the_field():
+    import config
+    params = config.load_params(ROOT / "params.yaml", check=False)
+    params["capacity"] = {"peak_rps": 0, "headroom": 1}
+    with pytest.raises(config.ParamsError) as e:
+        config.validate(params)
+    assert "capacity.peak_rps: 0 is not allowed; expected a request rate > 0" in str(e.value)
+    assert "capacity.headroom: 1 is not allowed; expected a fraction in [0, 1)" in str(e.value)
+    params["capacity"] = {"peak_rps": 50}
+    assert config.validate(params)["capacity"] == {"peak_rps": 50, "headroom": 0.2}
