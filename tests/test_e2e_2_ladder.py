@@ -93,6 +93,14 @@ def test_make_ladder_resumes_keeps_reverts_and_reports(project):
     assert "failed → reverted" in md and "reverted" in md.split("| 2 broken-rope")[1].split("\n")[0]
     assert "## What I kept and why" in md and "quality gate failed" in md
     assert md.count("**") >= 2 and "output tok/s →" in md  # the headline
+    # the capacity plan, from rung 0's knee and the final stack's, each named with its bracket
+    cap = lad["capacity"]
+    assert cap["before"]["knee"]["exp"] == "cpu-0-baseline" and cap["after"]["knee"]["exp"] == lad["final_exp"]
+    if cap["before"]["plan"] == "ok":  # a busy CPU may meet the SLO at no rate: then "no plan", never a number
+        assert cap["before"]["instances"] >= 1 and cap["before"]["gpus"] is None
+    else:
+        assert "no knee" in cap["before"]["why"] and "instances" not in cap["before"]
+    assert "## Capacity plan" in md and "**Tune vs scale**" in md
     for png in ("knee.png", "rungs.png"):
         data = (project.path / "report" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
