@@ -255,7 +255,7 @@ def non_default_args(log) -> dict:
         return {}
     try:
         return ast.literal_eval(m.group(1))
-    except (ValueError, SyntaxError):  # a value with no literal repr (an object): keep the plain ones
+    except (ValueError, SyntaxError):  # a value with no literal repr (an object): name -> first word, as text
         return dict(re.findall(r"'(\w+)': ([\w.]+)", m.group(1)))
 
 
