@@ -70,10 +70,10 @@ def parameters(fn) -> str:
                      for p in inspect.signature(fn).parameters.values() if p.name != "self")
 
 
-def check_api(obj, name: str, expected: dict | None = None) -> None:
+def check_api(obj, name: str) -> None:
     """Raise VllmCompatError unless `obj` (vLLM's module or class `name`) has what EXPECTED[name] lists."""
     wrong = []
-    for attr, want in (EXPECTED[name] if expected is None else expected).items():
+    for attr, want in EXPECTED[name].items():
         fn = getattr(obj, attr, None)
         if not callable(fn):
             wrong.append(f"{name}.{attr} is missing")
@@ -115,7 +115,7 @@ def _flexible_parser(prog: str | None = None):
 
 
 def _result_block(requests: int, elapsed: float, prompt_tokens: int, output_tokens: int, label: str = "") -> str:
-    """A result block as `vllm bench throughput` prints it (parse_output reads both)."""
+    """A result block in the lines vLLM's throughput main prints, so parse_output reads ours and vLLM's alike."""
     return (f"{label}Throughput: {requests / elapsed:.2f} requests/s, {(prompt_tokens + output_tokens) / elapsed:.2f} "
             f"total tokens/s, {output_tokens / elapsed:.2f} output tokens/s\n"
             f"Total num prompt tokens:  {prompt_tokens}\nTotal num output tokens:  {output_tokens}")
