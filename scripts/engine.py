@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 import common
+from vllm_compat import LOG_PREFIX
 
 STOP_GRACE_S = 30
 _live: set["Proc"] = set()
@@ -90,7 +91,6 @@ def _die_with_parent():
 
 
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|Traceback|CUDA out of memory|No available memory|Killed)")
-_LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s+)?((ERROR|WARNING|INFO|DEBUG|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
 _EXCEPTION = re.compile(r"^[\w.]*(Error|Exception)\b: \S")
 _NOISE = re.compile(r"^\s*(File \"|\^+|~+|raise |return |Traceback)|See root cause above|"
                     r"Engine core initialization failed|exit code \d+")
@@ -144,7 +144,7 @@ class Proc:
     def error_line(self) -> str:
         """The engine's own root-cause line: the last exception message it printed (vLLM's wrappers such as
         "Engine core initialization failed. See root cause above." skipped), else its last error-ish line."""
-        msgs = [_LOG_PREFIX.sub("", ln).strip() for ln in self.tail if ln.strip()]
+        msgs = [LOG_PREFIX.sub("", ln).strip() for ln in self.tail if ln.strip()]
         exc = [m for m in msgs if _EXCEPTION.match(m) and not _NOISE.search(m)]
         if exc:
             return exc[-1][:500]
@@ -296,48 +296,3 @@ class Server:
         if self.proc:
             self.proc.stop()
         return False
-
-
-# ---------------------------------------------------------------- what the engine says about itself
-_KV_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
-_MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
-_INIT_S = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) ?s")
-_KERNEL = re.compile(r"Using (\w+) for (\w+)")
-_KV_FP8 = re.compile(r"Using (fp8\w*) data type to store kv cache")
-_QUANT = re.compile(r"quantization=([\w-]+)")
-_KV_DTYPE = re.compile(r"kv_cache_dtype=([\w]+)")
-_PREFIX = re.compile(r"enable_prefix_caching=(\w+)")
-_BATCHED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
-_TP = re.compile(r"tensor_parallel_size=(\d+)")
-_MODEL = re.compile(r"with config: model='([^']*)'")
-
-
-def engine_facts(log: Path) -> dict:
-    """KV capacity, max concurrency, init time, quantization and kernels, as the engine logged them."""
-    facts: dict = {"kernels": []}
-    text = Path(log).read_text(encoding="utf-8", errors="replace") if Path(log).exists() else ""
-    if m := _KV_TOKENS.search(text):
-        facts["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
-    if m := _MAX_CONC.search(text):
-        facts["max_concurrency"] = float(m.group(2))
-        facts["max_concurrency_at_tokens"] = int(m.group(1).replace(",", ""))
-    if m := _INIT_S.search(text):
-        facts["engine_init_s"] = float(m.group(1))
-    if m := _QUANT.search(text):
-        facts["quantization"] = None if m.group(1) == "None" else m.group(1)
-    if m := _KV_DTYPE.search(text):
-        facts["kv_cache_dtype"] = m.group(1)
-    if m := _PREFIX.search(text):
-        facts["enable_prefix_caching"] = m.group(1) == "True"
-    if m := _BATCHED.search(text):
-        facts["max_num_batched_tokens"] = int(m.group(1))
-    if m := _TP.search(text):
-        facts["tensor_parallel_size"] = int(m.group(1))
-    if m := _MODEL.search(text):
-        facts["model_path"] = m.group(1)
-    for kernel, layer in _KERNEL.findall(text):
-        if "Kernel" in kernel and kernel not in facts["kernels"]:
-            facts["kernels"].append(kernel)
-    if m := _KV_FP8.search(text):
-        facts["kv_cache_dtype_logged"] = m.group(1)
-    return facts
