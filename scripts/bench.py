@@ -34,7 +34,7 @@ def check_shape(run: dict, num_prompts: int, input_len: int, output_len: int) ->
 def worker(job_path: str) -> None:
     """In the child: vLLM's own throughput benchmark, one engine, warm-up then `repeats` timed runs."""
     job = common.read_json(job_path)
-    vllm_compat.run_throughput(job["argv"], job["repeats"])
+    vllm_compat.run_throughput(job["argv"], job["repeats"], job["warmup_repeats"])
 
 
 def throughput_argv(model_path: str, b: dict, engine_knobs: dict) -> list[str]:
@@ -44,12 +44,15 @@ def throughput_argv(model_path: str, b: dict, engine_knobs: dict) -> list[str]:
             "--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b["warmups"])] + engine.cli_flags(engine_knobs)
 
 
-def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float) -> tuple[list[dict], dict]:
-    """`repeats` timed runs inside one engine (bench.mode engine): their results and the engine's facts."""
-    proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats}, logs, env_knobs, timeout,
-                             "vllm bench throughput (in-engine repeats)")
-    return (vllm_compat.parse_output(proc.log.read_text(encoding="utf-8", errors="replace"))[:repeats],
-            vllm_compat.engine_facts(proc.log))
+def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float,
+                  warmup_repeats: int = 1) -> tuple[list[dict], dict]:
+    """`repeats` timed runs inside one engine (bench.mode engine), after `warmup_repeats` untimed ones: their
+    results and the engine's facts (with the warm-up passes' tok/s)."""
+    proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats, "warmup_repeats": warmup_repeats}, logs,
+                             env_knobs, timeout, "vllm bench throughput (in-engine repeats)")
+    text = proc.log.read_text(encoding="utf-8", errors="replace")
+    return (vllm_compat.parse_output(text)[:repeats],
+            {**vllm_compat.engine_facts(proc.log), "warmup_output_tps": vllm_compat.warmup_passes(text)})
 
 
 def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float) -> tuple[list[dict], dict]:
@@ -69,10 +72,11 @@ def main():
     cfg, b = common.rung_config(params), params["bench"]
     entry = common.model_entry(cfg["model"]["name"])
     mode = b["mode"]
-    runner = {"engine": run_in_engine, "cli": run_cli}[mode]
-    t0 = time.monotonic()
-    runs, facts = runner(throughput_argv(entry["path"], b, cfg["engine"]), b["repeats"], common.RESULTS / "logs" / "bench",
-                         cfg["env"], b["timeout_s"])
+    argv, logs, t0 = throughput_argv(entry["path"], b, cfg["engine"]), common.RESULTS / "logs" / "bench", time.monotonic()
+    if mode == "engine":
+        runs, facts = run_in_engine(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], b["warmup_repeats"])
+    else:
+        runs, facts = run_cli(argv, b["repeats"], logs, cfg["env"], b["timeout_s"])
     for i, run in enumerate(runs, 1):
         run["applied"] = check_shape(run, b["num_prompts"], b["input_len"], b["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
@@ -86,7 +90,9 @@ def main():
         "repeats": len(runs),
         "mode": mode,
         "shape": {"num_prompts": b["num_prompts"], "input_len": b["input_len"], "output_len": b["output_len"],
-                  "dataset": "random", "ignore_eos": True, "warmups": b["warmups"]},
+                  "dataset": "random", "ignore_eos": True, "warmups": b["warmups"],
+                  "warmup_repeats": b["warmup_repeats"] if mode == "engine" else 0},
+        "warmup_output_tps": facts.get("warmup_output_tps"),  # the untimed passes: how slow a cold pass was
         "applied_shape": runs[0]["applied"],
         "kv_cache_tokens": facts.get("kv_cache_tokens"),
         "max_concurrency": facts.get("max_concurrency"),

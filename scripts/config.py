@@ -226,6 +226,7 @@ class Bench(Section):
     repeats: PosInt = F("an integer > 0")
     mode: Literal["engine", "cli"] = F("engine or cli", "engine")
     warmups: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 0)
+    warmup_repeats: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 1)  # whole untimed passes (mode engine)
     timeout_s: PosNum = F("a number of seconds > 0", 1800)
 
 
