@@ -331,6 +331,8 @@ def _guard(caller: int, cmd: list[str]) -> int:
     # sees SIGINT's default disposition even if ours was inherited as ignored (a background job of a script)
     signal.signal(signal.SIGINT, lambda *_: None)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    if os.getpgrp() != os.getpid():  # started other than by guarded(): own a group, or killpg would hit others
+        os.setsid()
     rc = 128 + signal.SIGTERM
     try:
         if os.getppid() != caller:  # the caller died before PR_SET_PDEATHSIG was in place
