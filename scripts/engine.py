@@ -338,7 +338,9 @@ def _guard(caller: int, cmd: list[str]) -> int:
         if os.getppid() != caller:  # the caller died before PR_SET_PDEATHSIG was in place
             raise _Stop(f"caller {caller} gone")
         child = subprocess.Popen(cmd)
-        rc = child.wait()
+        while (pid_status := os.wait())[0] != child.pid:  # reap the orphans re-parented to us as they end
+            pass
+        child.returncode = rc = os.waitstatus_to_exitcode(pid_status[1])
         rc = rc if rc >= 0 else 128 - rc
     except _Stop as e:
         _say(f"{e}: stopping `{' '.join(cmd[:3])[:120]}` and everything it started")
