@@ -9,7 +9,7 @@ import time
 import pytest
 import yaml
 
-from conftest import wait_no_vllm, vllm_pids
+from conftest import vllm_pids, wait_no_project_process, wait_no_vllm
 
 pytestmark = pytest.mark.engine
 
@@ -37,29 +37,58 @@ def ladder_json(project):
     return json.loads((project.path / "report/ladder.json").read_text())
 
 
-def test_ctrl_c_keeps_finished_rungs_and_leaves_no_process(project):
+def start_ladder_and_wait_for_rung_1(project) -> subprocess.Popen:
+    """Start the CI ladder in its own session (as a terminal's job), return once rung 1 is running an engine.
+    SIGINT's disposition is left as this test run inherited it: ignored when it runs as a script's background job,
+    which the ladder must override for Ctrl-C to work."""
     proc = subprocess.Popen(ladder_cmd(project), cwd=project.path, env=project.env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 900
-    try:  # wait until rung 1 is running an engine, then press Ctrl-C
-        while time.monotonic() < deadline:
-            lad = json.loads((project.path / "report/ladder.json").read_text()) if (project.path / "report/ladder.json").exists() else {}
-            rungs = lad.get("rungs") or []
-            if len(rungs) >= 2 and rungs[1]["status"] == "running" and vllm_pids():
-                break
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(1)
-        os.killpg(proc.pid, signal.SIGINT)
+    while time.monotonic() < deadline:
+        lad = ladder_json(project) if (project.path / "report/ladder.json").exists() else {}
+        rungs = lad.get("rungs") or []
+        if len(rungs) >= 2 and rungs[1]["status"] == "running" and vllm_pids():
+            return proc
+        if proc.poll() is not None:
+            out = proc.stdout.read()[-3000:]
+            pytest.fail(f"the ladder exited {proc.returncode} before rung 1 ran an engine:\n{out}")
+        time.sleep(1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("rung 1 did not start an engine within 900 s")
+
+
+def test_ctrl_c_keeps_finished_rungs_and_leaves_no_process(project):
+    proc = start_ladder_and_wait_for_rung_1(project)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: SIGINT to the foreground group
+    try:
         out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"Ctrl-C did not stop the ladder within 300 s:\n{proc.communicate()[0][-3000:]}")
     assert proc.returncode == 130, out[-3000:]
     lad = ladder_json(project)
     assert [r["status"] for r in lad["rungs"]] == ["ok", "interrupted"]
     exps = project.dvc("exp", "show", "--json").stdout
     assert "cpu-0-baseline" in exps
+    assert not wait_no_project_process(project.path), "Ctrl-C left a process of the ladder behind"
     assert not wait_no_vllm(), "Ctrl-C left a vLLM process behind"
+
+
+def test_a_sigkilled_ladder_leaves_nothing_running_and_make_ladder_resumes(project):
+    """The OOM killer, a `kill -9`: no handler of the ladder runs, yet `dvc exp run`, its stage and the stage's
+    engine die with it, and the next run finds no live lock holder and resumes from the run-cache."""
+    proc = start_ladder_and_wait_for_rung_1(project)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    left = wait_no_project_process(project.path)
+    assert not left, f"processes of the SIGKILLed ladder still running: {left}"
+    assert not wait_no_vllm(), "a vLLM process outlived the SIGKILLed ladder"
+    p = project.run(*ladder_cmd(project), "--rungs", "1", check=False, timeout=1800)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "is busy" not in out, out[-4000:]
+    rungs = ladder_json(project)["rungs"]
+    assert [(r["name"], r["status"]) for r in rungs] == [("baseline", "ok"), ("fp8-kv", "ok")], out[-4000:]
+    assert {"eval", "bench", "knee"} <= set(rungs[0]["reused"]), rungs[0]["reused"]  # resumed: not re-measured
 
 
 def test_make_ladder_resumes_keeps_reverts_and_reports(project):
