@@ -87,6 +87,7 @@ def main():
         "requests_per_s": out["requests_per_s"]["median"],
         "output_tps_ci95": out["output_tps"]["ci95"],
         "output_tps_runs": out["output_tps"]["values"],  # what a Δ vs another rung is computed from
+        "noise_floor": b["noise_floor"],  # ... with this start-to-start floor on its interval
         "repeats": len(runs),
         "mode": mode,
         "shape": {"num_prompts": b["num_prompts"], "input_len": b["input_len"], "output_len": b["output_len"],
