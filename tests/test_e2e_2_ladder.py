@@ -13,13 +13,17 @@ from conftest import vllm_pids, wait_no_project_process, wait_no_vllm
 
 pytestmark = pytest.mark.engine
 
-# A short ladder for CI: one real optimization, one rung designed to fail the quality gate (RoPE base
-# forced to 1: positions scrambled), one whose engine cannot start (no KV cache space on CPU).
+# A short ladder for CI: one real optimization, a placebo that must come out "no measurable gain" (the seed
+# cannot change greedy output or speed), one rung designed to fail the quality gate (RoPE base forced to 1:
+# positions scrambled), one whose engine cannot start (no KV cache space on CPU). The knee is searched by
+# doubling only (3 probes: a bracket of 2×): a resolution coarse enough for the CPU's probe-to-probe noise, so a
+# verdict on it is not noise. A finer knee needs longer, repeated probes than CI can afford.
 CI_LADDER = {
     "objective": "knee_rps",
     "groups": {},
-    "profiles": {"cpu": {"settings": {}, "rungs": [
+    "profiles": {"cpu": {"settings": {"knee.max_probes": 3}, "rungs": [
         {"name": "fp8-kv", "set": {"engine.kv_cache_dtype": "fp8"}, "note": "KV cache in fp8"},
+        {"name": "placebo-seed", "set": {"engine.seed": 1}, "note": "a placebo: greedy decoding ignores the seed"},
         {"name": "broken-rope", "set": {"engine.hf_overrides": {"rope_parameters": {"rope_type": "default", "rope_theta": 1.0}}},
          "note": "designed to fail the gate: RoPE base 1 scrambles positions"},
         {"name": "no-kv-space", "set": {"env.VLLM_CPU_KVCACHE_SPACE": 0}, "note": "designed not to start: no KV cache"},
@@ -96,7 +100,11 @@ def test_make_ladder_resumes_keeps_reverts_and_reports(project):
     p = project.run(*ladder_cmd(project), timeout=3600)
     lad = ladder_json(project)
     by = {r["name"]: r for r in lad["rungs"]}
-    assert set(by) == {"baseline", "fp8-kv", "broken-rope", "no-kv-space"}
+    assert set(by) == {"baseline", "fp8-kv", "placebo-seed", "broken-rope", "no-kv-space"}
+    assert "ladder: decision rule: a rung is kept only when it is significantly better" in p.stdout
+    # the placebo changes nothing measurable: reverted, the simpler config stays
+    pl = by["placebo-seed"]
+    assert pl["status"] == "ok" and pl["verdict"] == "reverted" and "no measurable gain" in pl["decision"], pl["decision"]
     # resumed: rung 0 came back from DVC's run-cache instead of being measured again
     assert {"eval", "bench", "knee"} <= set(by["baseline"]["reused"]) or "didn't change" in p.stdout
     # the rung designed to fail the gate is reverted, and says why
@@ -113,13 +121,18 @@ def test_make_ladder_resumes_keeps_reverts_and_reports(project):
     assert fp8["applied"][0]["knob"] == "engine.kv_cache_dtype" and fp8["applied"][0]["applied"] is True
     # DVC experiments: one per rung that ran to the end
     exps = project.dvc("exp", "show", "--json").stdout
-    for name in ("cpu-0-baseline", "cpu-1-fp8-kv", "cpu-2-broken-rope"):
+    for name in ("cpu-0-baseline", "cpu-1-fp8-kv", "cpu-2-placebo-seed", "cpu-3-broken-rope"):
         assert name in exps
     # the report
     md = (project.path / "report/before_after.md").read_text()
-    for row in ("| 0 baseline", "| 1 fp8-kv", "| 2 broken-rope", "| 3 no-kv-space"):
+    for row in ("| 0 baseline", "| 1 fp8-kv", "| 2 placebo-seed", "| 3 broken-rope", "| 4 no-kv-space"):
         assert row in md
-    assert "failed → reverted" in md and "reverted" in md.split("| 2 broken-rope")[1].split("\n")[0]
+    assert "failed → reverted" in md and "reverted" in md.split("| 3 broken-rope")[1].split("\n")[0]
+    assert "Rule: a rung is kept only when" in md
+    # `make compare`: one row per rung, DVC's metrics beside the ladder's verdict
+    cmp = project.run("python", "scripts/compare.py").stdout
+    assert "| 2 placebo-seed" in cmp and "reverted" in cmp.split("| 2 placebo-seed")[1].split("\n")[0]
+    assert "failed" in cmp.split("| 4 no-kv-space")[1].split("\n")[0]
     assert "## What I kept and why" in md and "quality gate failed" in md
     assert md.count("**") >= 2 and "output tok/s →" in md  # the headline
     for png in ("knee.png", "rungs.png"):
