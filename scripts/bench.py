@@ -2,43 +2,24 @@
 
 bench.mode `engine`: vLLM's own `vllm.benchmarks.throughput.main`, its arguments parsed by its own
 parser, with its `run_vllm` wrapped so that ONE engine serves the warm-up and every timed repeat (an engine
-start costs more than the measurement). bench.mode `cli`: `vllm bench throughput` once per repeat, each a
-fresh engine, so the spread also holds start-to-start noise. vLLM 0.26/0.32 ignore --input-len/--output-len
-for the random dataset, so the --random-* flags are used and the shape vLLM ran is checked against params.
+start costs more than the measurement; vllm_compat.run_throughput holds that wrapper). bench.mode `cli`:
+`vllm bench throughput` once per repeat, each a fresh engine, so the spread also holds start-to-start noise.
+vLLM 0.26/0.32 ignore --input-len/--output-len for the random dataset, so the --random-* flags are used and
+the shape vLLM ran is checked against params.
 """
 from __future__ import annotations
 
-import re
 import sys
 import time
 
 import common
 import engine
 import stats
-
-_THROUGHPUT = re.compile(r"Throughput: ([\d.]+) requests/s, ([\d.]+) total tokens/s, ([\d.]+) output tokens/s")
-_PROMPT_TOK = re.compile(r"Total num prompt tokens:\s+(\d+)")
-_OUTPUT_TOK = re.compile(r"Total num output tokens:\s+(\d+)")
+import vllm_compat
 
 
 class ShapeError(RuntimeError):
     pass
-
-
-def parse_output(text: str) -> list[dict]:
-    """Every result block `vllm bench throughput` printed (its --output-json lacks output tok/s)."""
-    runs = []
-    for m in _THROUGHPUT.finditer(text):
-        run = {"requests_per_s": float(m.group(1)), "total_tps": float(m.group(2)), "output_tps": float(m.group(3))}
-        rest = text[m.end():m.end() + 400]
-        if p := _PROMPT_TOK.search(rest):
-            run["prompt_tokens"] = int(p.group(1))
-        if o := _OUTPUT_TOK.search(rest):
-            run["output_tokens"] = int(o.group(1))
-        runs.append(run)
-    if not runs:
-        raise ShapeError("no 'Throughput:' line in the vllm bench throughput output")
-    return runs
 
 
 def check_shape(run: dict, num_prompts: int, input_len: int, output_len: int) -> dict:
@@ -52,36 +33,8 @@ def check_shape(run: dict, num_prompts: int, input_len: int, output_len: int) ->
 
 def worker(job_path: str) -> None:
     """In the child: vLLM's own throughput benchmark, one engine, warm-up then `repeats` timed runs."""
-    import vllm.benchmarks.throughput as T
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
     job = common.read_json(job_path)
-    parser = FlexibleArgumentParser()
-    T.add_cli_args(parser)
-    args = parser.parse_args(job["argv"])
-
-    def run_vllm(requests, n, engine_args, do_profile, disable_detokenize=False, warmup_requests=None,
-                 prequeue_requests=False):
-        from vllm import LLM
-        llm = LLM.from_engine_args(engine_args)
-        kw = dict(n=n, disable_detokenize=disable_detokenize, do_profile=False, prequeue_requests=prequeue_requests,
-                  enable_lora=engine_args.enable_lora)
-        if warmup_requests:
-            print(f"Warming up with {len(warmup_requests)} requests...")
-            T._run_vllm_requests(llm, warmup_requests, **kw)
-        for r in range(job["repeats"]):
-            # Every repeat re-sends the same seeded prompts: with prefix caching on, repeat 2 would be served
-            # from repeat 1's cache (seen on the H200: 14.7k -> 20.2k tok/s). Each repeat starts cold.
-            llm.reset_prefix_cache()
-            elapsed, outputs = T._run_vllm_requests(llm, requests, **kw)
-            p = sum(len(o.prompt_token_ids or []) for o in outputs)
-            o = sum(len(c.token_ids) for out in outputs for c in out.outputs if c is not None)
-            print(f"[repeat {r + 1}/{job['repeats']}] Throughput: {len(requests) / elapsed:.2f} requests/s, "
-                  f"{(p + o) / elapsed:.2f} total tokens/s, {o / elapsed:.2f} output tokens/s\n"
-                  f"Total num prompt tokens:  {p}\nTotal num output tokens:  {o}", flush=True)
-        return elapsed, outputs
-
-    T.run_vllm = run_vllm  # the only change to vLLM's flow: the timed part runs `repeats` times
-    T.main(args)
+    vllm_compat.run_throughput(job["argv"], job["repeats"], job["warmup_repeats"])
 
 
 def throughput_argv(model_path: str, b: dict, engine_knobs: dict) -> list[str]:
@@ -91,11 +44,15 @@ def throughput_argv(model_path: str, b: dict, engine_knobs: dict) -> list[str]:
             "--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b["warmups"])] + engine.cli_flags(engine_knobs)
 
 
-def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float) -> tuple[list[dict], dict]:
-    """`repeats` timed runs inside one engine (bench.mode engine): their results and the engine's facts."""
-    proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats}, logs, env_knobs, timeout,
-                             "vllm bench throughput (in-engine repeats)")
-    return parse_output(proc.log.read_text(encoding="utf-8", errors="replace"))[:repeats], engine.engine_facts(proc.log)
+def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float,
+                  warmup_repeats: int = 1) -> tuple[list[dict], dict]:
+    """`repeats` timed runs inside one engine (bench.mode engine), after `warmup_repeats` untimed ones: their
+    results and the engine's facts (with the warm-up passes' tok/s)."""
+    proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats, "warmup_repeats": warmup_repeats}, logs,
+                             env_knobs, timeout, "vllm bench throughput (in-engine repeats)")
+    text = proc.log.read_text(encoding="utf-8", errors="replace")
+    return (vllm_compat.parse_output(text)[:repeats],
+            {**vllm_compat.engine_facts(proc.log), "warmup_output_tps": vllm_compat.warmup_passes(text)})
 
 
 def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float) -> tuple[list[dict], dict]:
@@ -105,29 +62,30 @@ def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float
         log = logs / f"run{r + 1}.log"
         engine.run(engine.vllm_cli() + ["bench", "throughput"] + argv, log, engine.child_env(env_knobs),
                    timeout=timeout, what="vllm bench throughput")
-        runs += parse_output(log.read_text(encoding="utf-8", errors="replace"))[:1]
-        facts = facts or engine.engine_facts(log)
+        runs += vllm_compat.parse_output(log.read_text(encoding="utf-8", errors="replace"))[:1]
+        facts = facts or vllm_compat.engine_facts(log)
     return runs, facts
 
 
 def main():
     params = common.stage_start()
     cfg, b = common.rung_config(params), params["bench"]
-    na = engine.offline_unsupported(cfg["engine"])
+    na = vllm_compat.offline_unsupported(cfg["engine"])
     if na:  # not a failure: the rung is judged by the knee, and the record says why there is no bench figure
         common.write_text(common.RESULTS / "logs" / "bench" / "skipped.txt", na + "\n")  # a declared output
         common.write_json(common.RESULTS / "bench.json", {
             "status": "n/a", "reason": na, "output_tps": None, "total_tps": None, "requests_per_s": None,
-            "output_tps_ci95": None, "output_tps_runs": [], "repeats": 0, "mode": b.get("mode", "engine"),
-            "wall_s": 0, "provenance": common.provenance(params, cfg)})
+            "output_tps_ci95": None, "output_tps_runs": [], "noise_floor": b["noise_floor"], "repeats": 0,
+            "mode": b["mode"], "wall_s": 0, "provenance": common.provenance(params, cfg)})
         print(f"bench: n/a — {na}")
         return
     entry = common.model_entry(cfg["model"]["name"])
     mode = b["mode"]
-    runner = {"engine": run_in_engine, "cli": run_cli}[mode]
-    t0 = time.monotonic()
-    runs, facts = runner(throughput_argv(entry["path"], b, cfg["engine"]), b["repeats"], common.RESULTS / "logs" / "bench",
-                         cfg["env"], b["timeout_s"])
+    argv, logs, t0 = throughput_argv(entry["path"], b, cfg["engine"]), common.RESULTS / "logs" / "bench", time.monotonic()
+    if mode == "engine":
+        runs, facts = run_in_engine(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], b["warmup_repeats"])
+    else:
+        runs, facts = run_cli(argv, b["repeats"], logs, cfg["env"], b["timeout_s"])
     for i, run in enumerate(runs, 1):
         run["applied"] = check_shape(run, b["num_prompts"], b["input_len"], b["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
@@ -139,10 +97,13 @@ def main():
         "requests_per_s": out["requests_per_s"]["median"],
         "output_tps_ci95": out["output_tps"]["ci95"],
         "output_tps_runs": out["output_tps"]["values"],  # what a Δ vs another rung is computed from
+        "noise_floor": b["noise_floor"],  # ... with this start-to-start floor on its interval
         "repeats": len(runs),
         "mode": mode,
         "shape": {"num_prompts": b["num_prompts"], "input_len": b["input_len"], "output_len": b["output_len"],
-                  "dataset": "random", "ignore_eos": True, "warmups": b["warmups"]},
+                  "dataset": "random", "ignore_eos": True, "warmups": b["warmups"],
+                  "warmup_repeats": b["warmup_repeats"] if mode == "engine" else 0},
+        "warmup_output_tps": facts.get("warmup_output_tps"),  # the untimed passes: how slow a cold pass was
         "applied_shape": runs[0]["applied"],
         "kv_cache_tokens": facts.get("kv_cache_tokens"),
         "max_concurrency": facts.get("max_concurrency"),
@@ -159,4 +120,4 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
         sys.exit(0)
-    common.run_stage(main, (common.ParamsError, engine.EngineError, ShapeError))
+    common.run_stage(main, (common.ParamsError, engine.EngineError, ShapeError, vllm_compat.VllmCompatError))

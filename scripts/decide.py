@@ -77,9 +77,10 @@ def verdict(rec: dict) -> str:
 def beats(a: dict, b: dict, objective: str) -> tuple[bool, str]:
     """Candidate a vs candidate b, in like units (per GPU) and by the same rule as a rung vs its base."""
     ga, gb = (capacity.gpus_per_instance(r.get("knobs") or {}) for r in (a, b))
+    floor = max(a["bench"].get("noise_floor") or 0.0, b["bench"].get("noise_floor") or 0.0)
     return gain(stats.knee_delta(capacity.per_gpu_knee(b["knee"], gb), capacity.per_gpu_knee(a["knee"], ga)),
                 stats.delta(capacity.per_gpu_runs(b["bench"].get("output_tps_runs"), gb),
-                            capacity.per_gpu_runs(a["bench"].get("output_tps_runs"), ga)), objective)
+                            capacity.per_gpu_runs(a["bench"].get("output_tps_runs"), ga), floor), objective)
 
 
 def choose(recs: list[dict], objective: str) -> dict | None:

@@ -5,7 +5,7 @@
 
 The engine runs in a child process owned by engine.py (logs, timeout, clean stop); the child is this same
 file with --worker. Dummy weights (load_format: dummy) have no quality to measure, and knobs vLLM's offline engine
-cannot run (engine.offline_unsupported) none to measure here: the stage records n/a, why, and starts nothing.
+cannot run (vllm_compat.offline_unsupported) none to measure here: the stage records n/a, why, and starts nothing.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import time
 
 import common
 import engine
+import vllm_compat
 
 import score
 
@@ -53,7 +54,7 @@ def main(which: str) -> None:
     result = {"which": which, "model": cfg["model"]["name"], "knobs": cfg, "n": len(items),
               "provenance": common.provenance(params, cfg)}
     na = ("dummy weights (load_format: dummy): quality is not measured"
-          if cfg["engine"].get("load_format") == "dummy" else engine.offline_unsupported(cfg["engine"]))
+          if cfg["engine"].get("load_format") == "dummy" else vllm_compat.offline_unsupported(cfg["engine"]))
     if na:
         result.update(status="n/a", reason=na, overall=None, by_category={})
         common.write_text(out / "eval_items.jsonl", "")
@@ -71,7 +72,7 @@ def main(which: str) -> None:
     wall = time.monotonic() - t0
     gen = common.read_json(logs / "texts.json")
     summary = score.summarize(items, gen["texts"])
-    facts = engine.engine_facts(logs / "engine.log")
+    facts = vllm_compat.engine_facts(logs / "engine.log")
     lines = [json.dumps({**s, "prompt": it["prompt"], "answer": it["answer"], "scoring": it["scoring"], "output": t},
                         ensure_ascii=False) for s, it, t in zip(summary.pop("items"), items, gen["texts"])]
     common.write_text(out / "eval_items.jsonl", "\n".join(lines) + "\n")

@@ -11,12 +11,8 @@ H200 a fresh `vllm bench serve` per probe spent ~40 s of its ~49 s starting up, 
 """
 from __future__ import annotations
 
-import ast
 import contextlib
 import csv
-import math
-import os
-import re
 import statistics
 import threading
 import time
@@ -24,6 +20,7 @@ import time
 import common
 import engine
 import stats
+import vllm_compat
 
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -49,22 +46,13 @@ def probe_args(url: str, model_path: str, k: dict, slo: dict, rate: float, n: in
         "--save-result", "--result-dir", str(out_dir), "--result-filename", name, "--disable-tqdm"]
 
 
-def import_bench_serve():
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")  # local models
-    from vllm.benchmarks import serve
-    return serve
-
-
 class Prober:
     """`vllm bench serve` in this process: vLLM's own parser and `main`, one import for all of a stage's probes.
     Each probe runs in a thread so that a hung one times out (the server is then stopped by the stage)."""
 
     def __init__(self, log):
-        serve = import_bench_serve()
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-        self.log, self._main = log, serve.main
-        self._parser = FlexibleArgumentParser(prog="vllm bench serve")
-        serve.add_cli_args(self._parser)
+        self.log = log
+        self._parser, self._main = vllm_compat.bench_serve_cli()
 
     def __call__(self, argv: list[str], timeout: float, what: str) -> None:
         args = self._parser.parse_args(argv)
@@ -130,30 +118,10 @@ def write_csv(path, rows):
     tmp.replace(path)
 
 
-_METRIC = re.compile(r"^(vllm:[a-z_]+?)(?:_total)?(\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
-
-
-def scrape(text: str) -> dict:
-    """Sum each counter/gauge over its label sets; keep cache_config_info's labels."""
-    out: dict = {}
-    for name, labels, value in _METRIC.findall(text):
-        if name == "vllm:cache_config_info" and labels:
-            out["cache_config"] = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        elif not math.isnan(float(value)):
-            out[name] = out.get(name, 0.0) + float(value)
-    return out
-
-
-def non_default_args(log) -> dict:
-    """The `non-default args: {...}` line vLLM prints: the knobs as the engine received them."""
-    text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
-    m = re.search(r"non-default args: (\{.*\})", text)
-    if not m:
-        return {}
-    try:
-        return ast.literal_eval(m.group(1))
-    except (ValueError, SyntaxError):
-        return dict(re.findall(r"'(\w+)': ([\w.]+)", m.group(1)))
+def _import_quietly() -> None:
+    """vLLM's bench code imported ahead; a VllmCompatError is raised again where Prober imports it."""
+    with contextlib.suppress(vllm_compat.VllmCompatError):
+        vllm_compat.import_bench_serve()
 
 
 def warm_up(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> None:
@@ -206,7 +174,7 @@ def main():
     entry = common.model_entry(cfg["model"]["name"])
     logs = common.RESULTS / "logs" / "knee"
     t0 = time.monotonic()
-    importing = threading.Thread(target=import_bench_serve, daemon=True)
+    importing = threading.Thread(target=_import_quietly, daemon=True)
     importing.start()  # the prober's imports overlap the server's start-up
     with engine.Server(entry["path"], cfg["engine"], cfg["env"], logs / "server.log",
                        start_timeout=k["start_timeout_s"]) as srv:
@@ -214,15 +182,15 @@ def main():
         print(f"knee: vllm serve ready on {srv.url} in {ready_s:.0f} s")
         prober = Prober(logs / "probes.log")
         warm_up(prober, srv, entry["path"], k, slo, logs)
-        before = scrape(srv.metrics())
+        before = vllm_compat.scrape(srv.metrics())
         rows, probes = sweep(prober, srv, entry["path"], k, slo, logs)
-        after = scrape(srv.metrics())
+        after = vllm_compat.scrape(srv.metrics())
     measure_s = time.monotonic() - t0
     queries = after.get("vllm:prefix_cache_queries", 0) - before.get("vllm:prefix_cache_queries", 0)
     hits = after.get("vllm:prefix_cache_hits", 0) - before.get("vllm:prefix_cache_hits", 0)
     result = stats.knee_result(probes, k["rates"] if k["mode"] == "sweep" else None)
     at = next((r for r in rows if r["offered_rps"] == result["knee_rps"]), None)
-    facts = engine.engine_facts(srv.log)
+    facts = vllm_compat.engine_facts(srv.log)
     write_csv(common.RESULTS / "knee.csv", rows)
     common.write_json(common.RESULTS / "knee.json", {
         **result,
@@ -238,7 +206,7 @@ def main():
         "wall_s": round(measure_s, 1),
         "kv_cache_tokens": facts.get("kv_cache_tokens"),
         "max_concurrency": facts.get("max_concurrency"),
-        "applied": {**facts, "received": non_default_args(srv.log),
+        "applied": {**facts, "received": vllm_compat.non_default_args(srv.log),
                     "cache_config": after.get("cache_config", {}),
                     "prefix_cache_hit_rate": (hits / queries) if queries else None,
                     "prefix_cache_queries": queries},
@@ -254,4 +222,4 @@ def main():
 if __name__ == "__main__":
     # hard_exit: triton's bindings, imported by vLLM's bench code, print hundreds of "nanobind: leaked function"
     # lines at interpreter teardown. Every child is stopped and every file closed by then.
-    common.run_stage(main, (common.ParamsError, engine.EngineError), hard_exit=True)
+    common.run_stage(main, (common.ParamsError, engine.EngineError, vllm_compat.VllmCompatError), hard_exit=True)

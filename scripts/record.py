@@ -99,14 +99,21 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
     return {n: {k: m.get(k) for k in ("id", "revision", "sha256", "path")} for n, m in models.items()}
 
 
+def noise_floor(a: RungRecord, b: RungRecord) -> float:
+    """The start-to-start floor two rungs' throughputs are compared with: the larger one they were measured under."""
+    return max(a["bench"].get("noise_floor") or 0.0, b["bench"].get("noise_floor") or 0.0)
+
+
 def compare(base: RungRecord, rec: RungRecord) -> dict:
     """Deltas of rec vs base in like units: per GPU when their instances hold different numbers of GPUs, so a
-    2-GPU instance is never compared with a 1-GPU one as if they were one."""
+    2-GPU instance is never compared with a 1-GPU one as if they were one (the floor is relative: unchanged)."""
     gb, g = (capacity.gpus_per_instance(r["knobs"]) for r in (base, rec))
     base_runs, runs = ((r.get("bench") or {}).get("output_tps_runs") or [] for r in (base, rec))
+    floor = noise_floor(base, rec)
     if g == gb:
-        return {"output_tps": stats.delta(base_runs, runs), "knee_rps": stats.knee_delta(base["knee"], rec["knee"])}
-    d = {"output_tps": stats.delta(capacity.per_gpu_runs(base_runs, gb), capacity.per_gpu_runs(runs, g)),
+        return {"output_tps": stats.delta(base_runs, runs, floor),
+                "knee_rps": stats.knee_delta(base["knee"], rec["knee"])}
+    d = {"output_tps": stats.delta(capacity.per_gpu_runs(base_runs, gb), capacity.per_gpu_runs(runs, g), floor),
          "knee_rps": stats.knee_delta(capacity.per_gpu_knee(base["knee"], gb), capacity.per_gpu_knee(rec["knee"], g))}
     for v in d.values():
         v["why"] = f"per GPU, {g} vs {gb} GPUs per instance; {v['why']}"

@@ -10,11 +10,11 @@ import sys
 import capacity
 import common
 import decide
-import engine
 import gate
 import ladder
 import plan as planning
 import pytest
+import vllm_compat
 import yaml
 from conftest import FIXTURES, ROOT
 
@@ -115,10 +115,10 @@ def test_a_one_gpu_machine_skips_each_candidate_with_its_reason_not_a_failure(tm
 
 
 def test_offline_stages_say_n_a_for_data_parallelism_and_the_gate_does_not_gate_it():
-    why = engine.offline_unsupported({"data_parallel_size": 2, "tensor_parallel_size": 1})
+    why = vllm_compat.offline_unsupported({"data_parallel_size": 2, "tensor_parallel_size": 1})
     assert why.startswith("data_parallel_size 2: vLLM's offline engine") and "knee stage" in why
-    assert engine.offline_unsupported({"data_parallel_size": 1}) is None
-    assert engine.offline_unsupported({"tensor_parallel_size": 2}) is None
+    assert vllm_compat.offline_unsupported({"data_parallel_size": 1}) is None
+    assert vllm_compat.offline_unsupported({"tensor_parallel_size": 2}) is None
     g = gate.evaluate({"status": "ok"}, {"status": "n/a", "reason": why}, None, None,
                       {"max_overall_drop": 0.1, "max_category_drop": 0.25, "alpha": 0.05, "min_items": 5})
     assert g["keep"] and not g["gated"] and g["reasons"] == [f"not gated: {why}"]
@@ -127,7 +127,7 @@ def test_offline_stages_say_n_a_for_data_parallelism_and_the_gate_does_not_gate_
 def test_the_report_shows_a_data_parallel_rung_with_no_bench_as_n_a_and_its_gpus(tmp_path):
     lad = json.loads((FIXTURES / "ladder_gpu_shape.json").read_text())
     base = lad["rungs"][0]
-    why = engine.offline_unsupported({"data_parallel_size": 2})
+    why = vllm_compat.offline_unsupported({"data_parallel_size": 2})
     dp = {**copy.deepcopy(base), "index": 6, "name": "second-gpu-data-parallel-size-2", "role": "candidate",
           "exp": "gpu-shape-6-dp", "change": DP2, "knobs": {**base["knobs"], **DP2}, "kept": True, "verdict": "kept",
           "decision": "kept", "bench": {"status": "n/a", "reason": why, "output_tps": None, "output_tps_runs": []}}
@@ -151,7 +151,7 @@ def test_bench_and_eval_stages_record_n_a_for_data_parallelism_and_start_nothing
     params = copy.deepcopy(PARAMS)
     params["engine"]["data_parallel_size"] = 2
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    why = engine.offline_unsupported(params["engine"])
+    why = vllm_compat.offline_unsupported(params["engine"])
     for script, out in (("bench.py", "bench.json"), ("eval.py", "eval.json")):
         p = subprocess.run([sys.executable, str(tmp_path / "scripts" / script)], cwd=tmp_path, capture_output=True,
                            text=True, timeout=120)
