@@ -228,9 +228,10 @@ def run(cmd: list[str], log: Path, env: dict | None = None, timeout: float = 180
 
 def run_worker(script: str, job: dict, logs: Path, env_knobs: dict, timeout: float, what: str) -> Proc:
     """`python <script> --worker job.json`: a stage's in-process vLLM engine, under the same lifecycle rules."""
-    job_path = Path(logs) / "job.json"
+    job_path, log = Path(logs) / "job.json", Path(logs) / "engine.log"
     common.write_json(job_path, job)
-    return run([sys.executable, script, "--worker", str(job_path)], Path(logs) / "engine.log", child_env(env_knobs),
+    log.unlink(missing_ok=True)  # the stage reads its results from this log: an earlier run's must not be there
+    return run([sys.executable, script, "--worker", str(job_path)], log, child_env(env_knobs),
                timeout=timeout, what=what)
 
 

@@ -170,3 +170,13 @@ def test_ctrl_c_raises_even_where_sigint_was_inherited_ignored():
     p = subprocess.run([sys.executable, "-c", code], preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
                        timeout=30)
     assert p.returncode == 130
+
+
+def test_a_worker_log_holds_only_its_own_run(tmp_path):
+    """The bench stage reads its results from the worker's log: a second run must not find the first's there."""
+    script = tmp_path / "w.py"
+    script.write_text("import json, sys\nprint('ran', json.load(open(sys.argv[2]))['n'])\n")
+    for n in (1, 2):
+        proc = engine.run_worker(str(script), {"n": n}, tmp_path, {}, timeout=60, what="w")
+    text = proc.log.read_text()
+    assert "ran 2" in text and "ran 1" not in text
