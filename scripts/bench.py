@@ -1,10 +1,11 @@
-"""Stage `bench`: vLLM's `bench throughput` on the fixed decode-heavy shape, `bench.repeats` timed runs.
+"""Stage `bench`: vLLM's `bench throughput` on params `workload`, `bench.repeats` timed runs.
 
 bench.mode `engine` (default): vLLM's own `vllm.benchmarks.throughput.main`, its arguments parsed by its own
 parser, with its `run_vllm` wrapped so that ONE engine serves the warm-up and every timed repeat (an engine
 start costs more than the measurement). bench.mode `cli`: `vllm bench throughput` once per repeat, each a
 fresh engine, so the spread also holds start-to-start noise. vLLM 0.26/0.32 ignore --input-len/--output-len
 for the random dataset, so the --random-* flags are used and the shape vLLM ran is checked against params.
+A prompts file (workload.kind file) is rendered with the model's chat template into results/logs/bench/.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import time
 import common
 import engine
 import stats
+import vllm_compat
+import workload
 
 _THROUGHPUT = re.compile(r"Throughput: ([\d.]+) requests/s, ([\d.]+) total tokens/s, ([\d.]+) output tokens/s")
 _PROMPT_TOK = re.compile(r"Total num prompt tokens:\s+(\d+)")
@@ -41,12 +44,16 @@ def parse_output(text: str) -> list[dict]:
     return runs
 
 
-def check_shape(run: dict, num_prompts: int, input_len: int, output_len: int) -> dict:
-    """Applied tokens per request, as vLLM counted them; raise if they are not the shape params asked for."""
+def check_shape(run: dict, num_prompts: int, input_len: int | tuple[int, int], output_len: int) -> dict:
+    """Applied tokens per request, as vLLM counted them; raise if they are not the shape params asked for.
+    `input_len` is a (shortest, longest) range for a prompts file."""
     applied = {"input_len": run.get("prompt_tokens", 0) / num_prompts, "output_len": run.get("output_tokens", 0) / num_prompts}
-    if applied["output_len"] != output_len or abs(applied["input_len"] - input_len) > max(1, 0.02 * input_len):
+    lo, hi = input_len if isinstance(input_len, tuple) else (input_len, input_len)
+    slack = max(1, 0.02 * hi)
+    if applied["output_len"] != output_len or not lo - slack <= applied["input_len"] <= hi + slack:
+        want = f"{lo}-{hi}" if lo != hi else f"{lo}"
         raise ShapeError(f"vLLM ran {applied['input_len']:g} in / {applied['output_len']:g} out tokens per request, "
-                         f"params ask {input_len} / {output_len} (bench.input_len / bench.output_len)")
+                         f"params ask {want} / {output_len} (workload)")
     return applied
 
 
@@ -81,24 +88,33 @@ def worker(job_path: str) -> None:
         return elapsed, outputs
 
     T.run_vllm = run_vllm  # the only change to vLLM's flow: the timed part runs `repeats` times
+    if job.get("prompts"):  # a prompts file: vLLM's own CustomDataset samples it (throughput has no `custom`)
+        T.get_requests = vllm_compat.custom_requests(job["prompts"], job["output_len"])
     T.main(args)
 
 
-def throughput_argv(model_path: str, b: dict, engine_knobs: dict) -> list[str]:
-    """`vllm bench throughput` arguments: the fixed shape of params `bench`, the rung's knobs unchanged."""
-    return ["--model", model_path, "--dataset-name", "random", "--random-input-len", str(b["input_len"]),
-            "--random-output-len", str(b["output_len"]), "--random-range-ratio", "0",
-            "--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b.get("warmups", 0))] + engine.cli_flags(engine_knobs)
+def throughput_argv(model_path: str, b: dict, w: dict, engine_knobs: dict) -> list[str]:
+    """`vllm bench throughput` arguments: the workload, params `bench`, the rung's knobs unchanged."""
+    return (["--model", model_path] + vllm_compat.dataset_flags(w, "throughput") +
+            ["--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b.get("warmups", 0))] +
+            engine.cli_flags(engine_knobs))
 
 
-def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float) -> tuple[list[dict], dict]:
+def job_of(sent: dict) -> dict:
+    """What the in-engine worker needs besides its argv: a rendered prompts file, if any."""
+    return {"prompts": sent["prompts"], "output_len": sent["output_len"]} if sent.get("prompts") else {}
+
+
+def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float,
+                  job: dict | None = None) -> tuple[list[dict], dict]:
     """`repeats` timed runs inside one engine (bench.mode engine): their results and the engine's facts."""
-    proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats}, logs, env_knobs, timeout,
+    proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats, **(job or {})}, logs, env_knobs, timeout,
                              "vllm bench throughput (in-engine repeats)")
     return parse_output(proc.log.read_text(encoding="utf-8", errors="replace"))[:repeats], engine.engine_facts(proc.log)
 
 
-def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float) -> tuple[list[dict], dict]:
+def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float,
+            job: dict | None = None) -> tuple[list[dict], dict]:
     """`vllm bench throughput` once per repeat, a fresh engine each (bench.mode cli): results and engine facts."""
     runs, facts = [], {}
     for r in range(repeats):
@@ -112,17 +128,19 @@ def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float
 
 def main():
     params = common.stage_start()
-    cfg, b = common.rung_config(params), params["bench"]
+    cfg, b, w = common.rung_config(params), params["bench"], params["workload"]
     entry = common.model_entry(cfg["model"]["name"])
     mode = b.get("mode", "engine")
     runner = {"engine": run_in_engine, "cli": run_cli}.get(mode)
     if runner is None:
         raise common.ParamsError(f"bench.mode: {mode!r} is not allowed; expected engine or cli")
+    logs = common.RESULTS / "logs" / "bench"
     t0 = time.monotonic()
-    runs, facts = runner(throughput_argv(entry["path"], b, cfg["engine"]), b["repeats"], common.RESULTS / "logs" / "bench",
-                         cfg["env"], b.get("timeout_s", 1800))
+    sent, input_len = workload.prepare(w, entry["path"], logs)
+    runs, facts = runner(throughput_argv(entry["path"], b, sent, cfg["engine"]), b["repeats"], logs,
+                         cfg["env"], b.get("timeout_s", 1800), job_of(sent))
     for i, run in enumerate(runs, 1):
-        run["applied"] = check_shape(run, b["num_prompts"], b["input_len"], b["output_len"])
+        run["applied"] = check_shape(run, b["num_prompts"], input_len, w["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
     out = {key: stats.summarize([run[key] for run in runs]) for key in ("output_tps", "total_tps", "requests_per_s")}
     common.write_json(common.RESULTS / "bench.json", {
@@ -133,8 +151,9 @@ def main():
         "output_tps_runs": out["output_tps"]["values"],  # what a Δ vs another rung is computed from
         "repeats": len(runs),
         "mode": mode,
-        "shape": {"num_prompts": b["num_prompts"], "input_len": b["input_len"], "output_len": b["output_len"],
-                  "dataset": "random", "ignore_eos": True, "warmups": b.get("warmups", 0)},
+        "workload": workload.describe(w),
+        "shape": {"num_prompts": b["num_prompts"], "input_len": input_len, "output_len": w["output_len"],
+                  "dataset": w["kind"], "ignore_eos": True, "warmups": b.get("warmups", 0)},
         "applied_shape": runs[0]["applied"],
         "kv_cache_tokens": facts.get("kv_cache_tokens"),
         "max_concurrency": facts.get("max_concurrency"),
@@ -151,4 +170,4 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
         sys.exit(0)
-    common.run_stage(main, (common.ParamsError, engine.EngineError, ShapeError))
+    common.run_stage(main, (common.ParamsError, engine.EngineError, ShapeError, workload.WorkloadError))

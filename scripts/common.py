@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,40 +26,14 @@ class ParamsError(ValueError):
 
 
 # ---------------------------------------------------------------- knobs
-# The engine knobs a rung may set, spelled as vLLM's own engine-arg names. (type, check, what is allowed)
+# Engine knobs are vLLM's own engine args: any the installed vLLM has is a legal rung. Their names, types and
+# choices are checked by vLLM's own parser (vllm_compat.engine_arg_errors: once per ladder and in the
+# fingerprint stage, as importing vLLM costs seconds); here only their spelling.
 def _pos_int(v):
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
-def _frac(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1
-
-
-def _one_of(*choices):
-    return (lambda v: v in choices), "one of " + ", ".join(map(str, choices))
-
-
-def _opt(check):
-    return lambda v: v is None or check(v)
-
-
-ENGINE_KNOBS = {
-    "dtype": _one_of("auto", "bfloat16", "float16", "half", "float32"),
-    "max_model_len": (_pos_int, "an integer > 0"),
-    "kv_cache_dtype": _one_of("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"),
-    "gpu_memory_utilization": (_frac, "a number in (0, 1]"),
-    "max_num_seqs": (_pos_int, "an integer > 0"),
-    "max_num_batched_tokens": (_opt(_pos_int), "an integer > 0 or null"),
-    "enable_prefix_caching": (lambda v: isinstance(v, bool), "true or false"),
-    "enable_chunked_prefill": (lambda v: isinstance(v, bool), "true or false"),
-    "tensor_parallel_size": (_pos_int, "an integer >= 1"),
-    "load_format": _one_of("auto", "safetensors", "pt", "dummy"),
-    "quantization": (lambda v: v is None or isinstance(v, str), "a vLLM quantization method name or null"),
-    "enforce_eager": (lambda v: isinstance(v, bool), "true or false"),
-    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "block_size": (_opt(_pos_int), "an integer > 0 or null"),
-    "hf_overrides": (lambda v: v is None or isinstance(v, dict), "a mapping of config overrides or null"),
-}
+_ARG_NAME = re.compile(r"[a-z][a-z0-9_]*")
 ENV_PREFIX = "VLLM_"      # env knobs are vLLM's own environment variables
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY")
 
@@ -71,10 +46,10 @@ def check_knob(field: str, value) -> str | None:
     """Return an error message for one dotted knob (model.name is checked elsewhere), or None."""
     section, _, name = field.partition(".")
     if section == "engine":
-        if name not in ENGINE_KNOBS:
-            return f"{field}: unknown knob; allowed engine knobs: {', '.join(sorted(ENGINE_KNOBS))}"
-        check, allowed = ENGINE_KNOBS[name]
-        return None if check(value) else knob_error(field, value, allowed)
+        if not _ARG_NAME.fullmatch(name):
+            return f"{field}: unknown knob; engine knobs are vLLM engine args, spelled as in EngineArgs (snake_case)"
+        ok = value is None or isinstance(value, (str, int, float, bool, dict, list))
+        return None if ok else knob_error(field, value, "a value vLLM's engine-arg parser takes")
     if section == "env":
         if not name.startswith(ENV_PREFIX):
             return f"{field}: unknown knob; env knobs are vLLM environment variables ({ENV_PREFIX}*)"
@@ -129,6 +104,11 @@ def validate(params: dict) -> None:
     for name in fetch:
         if name not in catalog:
             errors.append(f"download.fetch: {name!r} is not in download.catalog ({', '.join(catalog)})")
+        elif (catalog[name] or {}).get("source") == "local":
+            path = (catalog[name] or {}).get("path")
+            why = local_model_problem(path) if isinstance(path, str) and path else "expected a model folder"
+            if why:
+                errors.append(f"download.catalog.{name}.path: {path!r}: {why}")
     for which in ("baseline", ""):
         prefix = f"{which}." if which else ""
         node = params.get(which) if which else params
@@ -150,7 +130,7 @@ def validate(params: dict) -> None:
                     errors.append(prefix + err)
     _need(errors, params, "slo.p99_ttft_ms", _pos_num, "a number of milliseconds > 0")
     _need(errors, params, "slo.p99_tpot_ms", _pos_num, "a number of milliseconds > 0")
-    for key in ("num_prompts", "input_len", "output_len", "repeats"):
+    for key in ("num_prompts", "repeats"):
         _need(errors, params, f"bench.{key}", _pos_int, "an integer > 0")
     _need(errors, params, "bench.mode", lambda v: v in ("engine", "cli"), "engine or cli")
     _need(errors, params, "eval.max_tokens", _pos_int, "an integer > 0")
@@ -164,15 +144,44 @@ def validate(params: dict) -> None:
         _need(errors, params, "knee.max_rate", _pos_num, "a request rate > 0")
         _need(errors, params, "knee.rel_tol", lambda v: _pos_num(v) and v < 1, "a number in (0, 1)")
         _need(errors, params, "knee.max_probes", _pos_int, "an integer > 0")
-    for key in ("probe_seconds", "min_prompts", "max_prompts", "input_len", "output_len"):
+    for key in ("probe_seconds", "min_prompts", "max_prompts"):
         _need(errors, params, f"knee.{key}", _pos_num, "a number > 0")
     _need(errors, params, "knee.repeats", _pos_int, "an integer > 0 (runs per probed rate; medians decide)")
     for key in ("max_overall_drop", "max_category_drop"):
         _need(errors, params, f"gate.{key}", lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "a fraction in [0, 1]")
     _need(errors, params, "gate.alpha", lambda v: _pos_num(v) and v < 1, "a number in (0, 1)")
     _need(errors, params, "gate.min_items", _pos_int, "an integer > 0")
+    import workload  # here: workload imports common
+    errors += workload.errors(params)
     if errors:
         raise ParamsError("params.yaml is not valid:\n  " + "\n  ".join(errors))
+
+
+def engine_args(params: dict) -> list[tuple[str, str, object]]:
+    """(where, name, value) of every engine arg of rung 0 and of the rung in force: what vLLM's parser checks."""
+    return [(f"{prefix}engine", k, v) for prefix, node in (("baseline.", params["baseline"]), ("", params))
+            for k, v in (node.get("engine") or {}).items()]
+
+
+def local_model_problem(path: str | Path) -> str | None:
+    """Why a local folder cannot serve as a model (None if it can): it must exist, be readable and hold
+    config.json and weights (*.safetensors or *.bin)."""
+    folder = Path(os.path.expanduser(str(path)))
+    folder = folder if folder.is_absolute() else ROOT / folder
+    if not folder.exists():
+        return f"no such folder ({folder})"
+    if not folder.is_dir():
+        return f"not a folder ({folder})"
+    if not os.access(folder, os.R_OK | os.X_OK):
+        return f"not readable ({folder})"
+    if not (folder / "config.json").is_file():
+        return f"not a model folder: no config.json in {folder}"
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        return f"not a model folder: no weights (*.safetensors or *.bin) in {folder}"
+    unreadable = [p.name for p in folder.iterdir() if p.is_file() and not os.access(p, os.R_OK)]
+    if unreadable:
+        return f"not readable: {', '.join(unreadable[:3])} in {folder}"
+    return None
 
 
 def load_params(path: Path | str = PARAMS, check: bool = True) -> dict:

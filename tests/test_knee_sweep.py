@@ -6,7 +6,8 @@ import json
 import knee
 
 K = {"mode": "search", "start_rate": 4, "max_rate": 256, "rel_tol": 0.1, "max_probes": 7, "probe_seconds": 10,
-     "min_prompts": 8, "max_prompts": 400, "input_len": 64, "output_len": 64, "backlog_ratio": 0.8, "repeats": 1}
+     "min_prompts": 8, "max_prompts": 400, "backlog_ratio": 0.8, "repeats": 1,
+     "workload": {"kind": "random", "input_len": 64, "output_len": 64}}
 SLO = {"p99_ttft_ms": 500, "p99_tpot_ms": 50}
 CAPACITY = 23.0  # req/s where the synthetic server's p99 TTFT crosses the SLO
 
