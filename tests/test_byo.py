@@ -204,7 +204,8 @@ def test_model_choice_takes_a_catalog_name_a_local_folder_or_a_pinned_hub_repo(t
     (lambda d: d / "gone", "no such folder"),
     (lambda d: (d / "f.txt").write_text("x") and d / "f.txt", "not a folder"),
     (lambda d: (d / "empty").mkdir() or d / "empty", "not a model folder: no config.json"),
-    (lambda d: model_folder(d / "cfg").joinpath("model.safetensors").unlink() or d / "cfg", "no weights"),
+    (lambda d: model_folder(d / "cfg").joinpath("model.safetensors").unlink() or d / "cfg",
+     "not a model folder: no weights"),
 ])
 def test_a_bad_local_model_is_refused_naming_the_path(tmp_path, make, expected):
     path = make(tmp_path)
