@@ -97,8 +97,10 @@ def test_the_shipped_workloads_are_valid():
 
 
 def test_bad_workload_fields_are_refused():
-    assert "workload.kind: 'sharegpt' is not allowed; expected random | shared-prefix | file" in wl_errors(kind="sharegpt")
-    assert "workload.prefix_len: 0 is not allowed; expected an integer > 0" in wl_errors(kind="shared-prefix", prefix_len=0)
+    assert "workload.kind: 'sharegpt' is not allowed; expected random | shared-prefix | file" in \
+        wl_errors(kind="sharegpt")
+    assert "workload.prefix_len: 0 is not allowed; expected an integer > 0" in \
+        wl_errors(kind="shared-prefix", prefix_len=0)
     assert "workload.file: 'nope.jsonl': no such file" in wl_errors(kind="file", file="nope.jsonl")
     assert "exceed engine.max_model_len 1024" in wl_errors(kind="shared-prefix", prefix_len=1000)
 

@@ -45,7 +45,8 @@ def test_a_local_folder_and_an_offline_hf_cache_model_go_through_download_eval_b
     proj.env.update(HF_HUB_CACHE=str(tmp / "hub"), HF_HOME=str(tmp), HF_HUB_OFFLINE="1")
     fetch = proj.params()["download"]["fetch"]
     proj.set_params(**{"download__catalog__my-local": {"source": "local", "path": str(local)},
-                       "download__catalog__my-hf": {"source": "hf", "repo": "ladder-test/smollm2-135m", "revision": REV},
+                       "download__catalog__my-hf": {"source": "hf", "repo": "ladder-test/smollm2-135m",
+                                                    "revision": REV},
                        "download__fetch": fetch + ["my-local", "my-hf"], "model__name": "my-local"})
     for name in ("my-local", "my-hf"):
         proj.set_params(model__name=name)
