@@ -93,7 +93,8 @@ HF_SPEC = re.compile(r"([\w.-]+)/([\w.-]+)@([\w./-]+)")
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
+    """A catalog name from a folder or repo name: no dots, as `dvc exp run -S` would read them as nesting."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 def model_choice(spec: str, catalog: dict, field: str = "MODEL") -> tuple[str, dict | None]:

@@ -198,8 +198,8 @@ def test_model_choice_takes_a_catalog_name_a_local_folder_or_a_pinned_hub_repo(t
     assert planning.model_choice("smollm2-135m", catalog) == ("smollm2-135m", None)
     name, entry = planning.model_choice(str(model_folder(tmp_path / "My_Finetune")), catalog)
     assert name == "local-my-finetune" and entry == {"source": "local", "path": str(tmp_path / "My_Finetune")}
-    assert planning.model_choice("Org/Model-7B@abc123", catalog) == (
-        "model-7b", {"source": "hf", "repo": "Org/Model-7B", "revision": "abc123"})
+    assert planning.model_choice("Org/Model-2.5-7B@abc123", catalog) == (
+        "model-2-5-7b", {"source": "hf", "repo": "Org/Model-2.5-7B", "revision": "abc123"})
 
 
 @pytest.mark.parametrize("make, expected", [
@@ -236,6 +236,22 @@ def test_model_without_a_quantized_variant_skips_that_rung_and_quant_model_fills
     p = planning.resolve(PARAMS, LADDER, "gpu", PARAMS, 1, model="Org/Base@r1", quant_model="Org/Base-AWQ@r2")
     assert p.rungs[0]["set"] == {"model.name": "base-awq"} and p.overrides["download.fetch"] == ["base", "base-awq"]
     assert LADDER["profiles"]["gpu"]["rungs"][0]["set"]["model.name"] == "qwen2.5-7b-instruct-awq"  # not mutated
+
+
+def test_the_choices_survive_dvc_exp_run_set(tmp_path):
+    """What `make ladder MODEL=… WORKLOAD=…` passes to every `dvc exp run -S`, applied as DVC applies it."""
+    from dvc.utils.hydra import apply_overrides
+
+    import ladder
+    folder = model_folder(tmp_path / "My.Finetune v2")
+    p = planning.resolve(PARAMS, LADDER, "cpu", PARAMS, 0, model=str(folder), workload="shared-prefix")
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    apply_overrides(str(tmp_path / "params.yaml"), [f"++{k}={ladder.hydra(v)}" for k, v in p.overrides.items()])
+    got = common.load_params(tmp_path / "params.yaml", check=False)
+    for key, value in p.overrides.items():
+        assert planning.get_dotted(got, key) == value, key
+    assert got["download"]["catalog"]["local-my-finetune-v2"] == {"source": "local", "path": str(folder)}
+    common.validate({**got, **{s: got["baseline"][s] for s in ("model", "engine", "env")}})
 
 
 def test_workload_choice_sets_the_kind_or_the_file():
