@@ -212,6 +212,9 @@ def provide(name: str, catalog: dict, store: Path, done: dict) -> dict:
         entry = {"name": name, "source": source, "path": str(path), **extra}
     else:
         folder = store / name
+        if source == "quantize" and (catalog.get(spec.get("from")) or {}).get("source") == "local":
+            # a local model changes under the same name: its files' hash is part of the recipe
+            spec = {**spec, "from_sha256": provide(spec["from"], catalog, store, done)["sha256"]}
         info = verify(name, folder, spec)
         if info is None:
             tmp = store / f".{name}.partial"

@@ -156,13 +156,12 @@ def workload(lad: dict) -> dict:
     """The workload as the stages recorded it (bench and knee send the same one): text and shared-prefix line."""
     for r in lad["rungs"]:
         for stage in ("bench", "knee"):
-            rec = r.get(stage) or {}
-            if rec.get("workload"):
-                return rec["workload"]
-            if rec.get("shape"):  # a ladder from before stages recorded their workload: its shape only
-                s = rec["shape"]
-                return {"text": f"{s.get('dataset')} prompts, {s.get('input_len')} in / {s.get('output_len')} out "
-                                f"tokens per request ({stage} stage)", "shared_prefix": "not recorded"}
+            if (r.get(stage) or {}).get("workload"):
+                return r[stage]["workload"]
+    b, k = lad["settings"]["bench"], lad["settings"]["knee"]
+    if "input_len" in b:  # a ladder from before the stages described their workload: its lengths only
+        return {"text": f"{b['input_len']} in / {b['output_len']} out tokens per request in bench, "
+                        f"{k.get('input_len')} / {k.get('output_len')} in knee", "shared_prefix": "not recorded"}
     return {"text": "not recorded (no stage finished)", "shared_prefix": "not recorded"}
 
 
@@ -176,9 +175,10 @@ def header(lad: dict) -> list[str]:
         f"transformers {env.get('transformers')}, Python {env.get('python')}; git {str(lad.get('git_commit'))[:12]}",
         "- **Models**: " + "; ".join(f"{n}: {m.get('id')} @ {str(m.get('revision'))[:12]}" for n, m in lad.get("models", {}).items()),
         f"- **SLO**: p99 TTFT ≤ {slo['p99_ttft_ms']} ms and p99 TPOT ≤ {slo['p99_tpot_ms']} ms, no failed request",
-        f"- **Workload** (bench and knee alike): {w['text']} (ignore_eos)",
+        f"- **Workload** (bench and knee alike): {w['text']}",
         f"- **Shared prefix?** {w['shared_prefix']}",
-        f"- **Throughput**: `vllm bench throughput`, {b['num_prompts']} prompts, {b.get('warmups', 0)} warm-up requests, "
+        f"- **Throughput**: `vllm bench throughput`, {b['num_prompts']} prompts, {b.get('warmups', 0)} warm-up "
+        f"requests, "
         + (f"{b['repeats']} timed repeats inside one engine (vLLM's own bench code)" if b.get("mode", "engine") == "engine"
            else f"{b['repeats']} repeats, each its own engine start")
         + " (prefix cache reset before each); median with a 95 % t-interval",

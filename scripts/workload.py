@@ -133,7 +133,7 @@ def describe(w: dict) -> dict:
         text = (f"the prompts file {w['file']} ({len(load_file(file_path(w)))} requests, chat template applied) / "
                 f"{out} out tokens per request")
         shared = "as the prompts file has it: the prefix-cache hit rate measured by the knee stage tells"
-    return {"kind": kind, "text": text, "shared_prefix": shared,
+    return {"kind": kind, "text": text + " (ignore_eos: every request generates all of them)", "shared_prefix": shared,
             "shared_prefix_len": w.get("prefix_len", 0) if kind == "shared-prefix" else 0}
 
 
