@@ -206,7 +206,7 @@ def main():
     cfg, k, slo = common.rung_config(params), params["knee"], params["slo"]
     entry = common.model_entry(cfg["model"]["name"])
     logs = common.RESULTS / "logs" / "knee"
-    sent, _ = workload.prepare(params["workload"], entry["path"], logs)
+    sent, input_len = workload.prepare(params["workload"], entry["path"], logs)
     k = {**k, "workload": sent}
     t0 = time.monotonic()
     importing = threading.Thread(target=import_bench_serve, daemon=True)
@@ -239,7 +239,7 @@ def main():
         "p99_tpot_ms_at_knee": at and at["p99_tpot_ms"],
         "output_tps_at_knee": at and at["output_tps"],
         "workload": desc,
-        "shape": {"input_len": sent.get("input_len"), "output_len": sent["output_len"], "dataset": sent["kind"],
+        "shape": {"input_len": input_len, "output_len": sent["output_len"], "dataset": sent["kind"],
                   "prefix_len": desc["shared_prefix_len"],
                   "arrivals": "poisson", "ignore_eos": True, "temperature": 0, "probe_seconds": k["probe_seconds"]},
         "server_ready_s": round(ready_s, 1),
