@@ -1,6 +1,6 @@
 """Stage `bench`: vLLM's `bench throughput` on params `workload`, `bench.repeats` timed runs.
 
-bench.mode `engine` (default): vLLM's own `vllm.benchmarks.throughput.main`, its arguments parsed by its own
+bench.mode `engine`: vLLM's own `vllm.benchmarks.throughput.main`, its arguments parsed by its own
 parser, with its `run_vllm` wrapped so that ONE engine serves the warm-up and every timed repeat (an engine
 start costs more than the measurement). bench.mode `cli`: `vllm bench throughput` once per repeat, each a
 fresh engine, so the spread also holds start-to-start noise. vLLM 0.26/0.32 ignore --input-len/--output-len
@@ -96,7 +96,7 @@ def worker(job_path: str) -> None:
 def throughput_argv(model_path: str, b: dict, w: dict, engine_knobs: dict) -> list[str]:
     """`vllm bench throughput` arguments: the workload, params `bench`, the rung's knobs unchanged."""
     return (["--model", model_path] + vllm_compat.dataset_flags(w, "throughput") +
-            ["--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b.get("warmups", 0))] +
+            ["--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b["warmups"])] +
             engine.cli_flags(engine_knobs))
 
 
@@ -130,15 +130,13 @@ def main():
     params = common.stage_start()
     cfg, b, w = common.rung_config(params), params["bench"], params["workload"]
     entry = common.model_entry(cfg["model"]["name"])
-    mode = b.get("mode", "engine")
-    runner = {"engine": run_in_engine, "cli": run_cli}.get(mode)
-    if runner is None:
-        raise common.ParamsError(f"bench.mode: {mode!r} is not allowed; expected engine or cli")
+    mode = b["mode"]
+    runner = {"engine": run_in_engine, "cli": run_cli}[mode]
     logs = common.RESULTS / "logs" / "bench"
     t0 = time.monotonic()
     sent, input_len = workload.prepare(w, entry["path"], logs)
     runs, facts = runner(throughput_argv(entry["path"], b, sent, cfg["engine"]), b["repeats"], logs,
-                         cfg["env"], b.get("timeout_s", 1800), job_of(sent))
+                         cfg["env"], b["timeout_s"], job_of(sent))
     for i, run in enumerate(runs, 1):
         run["applied"] = check_shape(run, b["num_prompts"], input_len, w["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
@@ -153,7 +151,7 @@ def main():
         "mode": mode,
         "workload": workload.describe(w),
         "shape": {"num_prompts": b["num_prompts"], "input_len": input_len, "output_len": w["output_len"],
-                  "dataset": w["kind"], "ignore_eos": True, "warmups": b.get("warmups", 0)},
+                  "dataset": w["kind"], "ignore_eos": True, "warmups": b["warmups"]},
         "applied_shape": runs[0]["applied"],
         "kv_cache_tokens": facts.get("kv_cache_tokens"),
         "max_concurrency": facts.get("max_concurrency"),

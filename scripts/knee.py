@@ -160,8 +160,9 @@ def non_default_args(log) -> dict:
 
 def warm_up(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> None:
     """A short burst before any timed probe, so first-request costs are not read as latency."""
-    prober(probe_args(srv.url, model_path, k, slo, k.get("start_rate", 1), max(4, k["min_prompts"] // 2), logs,
-                      "warmup.json", seed=0), k.get("probe_timeout_s", 600), "vllm bench serve (warm-up)")
+    rate = k["start_rate"] or 1  # sweep mode may set no start rate
+    prober(probe_args(srv.url, model_path, k, slo, rate, max(4, k["min_prompts"] // 2), logs, "warmup.json", seed=0),
+           k["probe_timeout_s"], "vllm bench serve (warm-up)")
 
 
 def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict,
@@ -173,15 +174,15 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
         if k["mode"] == "sweep":
             rate = stats.sweep_next(probes, k["rates"])
         else:
-            rate = stats.next_rate(probes, k["start_rate"], k["max_rate"], k["rel_tol"], k["max_probes"], k.get("min_rate"))
+            rate = stats.next_rate(probes, k["start_rate"], k["max_rate"], k["rel_tol"], k["max_probes"], k["min_rate"])
         if rate is None:
             return rows, probes
-        n, repeats, results = prompts_for(rate, k), k.get("repeats", 1), []
+        n, repeats, results = prompts_for(rate, k), k["repeats"], []
         for rep in range(repeats):
             name = f"probe-{len(probes) + 1:02d}-{rate:g}rps" + (f"-r{rep + 1}" if repeats > 1 else "") + ".json"
             try:
                 seed = sum(r["repeats"] for r in rows) + rep + 1  # 0 was the warm-up's
-                prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k.get("probe_timeout_s", 600),
+                prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
                        f"vllm bench serve at {rate:g} req/s")
             finally:  # `vllm bench serve` exits 0 with every request failed when the server is gone: ask it
                 if not srv.alive():
@@ -212,7 +213,7 @@ def main():
     importing = threading.Thread(target=import_bench_serve, daemon=True)
     importing.start()  # the prober's imports overlap the server's start-up
     with engine.Server(entry["path"], cfg["engine"], cfg["env"], logs / "server.log",
-                       start_timeout=k.get("start_timeout_s", 900)) as srv:
+                       start_timeout=k["start_timeout_s"]) as srv:
         ready_s = srv.ready_s
         print(f"knee: vllm serve ready on {srv.url} in {ready_s:.0f} s")
         prober = Prober(logs / "probes.log")
@@ -227,7 +228,7 @@ def main():
     caching = str(after.get("cache_config", {}).get("enable_prefix_caching",
                                                     facts.get("enable_prefix_caching"))) == "True"
     hit_rate = hits / queries if queries else (0.0 if not caching else None)  # caching off: nothing can hit
-    result = stats.knee_result(probes, k.get("rates") if k["mode"] == "sweep" else None)
+    result = stats.knee_result(probes, k["rates"] if k["mode"] == "sweep" else None)
     at = next((r for r in rows if r["offered_rps"] == result["knee_rps"]), None)
     write_csv(common.RESULTS / "knee.csv", rows)
     common.write_json(common.RESULTS / "knee.json", {

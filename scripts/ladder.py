@@ -109,8 +109,19 @@ class Driver:
         self.models = record.fill(rec, base, baseline if base else None, self.eff)
 
     # -- the ladder
+    def progress(self, label: str) -> None:
+        """Where the ladder is and what is left, so a user on a rented box knows when to come back. The estimate
+        is the mean time of the experiments run so far (restored ones are fast, so it errs short early on)."""
+        done = [r["seconds"] for r in self.records if r.get("seconds") is not None]
+        left = self.plan.experiments - len(done)
+        elapsed = (time.monotonic() - self.t0) / 60
+        eta = f", ~{sum(done) / len(done) * left / 60:.0f} min left" if done else ""
+        print(f"\nladder: experiment {len(done) + 1} of {self.plan.experiments} ({label}), "
+              f"{elapsed:.1f} min elapsed{eta}", flush=True)
+
     def run(self) -> int:
         kept_flat = dict(self.plan.baseline)
+        self.progress("rung 0 baseline")
         base = self.run_exp(0, "baseline", kept_flat, decide.BASELINE, None, None)
         if base["status"] != "ok":
             base["kept"], base["decision"] = False, "the baseline failed: nothing to compare against; ladder stopped"
@@ -124,7 +135,7 @@ class Driver:
             if rung.get("skip"):
                 self.finish(self.skipped(i, rung["name"], "rung", rung["set"], rung, f"skipped: {rung['skip']}"))
                 continue
-            need = (rung.get("when") or {}).get("min_gpus")
+            need = (rung["when"] or {}).get("min_gpus")
             if need and self.plan.gpus < need:
                 self.finish(self.skipped(i, rung["name"], "rung", rung["set"], rung,
                                          f"skipped: needs {need} GPUs, this machine has {self.plan.gpus}"))
@@ -133,7 +144,7 @@ class Driver:
             tries = [(planning.candidate_label(rung, c), c, "candidate") for c in cands] if len(cands) > 1 \
                 else [(rung["name"], cands[0], "rung")]
             chosen = self.try_rung(i, rung, tries, kept_flat, base)
-            if chosen is None and rung.get("fallback"):
+            if chosen is None and rung["fallback"]:
                 chosen = self.try_rung(i, rung, [(f"{rung['name']}-fallback", rung["fallback"], "fallback")],
                                        kept_flat, base)
             if chosen is not None:
@@ -144,7 +155,7 @@ class Driver:
     @staticmethod
     def skipped(i: int, name: str, role: str, change: dict, rung: dict, why: str) -> dict:
         return {"index": i, "name": name, "exp": None, "role": role, "change": change, "status": decide.SKIPPED,
-                "kept": False, "note": rung.get("note", ""), "decision": why}
+                "kept": False, "note": rung["note"], "decision": why}
 
     def try_rung(self, i, rung, tries, kept_flat, base) -> dict | None:
         recs = []
@@ -153,7 +164,8 @@ class Driver:
                 recs.append(self.finish(self.skipped(i, name, role, change, rung,
                                                      "skipped: already in force (an earlier rung was reverted)")))
                 continue
-            rec = self.run_exp(i, name, {**kept_flat, **change}, role, change, base, rung.get("note", ""))
+            self.progress(f"rung {i} {name}")
+            rec = self.run_exp(i, name, {**kept_flat, **change}, role, change, base, rung["note"])
             rec["kept"], rec["decision"] = decide.decide(rec, base, self.objective)
             recs.append(self.finish(rec))
         chosen = decide.choose(recs, self.objective)
@@ -185,7 +197,7 @@ class Driver:
             "final_exp": self.final_exp, "rungs": self.records,
             "engine_seconds": round(measured, 1), "wall_seconds": round(time.monotonic() - self.t0, 1),
         }
-        lad["cost_usd"] = round(lad["engine_seconds"] / 3600 * float(self.eff["cost"].get("gpu_price_per_hour") or 0), 4)
+        lad["cost_usd"] = round(lad["engine_seconds"] / 3600 * self.eff["cost"]["gpu_price_per_hour"], 4)
         common.write_json(self.out, lad)
 
     def interrupt(self) -> None:

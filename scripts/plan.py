@@ -15,8 +15,10 @@ from pathlib import Path
 import yaml
 
 import common
+import config
 
-LADDER_YAML = common.ROOT / "ladder.yaml"
+LADDER_YAML = config.LADDER
+load_ladder = config.load_ladder  # ladder.yaml's shape is config's; the rung checks naming rung and knob are here
 
 
 def set_dotted(d: dict, dotted: str, value) -> None:
@@ -39,28 +41,10 @@ def committed_params() -> dict | None:
     return yaml.safe_load(out.stdout) if out.returncode == 0 else None
 
 
-def load_ladder(path: Path = LADDER_YAML) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            lad = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as e:
-        raise common.ParamsError(f"{path.name}: cannot read ({e})") from None
-    unknown = set(lad or {}) - {"objective", "groups", "profiles"}
-    if unknown:
-        raise common.ParamsError(f"{path.name}: unknown section(s) {', '.join(sorted(unknown))}; "
-                                 f"allowed: objective, groups, profiles")
-    if lad.get("objective", "knee_rps") not in ("knee_rps", "output_tps"):
-        raise common.ParamsError(f"{path.name}: objective: {lad['objective']!r}; allowed: knee_rps, output_tps")
-    for name, prof in (lad.get("profiles") or {}).items():
-        if not isinstance(prof, dict) or set(prof) - {"settings", "rungs"}:
-            raise common.ParamsError(f"{path.name}: profiles.{name} must hold `settings` and `rungs`")
-    return lad
-
-
 def profile_overrides(lad: dict, profile: str, defaults: dict) -> dict:
     """Every key any profile sets: this profile's value, else the committed default, so that switching
     profiles never leaves another profile's value behind in the workspace."""
-    profiles = {name: (p.get("settings") or {}) for name, p in (lad.get("profiles") or {}).items()}
+    profiles = {name: p["settings"] for name, p in lad["profiles"].items()}
     if profile not in profiles:
         raise common.ParamsError(f"profile: {profile!r} is not defined in ladder.yaml; allowed: {', '.join(profiles)}")
     out = {"profile": profile}
@@ -205,10 +189,7 @@ def check_change(where: str, change, in_force: dict, params: dict, groups: dict)
 
 
 def _rung_errors(where: str, rung: dict, in_force: dict, params: dict, groups: dict) -> list[str]:
-    unknown = set(rung) - {"name", "set", "fallback", "note", "when"}
-    errors = [f"{where}: unknown field(s) {', '.join(sorted(unknown))}; allowed: name, set, fallback, note, when"] \
-        if unknown else []
-    errors += check_change(where, rung.get("set"), in_force, params, groups)
+    errors = check_change(where, rung.get("set"), in_force, params, groups)
     if rung.get("fallback") is not None:
         errors += check_change(f"{where} fallback", rung["fallback"], in_force, params, groups)
     return errors
@@ -216,10 +197,10 @@ def _rung_errors(where: str, rung: dict, in_force: dict, params: dict, groups: d
 
 def plan(params: dict, lad: dict, profile: str) -> list[dict]:
     """Validate the profile's ladder before any engine starts; raise ParamsError naming rung and knob."""
-    rungs = ((lad.get("profiles") or {}).get(profile) or {}).get("rungs")
-    groups = lad.get("groups") or {}
-    if not isinstance(rungs, list):
-        raise common.ParamsError(f"ladder.yaml profiles.{profile}.rungs: missing; expected a list of rungs")
+    if profile not in lad["profiles"]:
+        raise common.ParamsError(f"profile: {profile!r} is not defined in ladder.yaml; "
+                                 f"allowed: {', '.join(lad['profiles'])}")
+    rungs, groups = lad["profiles"][profile]["rungs"], lad["groups"]
     in_force = common.flatten_knobs(common.rung_config(params, "baseline"))
     errors, names, out = [], set(), []
     for i, rung in enumerate(rungs, 1):
@@ -258,6 +239,13 @@ class Plan:
     def __post_init__(self):
         self.baseline = common.flatten_knobs(common.rung_config(self.params, "baseline"))
 
+    @property
+    def experiments(self) -> int:
+        """`dvc exp run`s the ladder will make at most, fallbacks aside: rung 0 + every candidate of every rung
+        this machine can run."""
+        return 1 + sum(len(candidates(r["set"])) for r in self.rungs
+                       if (r["when"] or {}).get("min_gpus", 0) <= self.gpus)
+
 
 def resolve(params: dict, lad: dict, profile: str, defaults: dict | None, gpus: int, limit: int | None = None,
             model: str | None = None, quant_model: str | None = None, workload: str | None = None) -> Plan:
@@ -265,11 +253,10 @@ def resolve(params: dict, lad: dict, profile: str, defaults: dict | None, gpus: 
     ParamsError. Engine args are checked by vLLM's own parser afterwards (`engine_arg_errors`: it imports vLLM)."""
     defaults = defaults or params
     extra, lad = user_choices(params, lad, profile, model, quant_model, workload)
-    eff = effective_params(params, lad, profile, defaults, extra)
-    common.validate(eff)
+    eff = common.validate(effective_params(params, lad, profile, defaults, extra))  # defaults filled from here on
     rungs = plan(eff, lad, profile)[:limit]
     return Plan(profile=profile, params=eff, overrides={**profile_overrides(lad, profile, defaults), **extra},
-                rungs=rungs, objective=lad.get("objective", "knee_rps"), gpus=gpus)
+                rungs=rungs, objective=lad["objective"], gpus=gpus)
 
 
 def engine_arg_errors(p: Plan) -> list[str]:
@@ -280,7 +267,7 @@ def engine_arg_errors(p: Plan) -> list[str]:
     for i, rung in enumerate(p.rungs, 1):
         if rung.get("skip"):
             continue
-        for part, label in ((rung.get("set"), ""), (rung.get("fallback"), " fallback")):
+        for part, label in ((rung["set"], ""), (rung["fallback"], " fallback")):
             for knob, value in (part or {}).items():
                 if knob.startswith("engine."):
                     for v in value if isinstance(value, list) else [value]:

@@ -28,6 +28,7 @@ class RungRecord(TypedDict, total=False):
     log: str
     seconds: float           # wall time of its `dvc exp run`
     reused: list[str]        # stages DVC restored instead of measuring again
+    measured: dict           # when and on which machine (host id, GPU UUIDs) its bench was measured
     model: str
     eval: dict               # results/eval.json, whole
     gate: dict               # results/gate.json, whole
@@ -74,6 +75,10 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
     """Fill a rung that ran to the end from results/; returns the download manifest's models."""
     res = common.RESULTS
     ev, bench, knee, gate = (_summary(res / f) for f in ("eval.json", "bench.json", "knee.json", "gate.json"))
+    prov = common.read_json(res / "bench.json").get("provenance") or {}
+    env = prov.get("environment") or {}
+    rec["measured"] = {"at": prov.get("measured_at"), "host_id": env.get("host_id"),
+                       "gpu_uuids": [g.get("uuid") for g in env.get("gpus") or []]}
     models = common.read_json(res / "models.json")["models"]
     rec.update(status="ok", model=ev.get("model"), eval=ev, gate=gate, bench=bench, knee=knee,
                stage_seconds={"eval": ev.get("wall_s") or 0, "bench": bench.get("wall_s") or 0,
@@ -96,15 +101,18 @@ def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:
     """Batch-1 decode floor from the model's shapes and the GPU's bandwidth, vs the TPOT at the lowest probed rate."""
     fp = common.read_json(common.RESULTS / "fingerprint.json")
     gpu = (fp.get("gpus") or [{}])[0].get("name")
-    bw = stats.bandwidth_gbs(gpu, (params.get("roofline") or {}).get("bandwidth_gbs"))
+    bw = stats.bandwidth_gbs(gpu, params["roofline"]["bandwidth_gbs"])
     path = (models.get(rec.get("model")) or {}).get("path")
     if not bw or not path or not Path(path, "config.json").exists():
         return None
     cfg = json.loads(Path(path, "config.json").read_text())
-    bits = (cfg.get("quantization_config") or {}).get("bits") or 16
+    bits = stats.weight_bits(cfg.get("quantization_config"))
     kv = 1 if str(rec["knobs"].get("engine.kv_cache_dtype", "auto")).startswith("fp8") else 2
-    floor = stats.tpot_floor_ms(cfg, bw, weight_bits=bits, kv_bytes=kv)
+    shape = (rec.get("knee") or {}).get("shape") or {}
+    context = (shape.get("input_len") or 0) + (shape.get("output_len") or 0) // 2  # mean context while decoding
+    floor = stats.tpot_floor_ms(cfg, bw, weight_bits=bits, kv_bytes=kv, context_tokens=context)
     rows = sorted((rec.get("knee") or {}).get("rows") or [], key=lambda r: r["offered_rps"])
     low = rows[0]["p50_tpot_ms"] if rows else None
-    return {"gpu": gpu, "bandwidth_gbs": bw, "weight_bits": bits, "tpot_floor_ms": round(floor, 2),
+    return {"gpu": gpu, "bandwidth_gbs": bw, "weight_bits": round(bits, 3), "context_tokens": context,
+            "tpot_floor_ms": round(floor, 2),
             "tpot_low_load_ms": low, "pct_of_floor": round(floor / low, 3) if low else None}

@@ -84,6 +84,21 @@ def kept_cell(r):
     return VERDICT_CELL.get(r.get("verdict"), r.get("verdict") or r["status"])
 
 
+MEASURED_STAGES = {"eval", "bench", "knee"}
+
+
+def measured_cell(r):
+    """Where the row's numbers come from: this run, or DVC's run-cache (an earlier run on this same machine:
+    the fingerprint is a dependency, so another machine's numbers are never restored)."""
+    if r["status"] != "ok":
+        return "—"
+    m = r.get("measured") or {}
+    where = f"host {m['host_id']}" if m.get("host_id") else "this machine"
+    if MEASURED_STAGES & set(r.get("reused") or []):
+        return f"restored ({where}, measured {m.get('at') or '?'})"
+    return "this run"
+
+
 def applied_cell(r):
     checks = r.get("applied") or []
     if not checks:
@@ -108,7 +123,7 @@ def table(lad: dict) -> str:
                      "Δ vs base": delta_cell(r),
                      "speedup vs baseline": fmt((r.get("speedup") or None), ".2f") + "×" if r.get("speedup") else "—",
                      "knee req/s @ SLO": knee_cell(r), "roofline: TPOT floor / low-load p50": roof_cell(r),
-                     "kept?": kept_cell(r)})
+                     "kept?": kept_cell(r), "measured": measured_cell(r)})
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
 
 
@@ -170,7 +185,10 @@ def header(lad: dict) -> list[str]:
     hw = env.get("gpu") or f"CPU: {env['cpu']['model']} ({env['cpu']['cores']} cores, {env['cpu']['memory_gib']} GiB)"
     b, k, slo, w = p["bench"], p["knee"], lad["slo"], workload(lad)
     lines = [
-        f"- **Machine**: {hw}" + (f", driver {env['driver']}, CUDA {env.get('cuda_driver')}" if env.get("driver") else ""),
+        f"- **Machine**: {hw}" + (f", driver {env['driver']}, CUDA {env.get('cuda_driver')}" if env.get("driver") else "")
+        + (f"; GPU UUID {', '.join(g['uuid'] for g in env.get('gpus') or [] if g.get('uuid'))}"
+           if any(g.get("uuid") for g in env.get("gpus") or []) else "")
+        + (f"; host id {env['host_id']}" if env.get("host_id") else ""),
         f"- **Software**: {env.get('vllm_package')} {env.get('vllm')}, torch {env.get('torch')}, "
         f"transformers {env.get('transformers')}, Python {env.get('python')}; git {str(lad.get('git_commit'))[:12]}",
         "- **Models**: " + "; ".join(f"{n}: {m.get('id')} @ {str(m.get('revision'))[:12]}" for n, m in lad.get("models", {}).items()),

@@ -166,7 +166,8 @@ def knee_result(probes: list[tuple[float, bool]], rates_tried: list[float] | Non
 
 
 # ---------------------------------------------------------------- roofline
-# Peak memory bandwidth, GB/s (vendor datasheets). Override or extend with params `roofline.bandwidth_gbs`.
+# Peak memory bandwidth, GB/s (vendor datasheets), by the name nvidia-smi reports (without "NVIDIA"/"GeForce").
+# Matched exactly: "A10" must not match "A100", nor "L4" "L40S". Override or extend with `roofline.bandwidth_gbs`.
 GPU_BANDWIDTH_GBS = {
     "RTX 4090": 1008, "RTX 3090": 936, "L4": 300, "L40S": 864, "A10": 600, "A100-SXM4-40GB": 1555,
     "A100-SXM4-80GB": 2039, "A100 80GB PCIe": 1935, "H100 80GB HBM3": 3350, "H100 PCIe": 2000, "H200": 4800,
@@ -174,14 +175,40 @@ GPU_BANDWIDTH_GBS = {
 }
 
 
+def _gpu_key(name: str) -> str:
+    words = [w for w in name.replace("_", " ").split() if w.lower() not in ("nvidia", "geforce")]
+    return " ".join(words).lower()
+
+
 def bandwidth_gbs(gpu_name: str | None, overrides: dict | None = None) -> float | None:
-    table = {**GPU_BANDWIDTH_GBS, **(overrides or {})}
     if not gpu_name:
         return None
-    for key in sorted(table, key=len, reverse=True):  # longest match first: "H100 PCIe" before "H100"
-        if key.lower() in gpu_name.lower():
-            return float(table[key])
-    return None
+    table = {_gpu_key(k): float(v) for k, v in {**GPU_BANDWIDTH_GBS, **(overrides or {})}.items()}
+    return table.get(_gpu_key(gpu_name))
+
+
+def weight_bits(quant: dict | None) -> float:
+    """Bits read per weight of the quantized linear layers, scales and zero points included (a group of
+    `group_size` weights carries one 16-bit scale, and one zero point of the weight width when asymmetric).
+    Reads AWQ/GPTQ-style configs (bits, group_size, zero_point/sym), compressed-tensors (config_groups ...
+    weights: num_bits, group_size, symmetric) and fp8 (8 bits, per-channel scales: negligible)."""
+    if not quant:
+        return 16.0
+    method = str(quant.get("quant_method") or "").lower()
+    if method in ("fp8", "fbgemm_fp8", "modelopt"):
+        return 8.0
+    if method == "compressed-tensors":
+        groups = list((quant.get("config_groups") or {}).values())
+        w = (groups[0].get("weights") or {}) if groups else {}
+        bits, group, asym = w.get("num_bits") or 16, w.get("group_size"), w.get("symmetric") is False
+        if w.get("type") == "float":
+            return float(bits)
+    else:
+        bits, group = quant.get("bits") or quant.get("w_bit") or 16, quant.get("group_size") or quant.get("q_group_size")
+        asym = bool(quant.get("zero_point")) or quant.get("sym") is False
+    if bits >= 16 or not group or group <= 0:
+        return float(bits)
+    return bits + (16 + (bits if asym else 0)) / group
 
 
 def weight_bytes(cfg: dict, weight_bits: float) -> float:

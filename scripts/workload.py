@@ -26,10 +26,6 @@ class WorkloadError(ValueError):
     """A bad workload or prompts file: the message names the field or the file and line."""
 
 
-def _pos_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-
 def file_path(w: dict) -> Path:
     p = Path(str(w["file"])).expanduser()
     return p if p.is_absolute() else common.ROOT / p
@@ -62,6 +58,8 @@ def load_file(path: Path | str) -> list[dict]:
     """Every request of a prompts file as chat turns; WorkloadError naming the line of the first bad one."""
     path = Path(path)
     rel = path.relative_to(common.ROOT) if path.is_relative_to(common.ROOT) else path
+    if not path.is_file():
+        raise WorkloadError(f"workload.file: {str(rel)!r}: no such file")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -80,36 +78,17 @@ def load_file(path: Path | str) -> list[dict]:
     return items
 
 
-def errors(params: dict) -> list[str]:
-    """Every bad field of params `workload` (and a prompts file's first bad line), for common.validate."""
-    w = params.get("workload")
-    if not isinstance(w, dict):
-        return ["workload: missing; expected a mapping with kind, input_len, output_len (and prefix_len or file)"]
-    kind = w.get("kind")
-    if kind not in KINDS:
-        return [common.knob_error("workload.kind", kind, " | ".join(KINDS))]
-    need = ["output_len"] + (["input_len"] if kind != "file" else [])
-    need += ["prefix_len"] if kind == "shared-prefix" else []
-    errs = [common.knob_error(f"workload.{k}", w.get(k), "an integer > 0") for k in need if not _pos_int(w.get(k))]
-    if kind == "file":
-        if not isinstance(w.get("file"), str) or not w["file"]:
-            errs.append(common.knob_error("workload.file", w.get("file"), "a JSONL prompts file (kind: file)"))
-        elif not file_path(w).is_file():
-            errs.append(f"workload.file: {w['file']!r}: no such file")
-        else:
-            try:
-                load_file(file_path(w))
-            except WorkloadError as e:
-                errs.append(str(e))
-        if (params.get("bench") or {}).get("mode") == "cli":
-            errs.append("bench.mode: 'cli' runs `vllm bench throughput`, whose datasets take no prompts file; "
-                        "use bench.mode engine with workload.kind file")
-    elif not errs:
-        total = w["input_len"] + w["output_len"] + (w["prefix_len"] if kind == "shared-prefix" else 0)
-        for which in ("baseline.engine", "engine"):
-            node = params.get(which.split(".")[0]) or {}
-            node = node.get("engine") if which == "baseline.engine" else node
-            limit = (node or {}).get("max_model_len")
+def fit_errors(params: dict) -> list[str]:
+    """What spans sections (config.validate, after each section is valid): a prompts file needs the in-engine
+    bench; a fixed shape must fit max_model_len."""
+    w, errs = params["workload"], []
+    if w["kind"] == "file" and params["bench"]["mode"] == "cli":
+        errs.append("bench.mode: 'cli' runs `vllm bench throughput`, whose datasets take no prompts file; "
+                    "use bench.mode engine with workload.kind file")
+    if w["kind"] != "file":
+        total = w["input_len"] + w["output_len"] + (w["prefix_len"] if w["kind"] == "shared-prefix" else 0)
+        for which, node in (("baseline.engine", params["baseline"]["engine"]), ("engine", params["engine"])):
+            limit = node.get("max_model_len")
             if isinstance(limit, int) and total > limit:
                 errs.append(f"workload: {total} tokens per request (prefix + input + output) exceed "
                             f"{which}.max_model_len {limit}")

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import common
+import config
 import download
 import plan as planning
 import report
@@ -22,13 +23,14 @@ LADDER = planning.load_ladder(ROOT / "ladder.yaml")
 SCRIPTS = ROOT / "scripts"
 
 
-def eff(profile="cpu", **extra):
-    return planning.effective_params(PARAMS, LADDER, profile, PARAMS, extra)
+def eff(profile="cpu"):
+    return common.validate(planning.effective_params(PARAMS, LADDER, profile, PARAMS))  # defaults filled
 
 
 def vllm_errors(*rungs, profile="cpu", params=None) -> str:
     lad = copy.deepcopy(LADDER)
     lad["profiles"][profile]["rungs"] = list(rungs)
+    lad = config.Ladder.model_validate(lad).model_dump(by_alias=True)  # as load_ladder gives it
     p = params or eff(profile)
     plan = planning.Plan(profile=profile, params=p, overrides={}, rungs=planning.plan(p, lad, profile),
                          objective="knee_rps", gpus=0)

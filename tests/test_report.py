@@ -41,3 +41,11 @@ def test_dummy_weight_rungs_print_no_accuracy_and_are_not_gated(tmp_path):
     assert "accuracy n/a (dummy weights)" in md.split("\n")[2]
     assert "interrupted → reverted" in rows(md)["1 awq-int4"]
     assert "1x NVIDIA H200" in md and "vllm 0.26.0" in md
+
+
+def test_restored_rows_say_so_and_where_they_were_measured():
+    fresh = {"status": "ok", "reused": ["download"], "measured": {"host_id": "abc123", "at": "2026-11-30T12:00:00Z"}}
+    restored = {**fresh, "reused": ["download", "eval", "bench", "knee"]}
+    assert report.measured_cell(fresh) == "this run"
+    assert report.measured_cell(restored) == "restored (host abc123, measured 2026-11-30T12:00:00Z)"
+    assert report.measured_cell({"status": "failed"}) == "—"

@@ -1,6 +1,8 @@
 """Interval maths, noise calls, McNemar, the knee search and the roofline: pure functions on fixture numbers."""
 import json
 import math
+import os
+import re
 
 import pytest
 
@@ -122,11 +124,26 @@ def test_roofline_qwen25_7b_bf16():
     assert kv8 == pytest.approx(kv16 / 2)
 
 
-def test_bandwidth_table_longest_match_and_overrides():
+def test_bandwidth_table_matches_exact_names_and_overrides():
     assert stats.bandwidth_gbs("NVIDIA H100 PCIe") == 2000
     assert stats.bandwidth_gbs("NVIDIA H100 80GB HBM3") == 3350
+    assert stats.bandwidth_gbs("NVIDIA GeForce RTX 4090") == 1008
+    assert stats.bandwidth_gbs("NVIDIA A100-SXM4-80GB") == 2039 and stats.bandwidth_gbs("NVIDIA A10") == 600
+    assert stats.bandwidth_gbs("NVIDIA L40") is None  # not "L4"; nor is an A100 variant the table lacks an "A10"
+    assert stats.bandwidth_gbs("NVIDIA A100-PCIE-40GB") is None
     assert stats.bandwidth_gbs("Mystery GPU") is None
-    assert stats.bandwidth_gbs("Mystery GPU", {"Mystery": 123}) == 123
+    assert stats.bandwidth_gbs("Mystery GPU", {"Mystery GPU": 123}) == 123
+
+
+def test_weight_bits_count_scales_and_zero_points_for_every_quantization_format():
+    assert stats.weight_bits(None) == 16
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
+    assert stats.weight_bits(awq) == pytest.approx(4 + (16 + 4) / 128)
+    assert stats.weight_bits({"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True}) == 4 + 16 / 128
+    ct = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 4, "group_size": 32, "symmetric": False, "type": "int"}}}}
+    assert stats.weight_bits(ct) == pytest.approx(4 + 20 / 32)
+    assert stats.weight_bits({"quant_method": "fp8"}) == 8
 
 
 def test_repeated_probes_merge_to_medians_and_summed_failures():
@@ -138,3 +155,11 @@ def test_repeated_probes_merge_to_medians_and_summed_failures():
     assert m["p99_ttft_ms"] == 200.0 and m["p99_tpot_ms"] == 20.0 and m["request_throughput"] == 4.0
     assert m["failed"] == 1 and m["completed"] == 29
     assert knee.merge_repeats(runs[:1]) is runs[0]
+
+
+def test_the_fingerprint_tells_machines_apart_without_exposing_their_ids():
+    import fingerprint
+    fp = fingerprint.fingerprint()
+    assert re.fullmatch(r"[0-9a-f]{12}", fp["host_id"]) and fp["host_id"] == fingerprint.host_id()
+    raw = open("/etc/machine-id").read().strip() if os.path.exists("/etc/machine-id") else ""
+    assert not raw or raw not in json.dumps(fp)

