@@ -219,7 +219,7 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="validate params and the ladder; run nothing")
     ap.add_argument("--rungs", type=int, default=None, help="run only the first N rungs after the baseline")
     ap.add_argument("--ladder", type=Path, default=planning.LADDER_YAML, help="the ladder file (default: ladder.yaml)")
-    ap.add_argument("--model", help="rung 0's model: a download.catalog name, a local model folder or org/name@revision")
+    ap.add_argument("--model", help="rung 0's model: a download.catalog name, a local folder or org/name@revision")
     ap.add_argument("--quant-model", help="the quantized variant the quantization rung tries (same forms as --model)")
     ap.add_argument("--workload", help="the traffic: random, shared-prefix, or a JSONL prompts file")
     args = ap.parse_args()

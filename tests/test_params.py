@@ -36,7 +36,7 @@ def test_the_shipped_params_and_every_profile_are_valid():
 
 
 @pytest.mark.parametrize("mutate, expected", [
-    (lambda p: p["engine"].update(**{"Max-Seqs": 4}), "engine.Max-Seqs: unknown knob; engine knobs are vLLM engine args"),
+    (lambda p: p["engine"].update(**{"Max-Seqs": 4}), "engine.Max-Seqs: unknown knob; engine knobs are vLLM engine"),
     (lambda p: p["model"].update(name="llama-70b"), "model.name: 'llama-70b' is not a model the download stage provides"),
     (lambda p: p["slo"].update(p99_ttft_ms=0), "slo.p99_ttft_ms: 0 is not allowed; expected a number of milliseconds > 0"),
     (lambda p: p["slo"].update(p99_tpot_ms=-5), "slo.p99_tpot_ms: -5 is not allowed"),
