@@ -230,18 +230,18 @@ class Workload(Section):
     input_len: PosInt = F("an integer > 0")     # shared-prefix: after the shared prefix; file: as written
     output_len: PosInt = F("an integer > 0")    # every kind: ignore_eos, so rungs compare
     prefix_len: PosInt = F("an integer > 0", 256)
-    file: StrictStr | None = F("a JSONL prompts file", None)
+    file: StrictStr = F("a JSONL prompts file (bench and knee depend on it in dvc.yaml, whatever the kind)")
 
     @model_validator(mode="after")
     def _file_is_good(self):
-        if self.kind == "file":
-            import workload  # here: workload imports common, which imports this module
-            if not self.file:
-                _refuse(("file", "missing; expected a JSONL prompts file (kind: file)"))
-            try:
+        import workload  # here: workload imports common, which imports this module
+        try:
+            if self.kind == "file":
                 workload.load_file(workload.file_path({"file": self.file}))
-            except workload.WorkloadError as e:
-                _refuse(("file", str(e).removeprefix("workload.file: ")))
+            elif not workload.file_path({"file": self.file}).is_file():
+                raise workload.WorkloadError(f"workload.file: {self.file!r}: no such file")
+        except workload.WorkloadError as e:
+            _refuse(("file", str(e).removeprefix("workload.file: ")))
         return self
 
 
