@@ -134,9 +134,11 @@ def render(w: dict, model_path: str, out: Path) -> list[int]:
 
 
 def prepare(w: dict, model_path: str, logs: Path) -> tuple[dict, int | tuple[int, int]]:
-    """The workload as a stage sends it: kind file rendered into logs/prompts.jsonl (its path under "prompts").
-    Also the prompt tokens each request should have: an int, or (shortest, longest) for a prompts file."""
+    """The workload as a stage sends it: kind file rendered into logs/prompts.jsonl (its path under "prompts",
+    its mean prompt length under "prompt_tokens_mean"). Also the prompt tokens each request should have: an
+    int, or (shortest, longest) for a prompts file."""
     if w["kind"] == "file":
         lens = render(w, model_path, Path(logs) / "prompts.jsonl")
-        return {**w, "prompts": str(Path(logs) / "prompts.jsonl")}, (min(lens), max(lens))
+        return ({**w, "prompts": str(Path(logs) / "prompts.jsonl"), "prompt_tokens_mean": sum(lens) / len(lens)},
+                (min(lens), max(lens)))
     return dict(w), w["input_len"] + (w["prefix_len"] if w["kind"] == "shared-prefix" else 0)
