@@ -244,7 +244,7 @@ class Plan:
         """`dvc exp run`s the ladder will make at most, fallbacks aside: rung 0 + every candidate of every rung
         this machine can run."""
         return 1 + sum(len(candidates(r["set"])) for r in self.rungs
-                       if (r["when"] or {}).get("min_gpus", 0) <= self.gpus)
+                       if (r["when"] or {}).get("min_gpus", 0) <= self.gpus and not r.get("skip"))
 
 
 def resolve(params: dict, lad: dict, profile: str, defaults: dict | None, gpus: int, limit: int | None = None,

@@ -235,6 +235,7 @@ def test_model_on_the_cpu_profile_quantizes_it_with_the_same_recipe(tmp_path):
 def test_model_without_a_quantized_variant_skips_that_rung_and_quant_model_fills_it(tmp_path):
     p = planning.resolve(PARAMS, LADDER, "gpu", PARAMS, 1, model="Org/Base@r1")
     assert "no quantized variant" in p.rungs[0]["skip"] and p.overrides["download.fetch"] == ["base"]
+    assert p.experiments == 1 + 3 + 2  # rung 0, fp8-kv, spend-memory, prefix-caching, 2 batched-tokens candidates
     p = planning.resolve(PARAMS, LADDER, "gpu", PARAMS, 1, model="Org/Base@r1", quant_model="Org/Base-AWQ@r2")
     assert p.rungs[0]["set"] == {"model.name": "base-awq"} and p.overrides["download.fetch"] == ["base", "base-awq"]
     assert LADDER["profiles"]["gpu"]["rungs"][0]["set"]["model.name"] == "qwen2.5-7b-instruct-awq"  # not mutated
