@@ -16,6 +16,7 @@ import sys
 
 import common
 import vllm_compat
+import workload
 
 import score
 
@@ -120,6 +121,7 @@ def check_engine_args(params: dict) -> None:
 def main():
     params = common.stage_start()
     score.load_items(params["eval"]["file"])
+    workload.check(params)
     check_engine_args(params)
     common.write_json(common.RESULTS / "fingerprint.json", fingerprint())
 

@@ -16,6 +16,7 @@ import yaml
 
 import common
 import config
+import workload as wl
 
 LADDER_YAML = config.LADDER
 load_ladder = config.load_ladder  # ladder.yaml's shape is config's; the rung checks naming rung and knob are here
@@ -109,7 +110,6 @@ def user_choices(params: dict, lad: dict, profile: str, model: str | None = None
                  workload: str | None = None) -> tuple[dict, dict]:
     """`make ladder MODEL=… QUANT_MODEL=… WORKLOAD=…`: the params keys to set, and the ladder with its model rungs
     pointed at the quantized variant (given, or made by the same `quantize` recipe from MODEL) or marked skipped."""
-    import workload as wl
     extra, lad = {}, copy.deepcopy(lad)
     if quant_model and not model:
         raise common.ParamsError("QUANT_MODEL: given without MODEL; name the model it is a variant of")
@@ -254,6 +254,7 @@ def resolve(params: dict, lad: dict, profile: str, defaults: dict | None, gpus: 
     defaults = defaults or params
     extra, lad = user_choices(params, lad, profile, model, quant_model, workload)
     eff = common.validate(effective_params(params, lad, profile, defaults, extra))  # defaults filled from here on
+    wl.check(eff)
     rungs = plan(eff, lad, profile)[:limit]
     return Plan(profile=profile, params=eff, overrides={**profile_overrides(lad, profile, defaults), **extra},
                 rungs=rungs, objective=lad["objective"], gpus=gpus)

@@ -78,21 +78,13 @@ def load_file(path: Path | str) -> list[dict]:
     return items
 
 
-def fit_errors(params: dict) -> list[str]:
-    """What spans sections (config.validate, after each section is valid): a prompts file needs the in-engine
-    bench; a fixed shape must fit max_model_len."""
-    w, errs = params["workload"], []
-    if w["kind"] == "file" and params["bench"]["mode"] == "cli":
-        errs.append("bench.mode: 'cli' runs `vllm bench throughput`, whose datasets take no prompts file; "
-                    "use bench.mode engine with workload.kind file")
-    if w["kind"] != "file":
-        total = w["input_len"] + w["output_len"] + (w["prefix_len"] if w["kind"] == "shared-prefix" else 0)
-        for which, node in (("baseline.engine", params["baseline"]["engine"]), ("engine", params["engine"])):
-            limit = node.get("max_model_len")
-            if isinstance(limit, int) and total > limit:
-                errs.append(f"workload: {total} tokens per request (prefix + input + output) exceed "
-                            f"{which}.max_model_len {limit}")
-    return errs
+def check(params: dict) -> None:
+    """A prompts file's lines (kind file), before any engine starts: common.ParamsError naming the line."""
+    if params["workload"]["kind"] == "file":
+        try:
+            load_file(file_path(params["workload"]))
+        except WorkloadError as e:
+            raise common.ParamsError(f"params.yaml is not valid:\n  {e}") from None
 
 
 def describe(w: dict) -> dict:
