@@ -2,14 +2,14 @@
 
 bench.mode `engine`: vLLM's own `vllm.benchmarks.throughput.main`, its arguments parsed by its own
 parser, with its `run_vllm` wrapped so that ONE engine serves the warm-up and every timed repeat (an engine
-start costs more than the measurement). bench.mode `cli`: `vllm bench throughput` once per repeat, each a
-fresh engine, so the spread also holds start-to-start noise. vLLM 0.26/0.32 ignore --input-len/--output-len
-for the random dataset, so the --random-* flags are used and the shape vLLM ran is checked against params.
-A prompts file (workload.kind file) is rendered with the model's chat template into results/logs/bench/.
+start costs more than the measurement; vllm_compat.run_throughput holds that wrapper). bench.mode `cli`:
+`vllm bench throughput` once per repeat, each a fresh engine, so the spread also holds start-to-start noise.
+vLLM 0.26/0.32 ignore --input-len/--output-len for the random dataset, so the --random-* flags are used and
+the shape vLLM ran is checked against params. A prompts file (workload.kind file) is rendered with the model's
+chat template into results/logs/bench/ and sampled by vLLM's own CustomDataset.
 """
 from __future__ import annotations
 
-import re
 import sys
 import time
 
@@ -19,29 +19,9 @@ import stats
 import vllm_compat
 import workload
 
-_THROUGHPUT = re.compile(r"Throughput: ([\d.]+) requests/s, ([\d.]+) total tokens/s, ([\d.]+) output tokens/s")
-_PROMPT_TOK = re.compile(r"Total num prompt tokens:\s+(\d+)")
-_OUTPUT_TOK = re.compile(r"Total num output tokens:\s+(\d+)")
-
 
 class ShapeError(RuntimeError):
     pass
-
-
-def parse_output(text: str) -> list[dict]:
-    """Every result block `vllm bench throughput` printed (its --output-json lacks output tok/s)."""
-    runs = []
-    for m in _THROUGHPUT.finditer(text):
-        run = {"requests_per_s": float(m.group(1)), "total_tps": float(m.group(2)), "output_tps": float(m.group(3))}
-        rest = text[m.end():m.end() + 400]
-        if p := _PROMPT_TOK.search(rest):
-            run["prompt_tokens"] = int(p.group(1))
-        if o := _OUTPUT_TOK.search(rest):
-            run["output_tokens"] = int(o.group(1))
-        runs.append(run)
-    if not runs:
-        raise ShapeError("no 'Throughput:' line in the vllm bench throughput output")
-    return runs
 
 
 def check_shape(run: dict, num_prompts: int, input_len: int | tuple[int, int], output_len: int) -> dict:
@@ -59,42 +39,14 @@ def check_shape(run: dict, num_prompts: int, input_len: int | tuple[int, int], o
 
 def worker(job_path: str) -> None:
     """In the child: vLLM's own throughput benchmark, one engine, warm-up then `repeats` timed runs."""
-    import vllm.benchmarks.throughput as T
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
     job = common.read_json(job_path)
-    parser = FlexibleArgumentParser()
-    T.add_cli_args(parser)
-    args = parser.parse_args(job["argv"])
-
-    def run_vllm(requests, n, engine_args, do_profile, disable_detokenize=False, warmup_requests=None,
-                 prequeue_requests=False):
-        from vllm import LLM
-        llm = LLM.from_engine_args(engine_args)
-        kw = dict(n=n, disable_detokenize=disable_detokenize, do_profile=False, prequeue_requests=prequeue_requests,
-                  enable_lora=engine_args.enable_lora)
-        if warmup_requests:
-            print(f"Warming up with {len(warmup_requests)} requests...")
-            T._run_vllm_requests(llm, warmup_requests, **kw)
-        for r in range(job["repeats"]):
-            # Every repeat re-sends the same seeded prompts: with prefix caching on, repeat 2 would be served
-            # from repeat 1's cache (seen on the H200: 14.7k -> 20.2k tok/s). Each repeat starts cold.
-            llm.reset_prefix_cache()
-            elapsed, outputs = T._run_vllm_requests(llm, requests, **kw)
-            p = sum(len(o.prompt_token_ids or []) for o in outputs)
-            o = sum(len(c.token_ids) for out in outputs for c in out.outputs if c is not None)
-            print(f"[repeat {r + 1}/{job['repeats']}] Throughput: {len(requests) / elapsed:.2f} requests/s, "
-                  f"{(p + o) / elapsed:.2f} total tokens/s, {o / elapsed:.2f} output tokens/s\n"
-                  f"Total num prompt tokens:  {p}\nTotal num output tokens:  {o}", flush=True)
-        return elapsed, outputs
-
-    T.run_vllm = run_vllm  # the only change to vLLM's flow: the timed part runs `repeats` times
-    if job.get("prompts"):  # a prompts file: vLLM's own CustomDataset samples it (throughput has no `custom`)
-        T.get_requests = vllm_compat.custom_requests(job["prompts"], job["output_len"])
-    T.main(args)
+    vllm_compat.run_throughput(job["argv"], job["repeats"], job["warmup_repeats"], job.get("prompts"),
+                               job.get("output_len"))
 
 
 def throughput_argv(model_path: str, b: dict, w: dict, engine_knobs: dict) -> list[str]:
-    """`vllm bench throughput` arguments: the workload, params `bench`, the rung's knobs unchanged."""
+    """`vllm bench throughput` arguments: the workload (as workload.prepare made it), params `bench`, the rung's
+    knobs unchanged."""
     return (["--model", model_path] + vllm_compat.dataset_flags(w, "throughput") +
             ["--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b["warmups"])] +
             engine.cli_flags(engine_knobs))
@@ -106,23 +58,26 @@ def job_of(sent: dict) -> dict:
 
 
 def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float,
-                  job: dict | None = None) -> tuple[list[dict], dict]:
-    """`repeats` timed runs inside one engine (bench.mode engine): their results and the engine's facts."""
-    proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats, **(job or {})}, logs, env_knobs, timeout,
+                  warmup_repeats: int = 1, job: dict | None = None) -> tuple[list[dict], dict]:
+    """`repeats` timed runs inside one engine (bench.mode engine), after `warmup_repeats` untimed ones: their
+    results and the engine's facts (with the warm-up passes' tok/s). `job`: job_of(the workload sent)."""
+    proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats, "warmup_repeats": warmup_repeats,
+                                        **(job or {})}, logs, env_knobs, timeout,
                              "vllm bench throughput (in-engine repeats)")
-    return parse_output(proc.log.read_text(encoding="utf-8", errors="replace"))[:repeats], engine.engine_facts(proc.log)
+    text = proc.log.read_text(encoding="utf-8", errors="replace")
+    return (vllm_compat.parse_output(text)[:repeats],
+            {**vllm_compat.engine_facts(proc.log), "warmup_output_tps": vllm_compat.warmup_passes(text)})
 
 
-def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float,
-            job: dict | None = None) -> tuple[list[dict], dict]:
+def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float) -> tuple[list[dict], dict]:
     """`vllm bench throughput` once per repeat, a fresh engine each (bench.mode cli): results and engine facts."""
     runs, facts = [], {}
     for r in range(repeats):
         log = logs / f"run{r + 1}.log"
         engine.run(engine.vllm_cli() + ["bench", "throughput"] + argv, log, engine.child_env(env_knobs),
                    timeout=timeout, what="vllm bench throughput")
-        runs += parse_output(log.read_text(encoding="utf-8", errors="replace"))[:1]
-        facts = facts or engine.engine_facts(log)
+        runs += vllm_compat.parse_output(log.read_text(encoding="utf-8", errors="replace"))[:1]
+        facts = facts or vllm_compat.engine_facts(log)
     return runs, facts
 
 
@@ -130,13 +85,14 @@ def main():
     params = common.stage_start()
     cfg, b, w = common.rung_config(params), params["bench"], params["workload"]
     entry = common.model_entry(cfg["model"]["name"])
-    mode = b["mode"]
-    runner = {"engine": run_in_engine, "cli": run_cli}[mode]
-    logs = common.RESULTS / "logs" / "bench"
-    t0 = time.monotonic()
+    mode, logs, t0 = b["mode"], common.RESULTS / "logs" / "bench", time.monotonic()
     sent, input_len = workload.prepare(w, entry["path"], logs)
-    runs, facts = runner(throughput_argv(entry["path"], b, sent, cfg["engine"]), b["repeats"], logs,
-                         cfg["env"], b["timeout_s"], job_of(sent))
+    argv = throughput_argv(entry["path"], b, sent, cfg["engine"])
+    if mode == "engine":
+        runs, facts = run_in_engine(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], b["warmup_repeats"],
+                                    job_of(sent))
+    else:
+        runs, facts = run_cli(argv, b["repeats"], logs, cfg["env"], b["timeout_s"])
     for i, run in enumerate(runs, 1):
         run["applied"] = check_shape(run, b["num_prompts"], input_len, w["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
@@ -147,11 +103,14 @@ def main():
         "requests_per_s": out["requests_per_s"]["median"],
         "output_tps_ci95": out["output_tps"]["ci95"],
         "output_tps_runs": out["output_tps"]["values"],  # what a Δ vs another rung is computed from
+        "noise_floor": b["noise_floor"],  # ... with this start-to-start floor on its interval
         "repeats": len(runs),
         "mode": mode,
         "workload": workload.describe(w),
         "shape": {"num_prompts": b["num_prompts"], "input_len": input_len, "output_len": w["output_len"],
-                  "dataset": w["kind"], "ignore_eos": True, "warmups": b["warmups"]},
+                  "dataset": w["kind"], "ignore_eos": True, "warmups": b["warmups"],
+                  "warmup_repeats": b["warmup_repeats"] if mode == "engine" else 0},
+        "warmup_output_tps": facts.get("warmup_output_tps"),  # the untimed passes: how slow a cold pass was
         "applied_shape": runs[0]["applied"],
         "kv_cache_tokens": facts.get("kv_cache_tokens"),
         "max_concurrency": facts.get("max_concurrency"),
@@ -168,4 +127,5 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
         sys.exit(0)
-    common.run_stage(main, (common.ParamsError, engine.EngineError, ShapeError, workload.WorkloadError))
+    common.run_stage(main, (common.ParamsError, engine.EngineError, ShapeError, vllm_compat.VllmCompatError,
+                            workload.WorkloadError))

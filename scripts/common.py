@@ -143,11 +143,13 @@ class Interrupted(KeyboardInterrupt):
 
 
 def handle_signals() -> None:
-    """SIGTERM/SIGHUP raise like Ctrl-C does, so every `finally` (stopping servers) runs."""
+    """SIGTERM/SIGHUP raise like Ctrl-C does, so every `finally` (stopping servers) runs. Ctrl-C raises too even
+    where SIGINT was inherited as ignored (a background job of a script: `nohup make ladder &` in a script)."""
     def _raise(signum, _frame):
         raise Interrupted(f"stopped by signal {signal.Signals(signum).name}")
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def die(msg: str, code: int = 2) -> None:

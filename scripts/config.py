@@ -246,6 +246,10 @@ class Bench(Section):
     repeats: PosInt = F("an integer > 0")
     mode: Literal["engine", "cli"] = F("engine or cli", "engine")
     warmups: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 0)
+    warmup_repeats: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 1)  # whole untimed passes (mode engine)
+    # relative SD of output tok/s between fresh engine starts (`make benchmark` measures it); repeats inside one
+    # engine cannot see it, so every Δ's interval carries it
+    noise_floor: Annotated[StrictFloat | StrictInt, at.Ge(0), at.Lt(1)] = F("a fraction in [0, 1)", 0.0)
     timeout_s: PosNum = F("a number of seconds > 0", 1800)
 
 

@@ -73,8 +73,9 @@ def verdict(rec: dict) -> str:
 
 def beats(a: dict, b: dict, objective: str) -> tuple[bool, str]:
     """Candidate a vs candidate b, in like units and by the same rule as a rung vs its base."""
+    floor = max(a["bench"].get("noise_floor") or 0.0, b["bench"].get("noise_floor") or 0.0)
     return gain(stats.knee_delta(b["knee"], a["knee"]),
-                stats.delta(b["bench"]["output_tps_runs"], a["bench"]["output_tps_runs"]), objective)
+                stats.delta(b["bench"]["output_tps_runs"], a["bench"]["output_tps_runs"], floor), objective)
 
 
 def choose(recs: list[dict], objective: str) -> dict | None:

@@ -4,6 +4,8 @@ Rules it enforces for every stage:
 - every child runs in its own process group and is stopped with SIGTERM to that group (SIGKILL only after a
   grace period: it leaks /dev/shm segments), on success, error, timeout, Ctrl-C and SIGTERM alike;
 - a child also gets SIGTERM if the stage process itself dies (PR_SET_PDEATHSIG), so nothing outlives a stage;
+- a command the ladder runs (`dvc exp run`) runs under guarded(): its whole group and every process it started
+  die with the ladder, whatever kills the ladder;
 - servers bind 127.0.0.1 on a free port; logs go to results/logs/<stage>/ with secrets redacted;
 - commands are argument lists; the engine's own error line is kept for the failure reason.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import ctypes
 import json
 import os
@@ -27,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 import common
+from vllm_compat import LOG_PREFIX
 
 STOP_GRACE_S = 30
 _live: set["Proc"] = set()
@@ -81,16 +85,22 @@ def child_env(env_knobs: dict | None = None) -> dict:
 
 
 # ---------------------------------------------------------------- processes
-def _die_with_parent():
-    os.setsid()
-    try:  # Linux: SIGTERM this child if the stage process dies, even by SIGKILL
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # linux/prctl.h
+
+
+def _prctl(option: int, arg: int) -> None:
+    try:  # Linux only; elsewhere the lifecycle falls back to the `finally` blocks
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, arg)
     except OSError:
         pass
 
 
+def _die_with_parent():
+    os.setsid()
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # SIGTERM this child if the stage process dies, even by SIGKILL
+
+
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|Traceback|CUDA out of memory|No available memory|Killed)")
-_LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s+)?((ERROR|WARNING|INFO|DEBUG|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
 _EXCEPTION = re.compile(r"^[\w.]*(Error|Exception)\b: \S")
 _NOISE = re.compile(r"^\s*(File \"|\^+|~+|raise |return |Traceback)|See root cause above|"
                     r"Engine core initialization failed|exit code \d+")
@@ -144,7 +154,7 @@ class Proc:
     def error_line(self) -> str:
         """The engine's own root-cause line: the last exception message it printed (vLLM's wrappers such as
         "Engine core initialization failed. See root cause above." skipped), else its last error-ish line."""
-        msgs = [_LOG_PREFIX.sub("", ln).strip() for ln in self.tail if ln.strip()]
+        msgs = [LOG_PREFIX.sub("", ln).strip() for ln in self.tail if ln.strip()]
         exc = [m for m in msgs if _EXCEPTION.match(m) and not _NOISE.search(m)]
         if exc:
             return exc[-1][:500]
@@ -224,6 +234,123 @@ def run_worker(script: str, job: dict, logs: Path, env_knobs: dict, timeout: flo
                timeout=timeout, what=what)
 
 
+# ---------------------------------------------------------------- a command that must not outlive its caller
+GUARD_GRACE_S = STOP_GRACE_S + 15  # the command's stages get STOP_GRACE_S to stop their own servers first
+
+
+def guarded(cmd: list[str], **popen_kw) -> subprocess.Popen:
+    """Start `cmd` (e.g. `dvc exp run`) under a guard so that nothing it starts outlives the caller, however the
+    caller dies (Ctrl-C, SIGTERM, a closed SSH session, the OOM killer, SIGKILL).
+
+    The returned Popen is the guard: it leads a new session and process group that `cmd` and all it starts (a shell,
+    the stage scripts) run in, and gets SIGTERM when the caller dies (PR_SET_PDEATHSIG). PDEATHSIG alone would reach
+    only `cmd`; DVC does not pass SIGTERM on to its stages, whose shells would outlive it. The guard then SIGTERMs the
+    group, so stages stop their servers as on Ctrl-C, and SIGKILLs whatever is left after GUARD_GRACE_S; as a child
+    subreaper it also finds the descendants that left the group and lost their parent. Ctrl-C: `os.killpg(p.pid,
+    SIGINT)` reaches `cmd` with SIGINT's default disposition, however the caller was started; `p.terminate()`: stop all.
+    """
+    argv = [sys.executable, str(Path(__file__).resolve()), "guard", str(os.getpid()), "--", *cmd]
+    return subprocess.Popen(argv, preexec_fn=_die_with_parent, **popen_kw)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _say(msg: str) -> None:
+    try:  # stderr may be a pipe to the caller that just died
+        os.write(2, f"[guard] {msg}\n".encode())
+    except OSError:
+        pass
+
+
+def _leftovers() -> dict[int, tuple[int, int]]:
+    """Live processes of our group and all our descendants (orphans are re-parented to us: we are a subreaper),
+    us excluded: {pid: (parent pid, process group)}."""
+    try:  # reap finished children first: a zombie is not a leftover
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+    procs = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        state, ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]  # after "(comm)", which may hold spaces
+        if state not in ("Z", "X"):
+            procs[int(d.name)] = (int(ppid), int(pgrp))
+    children = collections.defaultdict(list)
+    for pid, (ppid, _) in procs.items():
+        children[ppid].append(pid)
+    me = os.getpid()
+    found, todo = {pid for pid, (_, pgrp) in procs.items() if pgrp == os.getpgrp()}, [me]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            found.add(pid)
+            todo.append(pid)
+    found.discard(me)
+    return {pid: procs[pid] for pid in sorted(found)}
+
+
+def _end_all(grace: float) -> None:
+    """SIGTERM to our group and to each orphan outside it (as its dead parent's PR_SET_PDEATHSIG would), then
+    SIGKILL to each leftover after `grace` seconds."""
+    if not _leftovers():
+        return
+    me, group, termed = os.getpid(), os.getpgrp(), set()
+    os.killpg(group, signal.SIGTERM)  # we ignore it by now
+    deadline = time.monotonic() + grace
+    while (left := _leftovers()) and time.monotonic() < deadline:
+        for pid in [p for p, (ppid, pgrp) in left.items() if ppid == me and pgrp != group and p not in termed]:
+            termed.add(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        time.sleep(0.2)
+    for _ in range(50):
+        if not left:
+            return
+        _say(f"SIGKILL to {len(left)} processes still alive {grace:.0f} s after SIGTERM: {list(left)}")
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+        left = _leftovers()
+
+
+def _guard(caller: int, cmd: list[str]) -> int:
+    def stop(signum, _frame):
+        raise _Stop(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+    # Ctrl-C is sent to the whole group and is for `cmd`; a Python handler (not SIG_IGN) is reset on exec, so `cmd`
+    # sees SIGINT's default disposition even if ours was inherited as ignored (a background job of a script)
+    signal.signal(signal.SIGINT, lambda *_: None)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    if os.getpgrp() != os.getpid():  # started other than by guarded(): own a group, or killpg would hit others
+        os.setsid()
+    rc = 128 + signal.SIGTERM
+    try:
+        if os.getppid() != caller:  # the caller died before PR_SET_PDEATHSIG was in place
+            raise _Stop(f"caller {caller} gone")
+        child = subprocess.Popen(cmd)
+        while (pid_status := os.wait())[0] != child.pid:  # reap the orphans re-parented to us as they end
+            pass
+        child.returncode = rc = os.waitstatus_to_exitcode(pid_status[1])
+        rc = rc if rc >= 0 else 128 - rc
+    except _Stop as e:
+        _say(f"{e}: stopping `{' '.join(cmd[:3])[:120]}` and everything it started")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        _end_all(GUARD_GRACE_S)
+    return rc
+
+
 # ---------------------------------------------------------------- server
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -298,46 +425,7 @@ class Server:
         return False
 
 
-# ---------------------------------------------------------------- what the engine says about itself
-_KV_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
-_MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
-_INIT_S = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) ?s")
-_KERNEL = re.compile(r"Using (\w+) for (\w+)")
-_KV_FP8 = re.compile(r"Using (fp8\w*) data type to store kv cache")
-_QUANT = re.compile(r"quantization=([\w-]+)")
-_KV_DTYPE = re.compile(r"kv_cache_dtype=([\w]+)")
-_PREFIX = re.compile(r"enable_prefix_caching=(\w+)")
-_BATCHED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
-_TP = re.compile(r"tensor_parallel_size=(\d+)")
-_MODEL = re.compile(r"with config: model='([^']*)'")
-
-
-def engine_facts(log: Path) -> dict:
-    """KV capacity, max concurrency, init time, quantization and kernels, as the engine logged them."""
-    facts: dict = {"kernels": []}
-    text = Path(log).read_text(encoding="utf-8", errors="replace") if Path(log).exists() else ""
-    if m := _KV_TOKENS.search(text):
-        facts["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
-    if m := _MAX_CONC.search(text):
-        facts["max_concurrency"] = float(m.group(2))
-        facts["max_concurrency_at_tokens"] = int(m.group(1).replace(",", ""))
-    if m := _INIT_S.search(text):
-        facts["engine_init_s"] = float(m.group(1))
-    if m := _QUANT.search(text):
-        facts["quantization"] = None if m.group(1) == "None" else m.group(1)
-    if m := _KV_DTYPE.search(text):
-        facts["kv_cache_dtype"] = m.group(1)
-    if m := _PREFIX.search(text):
-        facts["enable_prefix_caching"] = m.group(1) == "True"
-    if m := _BATCHED.search(text):
-        facts["max_num_batched_tokens"] = int(m.group(1))
-    if m := _TP.search(text):
-        facts["tensor_parallel_size"] = int(m.group(1))
-    if m := _MODEL.search(text):
-        facts["model_path"] = m.group(1)
-    for kernel, layer in _KERNEL.findall(text):
-        if "Kernel" in kernel and kernel not in facts["kernels"]:
-            facts["kernels"].append(kernel)
-    if m := _KV_FP8.search(text):
-        facts["kv_cache_dtype_logged"] = m.group(1)
-    return facts
+if __name__ == "__main__":  # `python scripts/engine.py guard <caller pid> -- <command...>`: see guarded()
+    if len(sys.argv) < 5 or sys.argv[1] != "guard" or sys.argv[3] != "--" or not sys.argv[2].isdigit():
+        common.die(f"usage: {sys.argv[0]} guard <caller pid> -- <command...>; got {sys.argv[1:]}")
+    sys.exit(_guard(int(sys.argv[2]), sys.argv[4:]))

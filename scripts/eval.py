@@ -14,6 +14,7 @@ import time
 
 import common
 import engine
+import vllm_compat
 
 import score
 
@@ -69,7 +70,7 @@ def main(which: str) -> None:
     wall = time.monotonic() - t0
     gen = common.read_json(logs / "texts.json")
     summary = score.summarize(items, gen["texts"])
-    facts = engine.engine_facts(logs / "engine.log")
+    facts = vllm_compat.engine_facts(logs / "engine.log")
     lines = [json.dumps({**s, "prompt": it["prompt"], "answer": it["answer"], "scoring": it["scoring"], "output": t},
                         ensure_ascii=False) for s, it, t in zip(summary.pop("items"), items, gen["texts"])]
     common.write_text(out / "eval_items.jsonl", "\n".join(lines) + "\n")

@@ -11,12 +11,8 @@ H200 a fresh `vllm bench serve` per probe spent ~40 s of its ~49 s starting up, 
 """
 from __future__ import annotations
 
-import ast
 import contextlib
 import csv
-import math
-import os
-import re
 import statistics
 import threading
 import time
@@ -51,22 +47,13 @@ def probe_args(url: str, model_path: str, k: dict, slo: dict, rate: float, n: in
         "--save-result", "--result-dir", str(out_dir), "--result-filename", name, "--disable-tqdm"]
 
 
-def import_bench_serve():
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")  # local models
-    from vllm.benchmarks import serve
-    return serve
-
-
 class Prober:
     """`vllm bench serve` in this process: vLLM's own parser and `main`, one import for all of a stage's probes.
     Each probe runs in a thread so that a hung one times out (the server is then stopped by the stage)."""
 
     def __init__(self, log):
-        serve = import_bench_serve()
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-        self.log, self._main = log, serve.main
-        self._parser = FlexibleArgumentParser(prog="vllm bench serve")
-        serve.add_cli_args(self._parser)
+        self.log = log
+        self._parser, self._main = vllm_compat.bench_serve_cli()
 
     def __call__(self, argv: list[str], timeout: float, what: str) -> None:
         args = self._parser.parse_args(argv)
@@ -132,30 +119,10 @@ def write_csv(path, rows):
     tmp.replace(path)
 
 
-_METRIC = re.compile(r"^(vllm:[a-z_]+?)(?:_total)?(\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
-
-
-def scrape(text: str) -> dict:
-    """Sum each counter/gauge over its label sets; keep cache_config_info's labels."""
-    out: dict = {}
-    for name, labels, value in _METRIC.findall(text):
-        if name == "vllm:cache_config_info" and labels:
-            out["cache_config"] = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        elif not math.isnan(float(value)):
-            out[name] = out.get(name, 0.0) + float(value)
-    return out
-
-
-def non_default_args(log) -> dict:
-    """The `non-default args: {...}` line vLLM prints: the knobs as the engine received them."""
-    text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
-    m = re.search(r"non-default args: (\{.*\})", text)
-    if not m:
-        return {}
-    try:
-        return ast.literal_eval(m.group(1))
-    except (ValueError, SyntaxError):
-        return dict(re.findall(r"'(\w+)': ([\w.]+)", m.group(1)))
+def _import_quietly() -> None:
+    """vLLM's bench code imported ahead; a VllmCompatError is raised again where Prober imports it."""
+    with contextlib.suppress(vllm_compat.VllmCompatError):
+        vllm_compat.import_bench_serve()
 
 
 def warm_up(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> None:
@@ -210,7 +177,7 @@ def main():
     sent, input_len = workload.prepare(params["workload"], entry["path"], logs)
     k = {**k, "workload": sent}
     t0 = time.monotonic()
-    importing = threading.Thread(target=import_bench_serve, daemon=True)
+    importing = threading.Thread(target=_import_quietly, daemon=True)
     importing.start()  # the prober's imports overlap the server's start-up
     with engine.Server(entry["path"], cfg["engine"], cfg["env"], logs / "server.log",
                        start_timeout=k["start_timeout_s"]) as srv:
@@ -218,13 +185,13 @@ def main():
         print(f"knee: vllm serve ready on {srv.url} in {ready_s:.0f} s")
         prober = Prober(logs / "probes.log")
         warm_up(prober, srv, entry["path"], k, slo, logs)
-        before = scrape(srv.metrics())
+        before = vllm_compat.scrape(srv.metrics())
         rows, probes = sweep(prober, srv, entry["path"], k, slo, logs)
-        after = scrape(srv.metrics())
+        after = vllm_compat.scrape(srv.metrics())
     measure_s = time.monotonic() - t0
     queries = after.get("vllm:prefix_cache_queries", 0) - before.get("vllm:prefix_cache_queries", 0)
     hits = after.get("vllm:prefix_cache_hits", 0) - before.get("vllm:prefix_cache_hits", 0)
-    facts, desc = engine.engine_facts(srv.log), workload.describe(sent)
+    facts, desc = vllm_compat.engine_facts(srv.log), workload.describe(sent)
     caching = str(after.get("cache_config", {}).get("enable_prefix_caching",
                                                     facts.get("enable_prefix_caching"))) == "True"
     hit_rate = hits / queries if queries else (0.0 if not caching else None)  # caching off: nothing can hit
@@ -248,7 +215,7 @@ def main():
         "wall_s": round(measure_s, 1),
         "kv_cache_tokens": facts.get("kv_cache_tokens"),
         "max_concurrency": facts.get("max_concurrency"),
-        "applied": {**facts, "received": non_default_args(srv.log),
+        "applied": {**facts, "received": vllm_compat.non_default_args(srv.log),
                     "cache_config": after.get("cache_config", {}),
                     "prefix_cache_hit_rate": hit_rate, "prefix_cache_queries": queries, "prefix_cache_hits": hits,
                     "workload_shared_prefix_len": desc["shared_prefix_len"]},
@@ -264,4 +231,5 @@ def main():
 if __name__ == "__main__":
     # hard_exit: triton's bindings, imported by vLLM's bench code, print hundreds of "nanobind: leaked function"
     # lines at interpreter teardown. Every child is stopped and every file closed by then.
-    common.run_stage(main, (common.ParamsError, engine.EngineError, workload.WorkloadError), hard_exit=True)
+    common.run_stage(main, (common.ParamsError, engine.EngineError, vllm_compat.VllmCompatError,
+                            workload.WorkloadError), hard_exit=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import common
 import decide
+import engine
 import fingerprint
 import plan as planning
 import record
@@ -82,8 +83,8 @@ class Driver:
         subprocess.run(["dvc", "exp", "remove", exp], cwd=common.ROOT, capture_output=True)  # re-run: run-cache restores
         t0 = time.monotonic()
         with open(log, "w") as f:
-            self.dvc = subprocess.Popen(cmd, cwd=common.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, start_new_session=True)
+            # guarded: dvc, its stages and their servers die with the ladder, even if it is SIGKILLed
+            self.dvc = engine.guarded(cmd, cwd=common.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             lines = []
             for line in self.dvc.stdout:
                 line = common.redact(line)
@@ -201,14 +202,15 @@ class Driver:
         common.write_json(self.out, lad)
 
     def interrupt(self) -> None:
-        """Ctrl-C: pass it to the running `dvc exp run` (and its stage), which stops its servers by PID."""
+        """Ctrl-C: pass it to the running `dvc exp run` (and its stage), which stops its servers by PID; if that
+        does not end it, its guard stops the whole group (SIGTERM, SIGKILL after its grace)."""
         if self.dvc and self.dvc.poll() is None:
             try:
                 os.killpg(self.dvc.pid, signal.SIGINT)
                 self.dvc.wait(timeout=120)
             except subprocess.TimeoutExpired:
-                os.killpg(self.dvc.pid, signal.SIGTERM)
-                self.dvc.wait(timeout=60)
+                self.dvc.terminate()
+                self.dvc.wait(timeout=engine.GUARD_GRACE_S + 30)
             except ProcessLookupError:
                 pass
 

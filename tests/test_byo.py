@@ -45,7 +45,7 @@ def test_any_engine_arg_of_the_installed_vllm_is_a_legal_rung():
 
 def test_a_mistyped_engine_arg_is_refused_with_vllms_message_naming_the_rung():
     msg = vllm_errors({"name": "seqs", "set": {"engine.max_num_seqs": "lots"}})
-    assert "ladder.yaml cpu rung 1 'seqs': engine.max_num_seqs: 'lots' is refused by vLLM" in msg
+    assert "ladder.yaml cpu rung 1 'seqs': engine.max_num_seqs: 'lots' is refused by vllm" in msg
     assert "argument --max-num-seqs: invalid int value: 'lots'" in msg
     msg = vllm_errors({"name": "kv", "set": {"engine.kv_cache_dtype": "int3"}})
     assert "rung 1 'kv': engine.kv_cache_dtype: 'int3'" in msg and "invalid choice: 'int3'" in msg
@@ -53,7 +53,7 @@ def test_a_mistyped_engine_arg_is_refused_with_vllms_message_naming_the_rung():
 
 def test_an_unknown_engine_arg_is_refused_with_a_suggestion():
     msg = vllm_errors({"name": "typo", "set": {"engine.max_num_seq": 64}})
-    assert "rung 1 'typo': engine.max_num_seq: not an engine argument of vLLM" in msg
+    assert "rung 1 'typo': engine.max_num_seq: not an engine argument of vllm" in msg
     assert "unrecognized arguments: --max-num-seq" in msg and "did you mean max_num_seqs" in msg
 
 
@@ -61,7 +61,7 @@ def test_baseline_engine_args_are_checked_by_vllms_parser_too():
     p = eff()
     p["baseline"]["engine"]["enable_prefix_caching"] = "yes"
     msg = vllm_errors({"name": "fp8", "set": {"engine.kv_cache_dtype": "fp8"}}, params=p)
-    assert "baseline.engine.enable_prefix_caching: 'yes' is refused by vLLM" in msg
+    assert "baseline.engine.enable_prefix_caching: 'yes' is refused by vllm" in msg
 
 
 def test_ladder_check_accepts_async_scheduling_and_refuses_lots_before_any_engine_starts(tmp_path):
@@ -75,7 +75,7 @@ def test_ladder_check_accepts_async_scheduling_and_refuses_lots_before_any_engin
     assert ok.returncode == 0, ok.stderr
     bad = check({"name": "seqs", "set": {"engine.max_num_seqs": "lots"}})
     assert bad.returncode == 2
-    assert "cpu rung 1 'seqs': engine.max_num_seqs: 'lots' is refused by vLLM" in bad.stderr
+    assert "cpu rung 1 'seqs': engine.max_num_seqs: 'lots' is refused by vllm" in bad.stderr
     assert "invalid int value: 'lots'" in bad.stderr and "nothing was run" in bad.stderr
 
 

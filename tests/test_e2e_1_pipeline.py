@@ -112,7 +112,7 @@ def test_bad_params_are_refused_before_any_engine_starts(project):
         p = project.dvc("repro", *TARGETS, check=False)
         assert p.returncode != 0
         # vLLM's own engine-arg parser refuses it, in the fingerprint stage, before any engine starts
-        assert ("engine.max_num_seqs: 'lots' is refused by vLLM" in p.stdout + p.stderr
+        assert ("engine.max_num_seqs: 'lots' is refused by vllm" in p.stdout + p.stderr
                 and "argument --max-num-seqs: invalid int value: 'lots'" in p.stdout + p.stderr)
         assert "Running stage 'eval" not in p.stdout and not wait_no_vllm(5)
         (project.path / "params.yaml").write_text(original)

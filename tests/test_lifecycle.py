@@ -105,3 +105,68 @@ def test_secrets_never_reach_children_or_logs(tmp_path, monkeypatch):
     engine.run(["echo", f"token={PLANTED_TOKEN}"], tmp_path / "s.log", env=env, timeout=30)
     text = (tmp_path / "s.log").read_text()
     assert PLANTED_TOKEN not in text and "token=***" in text
+
+
+def wait_dead(pids, timeout=60):
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def test_a_guarded_command_and_all_it_started_die_when_the_caller_is_sigkilled(tmp_path):
+    """What `dvc exp run` under a SIGKILLed ladder gets: its whole group, and a descendant that left the group
+    (a stage's server in its own session), are stopped by the guard; PDEATHSIG alone reaches only the direct child."""
+    pidfile = tmp_path / "pids"
+    caller = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(common.ROOT / 'scripts')!r})
+        import engine
+        p = engine.guarded(["bash", "-c",
+                            "setsid sleep 300 & echo $! > {pidfile}; sleep 300 & echo $! >> {pidfile}; wait"])
+        print(p.pid, flush=True)
+        time.sleep(300)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", caller], stdout=subprocess.PIPE, text=True)
+    guard = int(parent.stdout.readline())
+    while len(pidfile.read_text().split() if pidfile.exists() else []) < 2:
+        time.sleep(0.1)
+    left_the_group, in_the_group = map(int, pidfile.read_text().split())
+    assert os.getpgid(in_the_group) == guard and os.getpgid(left_the_group) != guard
+    parent.send_signal(signal.SIGKILL)  # no `finally` runs: an OOM kill, `kill -9`
+    parent.wait()
+    assert not wait_dead([guard, in_the_group, left_the_group]), "a guarded process outlived its killed caller"
+
+
+def test_a_guarded_command_sees_ctrl_c_even_if_its_caller_ignores_sigint(tmp_path):
+    """A background job of a script inherits SIGINT ignored; the guarded command gets the default disposition,
+    Ctrl-C sent to the group reaches it, and its exit code is the guard's."""
+    script = ("import signal, sys, time\nprint(signal.getsignal(signal.SIGINT), flush=True)\n"
+              "try:\n    time.sleep(300)\nexcept KeyboardInterrupt:\n    sys.exit(130)\n")
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        p = engine.guarded([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert p.stdout.readline().strip() == str(signal.default_int_handler)
+    os.killpg(p.pid, signal.SIGINT)
+    assert p.wait(timeout=30) == 130
+    assert engine.guarded(["bash", "-c", "exit 3"]).wait(timeout=30) == 3
+
+
+def test_terminating_the_guard_stops_its_command(tmp_path):
+    p = engine.guarded([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(300)"],
+                       stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "up\n"
+    p.terminate()
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not subprocess.run(["pgrep", "-g", str(p.pid)], capture_output=True).stdout
+
+
+def test_ctrl_c_raises_even_where_sigint_was_inherited_ignored():
+    code = (f"import os, signal, sys; sys.path.insert(0, {str(common.ROOT / 'scripts')!r}); import common\n"
+            "common.handle_signals()\ntry:\n    os.kill(os.getpid(), signal.SIGINT); import time; time.sleep(5)\n"
+            "except KeyboardInterrupt:\n    sys.exit(130)\n")
+    p = subprocess.run([sys.executable, "-c", code], preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+                       timeout=30)
+    assert p.returncode == 130

@@ -163,3 +163,11 @@ def test_the_fingerprint_tells_machines_apart_without_exposing_their_ids():
     assert re.fullmatch(r"[0-9a-f]{12}", fp["host_id"]) and fp["host_id"] == fingerprint.host_id()
     raw = open("/etc/machine-id").read().strip() if os.path.exists("/etc/machine-id") else ""
     assert not raw or raw not in json.dumps(fp)
+
+
+def test_a_start_to_start_floor_widens_an_interval_that_in_engine_repeats_make_too_tight():
+    base, new = [420.1, 420.5, 420.3], [428.3, 428.9, 428.6]  # +2 %, repeats inside one engine agree closely
+    assert stats.delta(base, new)["verdict"] == "better"
+    d = stats.delta(base, new, floor=0.02)
+    assert d["verdict"] == "within noise" and "2% start-to-start floor" in d["why"]
+    assert stats.delta(base, [500.0, 501.0, 499.0], floor=0.02)["verdict"] == "better"  # +19 % still shows
