@@ -222,9 +222,11 @@ def main():
         "rows": rows,
         "provenance": common.provenance(params, cfg),
     })
-    where = {"inside": f"knee {result['knee_rps']:g} req/s (first break {result['first_fail_rps']:g})",
-             "below": f"SLO broken at every rate down to {result['first_fail_rps']:g} req/s",
-             "above": f"SLO met up to {result['last_pass_rps']:g} req/s, the top of the range"}[result["status"]]
+    # only the status's own numbers exist (a sweep whose every rate passed has no first break): format that one
+    where = {"inside": lambda: f"knee {result['knee_rps']:g} req/s (first break {result['first_fail_rps']:g})",
+             "below": lambda: f"SLO broken at every rate down to {result['first_fail_rps']:g} req/s",
+             "above": lambda: f"SLO met up to {result['last_pass_rps']:g} req/s, the top of the range",
+             }[result["status"]]()
     print(f"knee: {where}; {len(rows)} probes, {measure_s:.0f} s")
 
 
