@@ -43,7 +43,7 @@ def main():
     print(f"rung: {cfg['model']['name']}, {b['num_prompts']} prompts, {workload.describe(sent)['text']}")
 
     t0 = time.monotonic()
-    runs, _ = bench.run_in_engine(argv, args.repeats, logs / "in-engine", cfg["env"], 1800, bench.job_of(sent))
+    runs, _ = bench.run_in_engine(argv, args.repeats, logs / "in-engine", cfg["env"], 1800, job=bench.job_of(sent))
     spread(f"1. {args.repeats} repeats in one engine ({time.monotonic() - t0:.0f} s)", [r["output_tps"] for r in runs])
 
     t0 = time.monotonic()
