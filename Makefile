@@ -25,11 +25,16 @@ $(VENV)/.ladder-setup: requirements.txt scripts/requirements-cpu.txt scripts/set
 	bash scripts/setup.sh $(VENV)
 	touch $@
 
-ladder: setup ## run the whole ladder as DVC experiments and write report/before_after.md (PROFILE=, RUNGS=N, LADDER=file)
-	python scripts/ladder.py --profile $(PROFILE) $(if $(RUNGS),--rungs $(RUNGS)) $(if $(LADDER),--ladder $(LADDER))
+# MODEL=<catalog name | local folder | org/name@revision>, QUANT_MODEL= (its quantized variant), WORKLOAD=<random |
+# shared-prefix | prompts.jsonl>: your model and traffic without editing YAML (README: Bring your own model and traffic)
+CHOICES = $(if $(MODEL),--model '$(MODEL)') $(if $(QUANT_MODEL),--quant-model '$(QUANT_MODEL)') \
+	$(if $(WORKLOAD),--workload '$(WORKLOAD)')
 
-check: setup ## validate params.yaml, the ladder and the eval set; start nothing
-	python scripts/ladder.py --profile $(PROFILE) --check
+ladder: setup ## run the whole ladder as DVC experiments and write report/before_after.md (PROFILE=, RUNGS=N, LADDER=file, MODEL=, QUANT_MODEL=, WORKLOAD=)
+	python scripts/ladder.py --profile $(PROFILE) $(if $(RUNGS),--rungs $(RUNGS)) $(if $(LADDER),--ladder $(LADDER)) $(CHOICES)
+
+check: setup ## validate params.yaml, the ladder and the eval set (MODEL=, QUANT_MODEL=, WORKLOAD= too); start nothing
+	python scripts/ladder.py --profile $(PROFILE) --check $(CHOICES)
 
 repro: setup ## dvc repro: re-run only the stale stages of the rung in params.yaml
 	dvc repro

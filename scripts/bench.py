@@ -1,11 +1,12 @@
-"""Stage `bench`: vLLM's `bench throughput` on the fixed decode-heavy shape, `bench.repeats` timed runs.
+"""Stage `bench`: vLLM's `bench throughput` on params `workload`, `bench.repeats` timed runs.
 
 bench.mode `engine`: vLLM's own `vllm.benchmarks.throughput.main`, its arguments parsed by its own
 parser, with its `run_vllm` wrapped so that ONE engine serves the warm-up and every timed repeat (an engine
 start costs more than the measurement; vllm_compat.run_throughput holds that wrapper). bench.mode `cli`:
 `vllm bench throughput` once per repeat, each a fresh engine, so the spread also holds start-to-start noise.
 vLLM 0.26/0.32 ignore --input-len/--output-len for the random dataset, so the --random-* flags are used and
-the shape vLLM ran is checked against params.
+the shape vLLM ran is checked against params. A prompts file (workload.kind file) is rendered with the model's
+chat template into results/logs/bench/ and sampled by vLLM's own CustomDataset.
 """
 from __future__ import annotations
 
@@ -16,40 +17,53 @@ import common
 import engine
 import stats
 import vllm_compat
+import workload
 
 
 class ShapeError(RuntimeError):
     pass
 
 
-def check_shape(run: dict, num_prompts: int, input_len: int, output_len: int) -> dict:
-    """Applied tokens per request, as vLLM counted them; raise if they are not the shape params asked for."""
+def check_shape(run: dict, num_prompts: int, input_len: int | tuple[int, int], output_len: int) -> dict:
+    """Applied tokens per request, as vLLM counted them; raise if they are not the shape params asked for.
+    `input_len` is a (shortest, longest) range for a prompts file."""
     applied = {"input_len": run.get("prompt_tokens", 0) / num_prompts, "output_len": run.get("output_tokens", 0) / num_prompts}
-    if applied["output_len"] != output_len or abs(applied["input_len"] - input_len) > max(1, 0.02 * input_len):
+    lo, hi = input_len if isinstance(input_len, tuple) else (input_len, input_len)
+    slack = max(1, 0.02 * hi)
+    if applied["output_len"] != output_len or not lo - slack <= applied["input_len"] <= hi + slack:
+        want = f"{lo}-{hi}" if lo != hi else f"{lo}"
         raise ShapeError(f"vLLM ran {applied['input_len']:g} in / {applied['output_len']:g} out tokens per request, "
-                         f"params ask {input_len} / {output_len} (bench.input_len / bench.output_len)")
+                         f"params ask {want} / {output_len} (workload)")
     return applied
 
 
 def worker(job_path: str) -> None:
     """In the child: vLLM's own throughput benchmark, one engine, warm-up then `repeats` timed runs."""
     job = common.read_json(job_path)
-    vllm_compat.run_throughput(job["argv"], job["repeats"], job["warmup_repeats"])
+    vllm_compat.run_throughput(job["argv"], job["repeats"], job["warmup_repeats"], job.get("prompts"),
+                               job.get("output_len"))
 
 
-def throughput_argv(model_path: str, b: dict, engine_knobs: dict) -> list[str]:
-    """`vllm bench throughput` arguments: the fixed shape of params `bench`, the rung's knobs unchanged."""
-    return ["--model", model_path, "--dataset-name", "random", "--random-input-len", str(b["input_len"]),
-            "--random-output-len", str(b["output_len"]), "--random-range-ratio", "0",
-            "--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b["warmups"])] + engine.cli_flags(engine_knobs)
+def throughput_argv(model_path: str, b: dict, w: dict, engine_knobs: dict) -> list[str]:
+    """`vllm bench throughput` arguments: the workload (as workload.prepare made it), params `bench`, the rung's
+    knobs unchanged."""
+    return (["--model", model_path] + vllm_compat.dataset_flags(w, "throughput") +
+            ["--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b["warmups"])] +
+            engine.cli_flags(engine_knobs))
+
+
+def job_of(sent: dict) -> dict:
+    """What the in-engine worker needs besides its argv: a rendered prompts file, if any."""
+    return {"prompts": sent["prompts"], "output_len": sent["output_len"]} if sent.get("prompts") else {}
 
 
 def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float,
-                  warmup_repeats: int = 1) -> tuple[list[dict], dict]:
+                  warmup_repeats: int = 1, job: dict | None = None) -> tuple[list[dict], dict]:
     """`repeats` timed runs inside one engine (bench.mode engine), after `warmup_repeats` untimed ones: their
-    results and the engine's facts (with the warm-up passes' tok/s)."""
-    proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats, "warmup_repeats": warmup_repeats}, logs,
-                             env_knobs, timeout, "vllm bench throughput (in-engine repeats)")
+    results and the engine's facts (with the warm-up passes' tok/s). `job`: job_of(the workload sent)."""
+    proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats, "warmup_repeats": warmup_repeats,
+                                        **(job or {})}, logs, env_knobs, timeout,
+                             "vllm bench throughput (in-engine repeats)")
     text = proc.log.read_text(encoding="utf-8", errors="replace")
     return (vllm_compat.parse_output(text)[:repeats],
             {**vllm_compat.engine_facts(proc.log), "warmup_output_tps": vllm_compat.warmup_passes(text)})
@@ -69,7 +83,7 @@ def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float
 
 def main():
     params = common.stage_start()
-    cfg, b = common.rung_config(params), params["bench"]
+    cfg, b, w = common.rung_config(params), params["bench"], params["workload"]
     na = vllm_compat.offline_unsupported(cfg["engine"])
     if na:  # not a failure: the rung is judged by the knee, and the record says why there is no bench figure
         common.write_text(common.RESULTS / "logs" / "bench" / "skipped.txt", na + "\n")  # a declared output
@@ -80,14 +94,16 @@ def main():
         print(f"bench: n/a — {na}")
         return
     entry = common.model_entry(cfg["model"]["name"])
-    mode = b["mode"]
-    argv, logs, t0 = throughput_argv(entry["path"], b, cfg["engine"]), common.RESULTS / "logs" / "bench", time.monotonic()
+    mode, logs, t0 = b["mode"], common.RESULTS / "logs" / "bench", time.monotonic()
+    sent, input_len = workload.prepare(w, entry["path"], logs)
+    argv = throughput_argv(entry["path"], b, sent, cfg["engine"])
     if mode == "engine":
-        runs, facts = run_in_engine(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], b["warmup_repeats"])
+        runs, facts = run_in_engine(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], b["warmup_repeats"],
+                                    job_of(sent))
     else:
         runs, facts = run_cli(argv, b["repeats"], logs, cfg["env"], b["timeout_s"])
     for i, run in enumerate(runs, 1):
-        run["applied"] = check_shape(run, b["num_prompts"], b["input_len"], b["output_len"])
+        run["applied"] = check_shape(run, b["num_prompts"], input_len, w["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
     out = {key: stats.summarize([run[key] for run in runs]) for key in ("output_tps", "total_tps", "requests_per_s")}
     common.write_json(common.RESULTS / "bench.json", {
@@ -100,8 +116,9 @@ def main():
         "noise_floor": b["noise_floor"],  # ... with this start-to-start floor on its interval
         "repeats": len(runs),
         "mode": mode,
-        "shape": {"num_prompts": b["num_prompts"], "input_len": b["input_len"], "output_len": b["output_len"],
-                  "dataset": "random", "ignore_eos": True, "warmups": b["warmups"],
+        "workload": workload.describe(w),
+        "shape": {"num_prompts": b["num_prompts"], "input_len": input_len, "output_len": w["output_len"],
+                  "dataset": w["kind"], "ignore_eos": True, "warmups": b["warmups"],
                   "warmup_repeats": b["warmup_repeats"] if mode == "engine" else 0},
         "warmup_output_tps": facts.get("warmup_output_tps"),  # the untimed passes: how slow a cold pass was
         "applied_shape": runs[0]["applied"],
@@ -120,4 +137,5 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
         sys.exit(0)
-    common.run_stage(main, (common.ParamsError, engine.EngineError, ShapeError, vllm_compat.VllmCompatError))
+    common.run_stage(main, (common.ParamsError, engine.EngineError, ShapeError, vllm_compat.VllmCompatError,
+                            workload.WorkloadError))

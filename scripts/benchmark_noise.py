@@ -17,6 +17,7 @@ import common
 import engine
 import knee
 import stats
+import workload
 
 
 def spread(name: str, values: list[float]) -> None:
@@ -36,16 +37,22 @@ def main():
     cfg, b, k, slo = common.rung_config(params), params["bench"], params["knee"], params["slo"]
     entry = common.model_entry(cfg["model"]["name"])
     logs = common.RESULTS / "logs" / "benchmark"
-    argv = bench.throughput_argv(entry["path"], b, cfg["engine"])
-    print(f"rung: {cfg['model']['name']}, shape {b['num_prompts']} x {b['input_len']}/{b['output_len']}")
+    sent, _ = workload.prepare(params["workload"], entry["path"], logs)
+    k = {**k, "workload": sent}
+    argv = bench.throughput_argv(entry["path"], b, sent, cfg["engine"])
+    print(f"rung: {cfg['model']['name']}, {b['num_prompts']} prompts, {workload.describe(sent)['text']}")
 
     t0 = time.monotonic()
-    runs, _ = bench.run_in_engine(argv, args.repeats, logs / "in-engine", cfg["env"], 1800)
+    runs, _ = bench.run_in_engine(argv, args.repeats, logs / "in-engine", cfg["env"], 1800, job=bench.job_of(sent))
     spread(f"1. {args.repeats} repeats in one engine ({time.monotonic() - t0:.0f} s)", [r["output_tps"] for r in runs])
 
     t0 = time.monotonic()
-    runs, _ = bench.run_cli(argv, args.repeats, logs / "cli", cfg["env"], 1800)
-    spread(f"2. {args.repeats} runs, a fresh engine each ({time.monotonic() - t0:.0f} s)", [r["output_tps"] for r in runs])
+    if sent.get("prompts"):
+        print("2. skipped: `vllm bench throughput` (a fresh engine each) takes no prompts file")
+    else:
+        runs, _ = bench.run_cli(argv, args.repeats, logs / "cli", cfg["env"], 1800)
+        spread(f"2. {args.repeats} runs, a fresh engine each ({time.monotonic() - t0:.0f} s)",
+               [r["output_tps"] for r in runs])
 
     rates = [float(x) for x in args.sweep_rates.split(",")]
     for label, over in (("3a. search", {"mode": "search"}), (f"3b. fixed {len(rates)}-rate sweep", {"mode": "sweep", "rates": rates})):

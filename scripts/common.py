@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from config import (ENGINE_KNOBS, PARAMS, ROOT, SECRET_WORDS, ParamsError, check_knob,  # noqa: F401 -- re-exported
-                    knob_error, load_params, validate)
+from config import (PARAMS, ROOT, SECRET_WORDS, ParamsError, check_knob,  # noqa: F401 -- re-exported
+                    knob_error, load_params, local_model_problem, validate)
 
 RESULTS = ROOT / "results"
 
@@ -36,6 +36,13 @@ def unflatten_knobs(flat: dict) -> dict:
         section, _, name = field.partition(".")
         cfg[section][name] = v
     return cfg
+
+
+def engine_args(params: dict) -> list[tuple[str, str, object]]:
+    """(where, name, value) of every engine arg of rung 0 and of the rung in force: what vLLM's own parser checks
+    (vllm_compat.engine_arg_errors)."""
+    return [(f"{prefix}engine", k, v) for prefix, node in (("baseline.", params["baseline"]), ("", params))
+            for k, v in (node.get("engine") or {}).items()]
 
 
 def rung_config(params: dict, which: str = "rung") -> dict:

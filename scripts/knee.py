@@ -21,6 +21,7 @@ import common
 import engine
 import stats
 import vllm_compat
+import workload
 
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -34,12 +35,12 @@ def prompts_for(rate: float, k: dict) -> int:
 
 def probe_args(url: str, model_path: str, k: dict, slo: dict, rate: float, n: int, out_dir, name: str,
                seed: int) -> list[str]:
-    """The `vllm bench serve` arguments of one probe. Each call of a stage gets its own seed: one seed for all
-    would re-send the same random prompts, which the prefix cache then serves (66 % hits on the H200)."""
+    """The `vllm bench serve` arguments of one probe, on the workload `k["workload"]` (as workload.prepare
+    made it). Each call of a stage gets its own seed: one seed for all would re-send the same random prompts,
+    which the prefix cache then serves (66 % hits on the H200)."""
+    w = k["workload"]
     return [
-        "--base-url", url, "--model", model_path,
-        "--dataset-name", "random", "--random-input-len", str(k["input_len"]),
-        "--random-output-len", str(k["output_len"]), "--random-range-ratio", "0",
+        "--base-url", url, "--model", model_path, *vllm_compat.dataset_flags(w, "serve", w.get("prompts")),
         "--num-prompts", str(n), "--request-rate", str(rate), "--seed", str(seed), "--ignore-eos", "--temperature", "0",
         "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", ",".join(map(str, PCTS)),
         "--goodput", f"ttft:{slo['p99_ttft_ms']}", f"tpot:{slo['p99_tpot_ms']}",
@@ -173,6 +174,8 @@ def main():
     cfg, k, slo = common.rung_config(params), params["knee"], params["slo"]
     entry = common.model_entry(cfg["model"]["name"])
     logs = common.RESULTS / "logs" / "knee"
+    sent, input_len = workload.prepare(params["workload"], entry["path"], logs)
+    k = {**k, "workload": sent}
     t0 = time.monotonic()
     importing = threading.Thread(target=_import_quietly, daemon=True)
     importing.start()  # the prober's imports overlap the server's start-up
@@ -188,9 +191,12 @@ def main():
     measure_s = time.monotonic() - t0
     queries = after.get("vllm:prefix_cache_queries", 0) - before.get("vllm:prefix_cache_queries", 0)
     hits = after.get("vllm:prefix_cache_hits", 0) - before.get("vllm:prefix_cache_hits", 0)
+    facts, desc = vllm_compat.engine_facts(srv.log), workload.describe(sent)
+    caching = str(after.get("cache_config", {}).get("enable_prefix_caching",
+                                                    facts.get("enable_prefix_caching"))) == "True"
+    hit_rate = hits / queries if queries else (0.0 if not caching else None)  # caching off: nothing can hit
     result = stats.knee_result(probes, k["rates"] if k["mode"] == "sweep" else None)
     at = next((r for r in rows if r["offered_rps"] == result["knee_rps"]), None)
-    facts = vllm_compat.engine_facts(srv.log)
     write_csv(common.RESULTS / "knee.csv", rows)
     common.write_json(common.RESULTS / "knee.json", {
         **result,
@@ -200,7 +206,10 @@ def main():
         "p99_ttft_ms_at_knee": at and at["p99_ttft_ms"],
         "p99_tpot_ms_at_knee": at and at["p99_tpot_ms"],
         "output_tps_at_knee": at and at["output_tps"],
-        "shape": {"input_len": k["input_len"], "output_len": k["output_len"], "dataset": "random",
+        "workload": desc,
+        "shape": {"input_len": sent.get("prompt_tokens_mean", input_len), "output_len": sent["output_len"],
+                  "dataset": sent["kind"],
+                  "prefix_len": desc["shared_prefix_len"],
                   "arrivals": "poisson", "ignore_eos": True, "temperature": 0, "probe_seconds": k["probe_seconds"]},
         "server_ready_s": round(ready_s, 1),
         "wall_s": round(measure_s, 1),
@@ -208,18 +217,21 @@ def main():
         "max_concurrency": facts.get("max_concurrency"),
         "applied": {**facts, "received": vllm_compat.non_default_args(srv.log),
                     "cache_config": after.get("cache_config", {}),
-                    "prefix_cache_hit_rate": (hits / queries) if queries else None,
-                    "prefix_cache_queries": queries},
+                    "prefix_cache_hit_rate": hit_rate, "prefix_cache_queries": queries, "prefix_cache_hits": hits,
+                    "workload_shared_prefix_len": desc["shared_prefix_len"]},
         "rows": rows,
         "provenance": common.provenance(params, cfg),
     })
-    where = {"inside": f"knee {result['knee_rps']:g} req/s (first break {result['first_fail_rps']:g})",
-             "below": f"SLO broken at every rate down to {result['first_fail_rps']:g} req/s",
-             "above": f"SLO met up to {result['last_pass_rps']:g} req/s, the top of the range"}[result["status"]]
+    # only the status's own numbers exist (a sweep whose every rate passed has no first break): format that one
+    where = {"inside": lambda: f"knee {result['knee_rps']:g} req/s (first break {result['first_fail_rps']:g})",
+             "below": lambda: f"SLO broken at every rate down to {result['first_fail_rps']:g} req/s",
+             "above": lambda: f"SLO met up to {result['last_pass_rps']:g} req/s, the top of the range",
+             }[result["status"]]()
     print(f"knee: {where}; {len(rows)} probes, {measure_s:.0f} s")
 
 
 if __name__ == "__main__":
     # hard_exit: triton's bindings, imported by vLLM's bench code, print hundreds of "nanobind: leaked function"
     # lines at interpreter teardown. Every child is stopped and every file closed by then.
-    common.run_stage(main, (common.ParamsError, engine.EngineError, vllm_compat.VllmCompatError), hard_exit=True)
+    common.run_stage(main, (common.ParamsError, engine.EngineError, vllm_compat.VllmCompatError,
+                            workload.WorkloadError), hard_exit=True)

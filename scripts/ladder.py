@@ -7,6 +7,7 @@ OOM, timeout) is recorded with the engine's own error and the ladder goes on. Fi
 report/ladder.json as they finish; a re-run restores them from DVC's run-cache instead of re-measuring.
 
   python scripts/ladder.py [--profile cpu|gpu|gpu-shape] [--check] [--rungs N] [--ladder FILE]
+                           [--model NAME|FOLDER|ORG/NAME@REV] [--quant-model ...] [--workload KIND|FILE]
 """
 from __future__ import annotations
 
@@ -133,6 +134,9 @@ class Driver:
         self.finish(base)
         self.final_exp = base["exp"]
         for i, rung in enumerate(self.plan.rungs, 1):
+            if rung.get("skip"):
+                self.finish(self.skipped(i, rung["name"], "rung", rung["set"], rung, f"skipped: {rung['skip']}"))
+                continue
             cands = planning.rung_changes(rung)
             tries = [(planning.candidate_label(rung, c), c, "candidate") for c in cands] if len(cands) > 1 \
                 else [(rung["name"], cands[0], "rung")]
@@ -192,7 +196,7 @@ class Driver:
             "complete": final, "environment": common.read_json(fp) if fp.exists() else {},
             "git_commit": common.git_commit(), "models": self.models,
             "slo": self.eff["slo"], "objective": self.objective, "rule": decide.rule(self.objective),
-            "settings": {k: self.eff[k] for k in ("bench", "knee", "eval", "gate", "cost", "capacity")},
+            "settings": {k: self.eff[k] for k in ("workload", "bench", "knee", "eval", "gate", "cost", "capacity")},
             "eval_file": self.eff["eval"]["file"], "eval_sha256": common.sha256_file(ev_file),
             "eval_n": sum(1 for ln in open(ev_file, encoding="utf-8") if ln.strip()),
             "final_exp": self.final_exp, "rungs": self.records,
@@ -222,20 +226,27 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="validate params and the ladder; run nothing")
     ap.add_argument("--rungs", type=int, default=None, help="run only the first N rungs after the baseline")
     ap.add_argument("--ladder", type=Path, default=planning.LADDER_YAML, help="the ladder file (default: ladder.yaml)")
+    ap.add_argument("--model", help="rung 0's model: a download.catalog name, a local folder or org/name@revision")
+    ap.add_argument("--quant-model", help="the quantized variant the quantization rung tries (same forms as --model)")
+    ap.add_argument("--workload", help="the traffic: random, shared-prefix, or a JSONL prompts file")
     args = ap.parse_args()
     os.chdir(common.ROOT)
     gpus = len(fingerprint.gpus())
     profile = args.profile or ("gpu" if gpus else "cpu")
     try:  # every bad input is reported here, before any engine starts
         params, lad = common.load_params(check=False), planning.load_ladder(args.ladder)
-        accepted = planning.installed_engine_args()
-        plan = planning.resolve(params, lad, profile, planning.committed_params(), gpus, args.rungs, accepted)
+        plan = planning.resolve(params, lad, profile, planning.committed_params(), gpus, args.rungs,
+                                args.model, args.quant_model, args.workload)
         score.load_items(plan.params["eval"]["file"])
+        errors = planning.engine_arg_errors(plan)  # vLLM's own parser, once for the whole ladder
+        if errors:
+            raise common.ParamsError("the ladder is not valid (nothing was run):\n  " + "\n  ".join(errors))
     except (common.ParamsError, score.EvalFileError) as e:
         common.die(str(e))
-    print(f"ladder: profile {profile}, baseline + {len(plan.rungs)} rungs: " + ", ".join(r["name"] for r in plan.rungs))
-    print(f"ladder: engine knobs checked against the installed vLLM {accepted['version']}'s EngineArgs" if accepted
-          else "ladder: engine knobs NOT checked against vLLM's EngineArgs: vLLM cannot be imported here")
+    print(f"ladder: profile {profile}, model {plan.params['baseline']['model']['name']}, baseline + {len(plan.rungs)} "
+          f"rungs: " + ", ".join(r["name"] + (" (skipped)" if r.get("skip") else "") for r in plan.rungs))
+    w = plan.params["workload"]
+    print(f"ladder: workload {w['kind']}" + (f" ({w['file']})" if w["kind"] == "file" else ""))
     print(f"ladder: decision rule: {decide.rule(plan.objective)}")
     if args.check:
         return 0

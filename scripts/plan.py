@@ -6,10 +6,9 @@ naming the rung and the knob. The driver (ladder.py) only runs what the plan say
 from __future__ import annotations
 
 import copy
-import json
+import os
 import re
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import yaml
 
 import common
 import config
+import workload as wl
 
 LADDER_YAML = config.LADDER
 load_ladder = config.load_ladder  # ladder.yaml's shape is config's; the rung checks naming rung and knob are here
@@ -61,14 +61,92 @@ def profile_overrides(lad: dict, profile: str, defaults: dict) -> dict:
     return out
 
 
-def effective_params(params: dict, lad: dict, profile: str, defaults: dict | None = None) -> dict:
-    """params.yaml with the profile applied and the rung in force reset to the baseline (rung 0)."""
+def effective_params(params: dict, lad: dict, profile: str, defaults: dict | None = None,
+                     extra: dict | None = None) -> dict:
+    """params.yaml with the profile (then `extra`: the user's MODEL=/WORKLOAD= choices) applied and the rung in
+    force reset to the baseline (rung 0)."""
     eff = copy.deepcopy(params)
-    for key, value in profile_overrides(lad, profile, defaults or params).items():
+    for key, value in {**profile_overrides(lad, profile, defaults or params), **(extra or {})}.items():
         set_dotted(eff, key, value)
     for section in ("model", "engine", "env"):
         eff[section] = copy.deepcopy(eff["baseline"][section])
     return eff
+
+
+# ---------------------------------------------------------------- the user's model and traffic
+HF_SPEC = re.compile(r"([\w.-]+)/([\w.-]+)@([\w./-]+)")
+
+
+def _slug(text: str) -> str:
+    """A catalog name from a folder or repo name: no dots, as `dvc exp run -S` would read them as nesting."""
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")
+
+
+def model_choice(spec: str, catalog: dict, field: str = "MODEL") -> tuple[str, dict | None]:
+    """MODEL=: a download.catalog name, a local model folder, or a Hugging Face repo as org/name@revision.
+    Returns the model's name and the catalog entry to add (None for a catalog name); checked here, before
+    any engine starts (a hub repo only by its spelling: the download stage asks the hub)."""
+    spec = str(spec).strip()
+    if spec in catalog:
+        return spec, None
+    path = Path(os.path.expanduser(spec))
+    path = path if path.is_absolute() else common.ROOT / path
+    hf = HF_SPEC.fullmatch(spec)
+    if hf and not path.exists():
+        return _slug(hf.group(2)), {"source": "hf", "repo": f"{hf.group(1)}/{hf.group(2)}", "revision": hf.group(3)}
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec) and not path.exists():
+        raise common.ParamsError(f"{field}: {spec!r}: no such folder; a Hugging Face repo needs a pinned revision: "
+                                 f"{field}={spec}@<commit>")
+    if path.exists() or "/" in spec or spec.startswith((".", "~")):
+        why = common.local_model_problem(path)
+        if why:
+            raise common.ParamsError(f"{field}: {spec!r}: {why}")
+        return f"local-{_slug(path.resolve().name)}", {"source": "local", "path": str(path.resolve())}
+    raise common.ParamsError(f"{field}: {spec!r} is not a download.catalog name ({', '.join(catalog)}), a local "
+                             f"model folder, or a Hugging Face repo as org/name@revision")
+
+
+def user_choices(params: dict, lad: dict, profile: str, model: str | None = None, quant_model: str | None = None,
+                 workload: str | None = None) -> tuple[dict, dict]:
+    """`make ladder MODEL=… QUANT_MODEL=… WORKLOAD=…`: the params keys to set, and the ladder with its model rungs
+    pointed at the quantized variant (given, or made by the same `quantize` recipe from MODEL) or marked skipped."""
+    extra, lad = {}, copy.deepcopy(lad)
+    if quant_model and not model:
+        raise common.ParamsError("QUANT_MODEL: given without MODEL; name the model it is a variant of")
+    if model:
+        catalog = copy.deepcopy(params["download"]["catalog"])
+        name, entry = model_choice(model, catalog)
+        fetch = [name]
+        if entry:
+            extra[f"download.catalog.{name}"] = catalog[name] = entry
+        qname = None
+        if quant_model:
+            qname, qentry = model_choice(quant_model, catalog, "QUANT_MODEL")
+            if qentry:
+                extra[f"download.catalog.{qname}"] = catalog[qname] = qentry
+        for rung in ((lad.get("profiles") or {}).get(profile) or {}).get("rungs") or []:
+            for part in (rung.get("set"), rung.get("fallback")):
+                if not isinstance(part, dict) or "model.name" not in part:
+                    continue
+                recipe = catalog.get(part["model.name"]) if isinstance(part["model.name"], str) else None
+                if qname:
+                    part["model.name"] = qname
+                elif (recipe or {}).get("source") == "quantize":  # the same recipe, applied to MODEL
+                    derived = f"{name}-{str(recipe.get('scheme', 'W4A16')).lower()}"
+                    extra[f"download.catalog.{derived}"] = catalog[derived] = {**recipe, "from": name}
+                    part["model.name"] = derived
+                else:
+                    rung["skip"] = (f"MODEL={model} has no quantized variant to try; give one with "
+                                    f"QUANT_MODEL=<catalog name | local folder | org/name@revision>")
+                if not rung.get("skip") and part["model.name"] not in fetch:
+                    fetch.append(part["model.name"])
+        extra.update({"baseline.model.name": name, "download.fetch": fetch})
+    if workload:
+        if workload in wl.KINDS and workload != "file":
+            extra["workload.kind"] = workload
+        else:
+            extra.update({"workload.kind": "file", "workload.file": workload})
+    return extra, lad
 
 
 def candidates(change: dict) -> list[dict]:
@@ -85,10 +163,6 @@ def rung_changes(rung: dict) -> list[dict]:
     if rung.get("candidates") is not None:
         return [dict(c) for c in rung["candidates"]]
     return candidates(rung["set"])
-
-
-def _slug(v) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", str(v).lower()).strip("-")
 
 
 def candidate_label(rung: dict, change: dict) -> str:
@@ -146,35 +220,6 @@ def _rung_errors(where: str, rung: dict, in_force: dict, params: dict, groups: d
     return errors
 
 
-def engine_arg_errors(profile: str, rungs: list[dict], accepted: dict | None) -> list[str]:
-    """Engine knobs the installed vLLM's EngineArgs does not have (`installed_engine_args`); [] if not known."""
-    if not accepted:
-        return []
-    errors = []
-    for i, rung in enumerate(rungs, 1):
-        changes = rung_changes(rung) + ([rung["fallback"]] if rung.get("fallback") else [])
-        for knob in dict.fromkeys(k for c in changes for k in c):
-            if knob.startswith("engine.") and knob[7:] not in accepted["args"]:
-                errors.append(f"ladder.yaml {profile} rung {i} {rung['name']!r}: {knob}: not an engine argument of "
-                              f"the installed vLLM {accepted['version']} (vllm.engine.arg_utils.EngineArgs)")
-    return errors
-
-
-def installed_engine_args() -> dict | None:
-    """{"version", "args"}: the engine arguments the installed vLLM accepts, from its own EngineArgs; None when
-    vLLM cannot be imported here. A child process, so the driver never holds vLLM (or torch) itself."""
-    code = ("import dataclasses, json, vllm; from vllm.engine.arg_utils import EngineArgs; "
-            "print(json.dumps({'version': vllm.__version__, "
-            "'args': [f.name for f in dataclasses.fields(EngineArgs)]}))")
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def plan(params: dict, lad: dict, profile: str) -> list[dict]:
     """Validate the profile's ladder before any engine starts; raise ParamsError naming rung and knob."""
     if profile not in lad["profiles"]:
@@ -192,6 +237,9 @@ def plan(params: dict, lad: dict, profile: str) -> list[dict]:
         if name in names:
             errors.append(f"{where}: the name repeats an earlier rung")
         names.add(name)
+        if rung.get("skip"):  # the user's MODEL= has no variant for it: recorded as skipped, never run
+            out.append(rung)
+            continue
         errs = _rung_errors(where, rung, in_force, params, groups)
         errors += errs
         if not errs:
@@ -206,7 +254,7 @@ def plan(params: dict, lad: dict, profile: str) -> list[dict]:
 class Plan:
     """Everything `make ladder` needs to know before it starts: worked out once, passed to the driver."""
     profile: str
-    params: dict                 # params.yaml with the profile applied, rung in force = rung 0
+    params: dict                 # params.yaml with the profile (and MODEL=/WORKLOAD=) applied, rung in force = rung 0
     overrides: dict              # what every `dvc exp run -S` sets besides the rung's knobs
     rungs: list[dict]
     objective: str
@@ -221,19 +269,34 @@ class Plan:
         """`dvc exp run`s the ladder will make at most, fallbacks aside: rung 0 + every candidate of every rung
         this machine can run."""
         return 1 + sum(len(rung_changes(r)) for r in self.rungs
-                       if (r["when"] or {}).get("min_gpus", 0) <= self.gpus)
+                       if (r["when"] or {}).get("min_gpus", 0) <= self.gpus and not r.get("skip"))
 
 
 def resolve(params: dict, lad: dict, profile: str, defaults: dict | None, gpus: int, limit: int | None = None,
-            accepted: dict | None = None) -> Plan:
-    """The plan for one ladder: profile applied, params validated, rungs checked (against the installed vLLM's
-    engine arguments where `accepted` is given: `installed_engine_args`); raises ParamsError."""
+            model: str | None = None, quant_model: str | None = None, workload: str | None = None) -> Plan:
+    """The plan for one ladder: profile and the user's choices applied, params validated, rungs checked; raises
+    ParamsError. Engine args are checked by vLLM's own parser afterwards (`engine_arg_errors`: it imports vLLM)."""
     defaults = defaults or params
-    eff = common.validate(effective_params(params, lad, profile, defaults))  # defaults filled from here on
-    rungs = plan(eff, lad, profile)
-    errors = engine_arg_errors(profile, rungs, accepted)
-    if errors:
-        raise common.ParamsError("the ladder is not valid (nothing was run):\n  " + "\n  ".join(errors))
-    rungs = rungs[:limit]
-    return Plan(profile=profile, params=eff, overrides=profile_overrides(lad, profile, defaults), rungs=rungs,
-                objective=lad["objective"], gpus=gpus)
+    extra, lad = user_choices(params, lad, profile, model, quant_model, workload)
+    eff = common.validate(effective_params(params, lad, profile, defaults, extra))  # defaults filled from here on
+    wl.check(eff)
+    rungs = plan(eff, lad, profile)[:limit]
+    return Plan(profile=profile, params=eff, overrides={**profile_overrides(lad, profile, defaults), **extra},
+                rungs=rungs, objective=lad["objective"], gpus=gpus)
+
+
+def engine_arg_errors(p: Plan) -> list[str]:
+    """Every engine arg of rung 0 and of every rung (candidates and fallbacks too) through vLLM's own parser,
+    once per ladder, before any engine starts; each error names the rung."""
+    import vllm_compat
+    knobs = common.engine_args(p.params)
+    for i, rung in enumerate(p.rungs, 1):
+        if rung.get("skip"):
+            continue
+        parts = [(c, "") for c in rung_changes(rung)] + [(rung["fallback"], " fallback")]
+        for part, label in parts:
+            for knob, value in (part or {}).items():
+                if knob.startswith("engine."):
+                    for v in value if isinstance(value, list) else [value]:
+                        knobs.append((f"ladder.yaml {p.profile} rung {i} {rung['name']!r}{label}: engine", knob[7:], v))
+    return vllm_compat.engine_arg_errors(knobs)

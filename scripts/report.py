@@ -189,10 +189,23 @@ def kept_why(lad: dict) -> list[str]:
     return lines
 
 
+def workload(lad: dict) -> dict:
+    """The workload as the stages recorded it (bench and knee send the same one): text and shared-prefix line."""
+    for r in lad["rungs"]:
+        for stage in ("bench", "knee"):
+            if (r.get(stage) or {}).get("workload"):
+                return r[stage]["workload"]
+    b, k = lad["settings"]["bench"], lad["settings"]["knee"]
+    if "input_len" in b:  # a ladder from before the stages described their workload: its lengths only
+        return {"text": f"{b['input_len']} in / {b['output_len']} out tokens per request in bench, "
+                        f"{k.get('input_len')} / {k.get('output_len')} in knee", "shared_prefix": "not recorded"}
+    return {"text": "not recorded (no stage finished)", "shared_prefix": "not recorded"}
+
+
 def header(lad: dict) -> list[str]:
     env, p = lad["environment"], lad["settings"]
     hw = env.get("gpu") or f"CPU: {env['cpu']['model']} ({env['cpu']['cores']} cores, {env['cpu']['memory_gib']} GiB)"
-    b, k, slo = p["bench"], p["knee"], lad["slo"]
+    b, k, slo, w = p["bench"], p["knee"], lad["slo"], workload(lad)
     lines = [
         f"- **Machine**: {hw}" + (f", driver {env['driver']}, CUDA {env.get('cuda_driver')}" if env.get("driver") else "")
         + (f"; GPU UUID {', '.join(g['uuid'] for g in env.get('gpus') or [] if g.get('uuid'))}"
@@ -202,16 +215,17 @@ def header(lad: dict) -> list[str]:
         f"transformers {env.get('transformers')}, Python {env.get('python')}; git {str(lad.get('git_commit'))[:12]}",
         "- **Models**: " + "; ".join(f"{n}: {m.get('id')} @ {str(m.get('revision'))[:12]}" for n, m in lad.get("models", {}).items()),
         f"- **SLO**: p99 TTFT ≤ {slo['p99_ttft_ms']} ms and p99 TPOT ≤ {slo['p99_tpot_ms']} ms, no failed request",
-        f"- **Throughput workload**: `vllm bench throughput`, random dataset, {b['num_prompts']} prompts × "
-        f"{b['input_len']} in / {b['output_len']} out tokens (ignore_eos), {b.get('warmups', 0)} warm-up requests, "
+        f"- **Workload** (bench and knee alike): {w['text']}",
+        f"- **Shared prefix?** {w['shared_prefix']}",
+        f"- **Throughput**: `vllm bench throughput`, {b['num_prompts']} prompts, {b.get('warmups', 0)} warm-up "
+        f"requests, "
         + (f"{b['repeats']} timed repeats inside one engine (vLLM's own bench code)" if b.get("mode", "engine") == "engine"
            else f"{b['repeats']} repeats, each its own engine start")
         + " (prefix cache reset before each); median with a 95 % t-interval",
-        f"- **Latency workload**: `vllm serve` + `vllm bench serve`, random {k['input_len']} in / {k['output_len']} out, "
+        f"- **Latency**: `vllm serve` + `vllm bench serve`, "
         f"Poisson arrivals, ~{k['probe_seconds']} s of traffic per probe, knee by {k['mode']}"
         + (f" (double from {k['start_rate']} req/s, bisect to {k['rel_tol'] * 100:.0f} %)" if k["mode"] == "search" else
-           f" over {k['rates']}") + "; each probe its own seed, so no prompt is sent twice",
-        "- **Shared prefix?** no: random prompts share no prefix, so prefix caching can only show its overhead here",
+           f" over {k['rates']}") + "; each probe its own seed: a fresh draw of the workload",
         "- **Quality**: n/a: dummy weights (load_format: dummy); every rung is \"not gated\""
         if ((lad["rungs"] or [{}])[0].get("eval") or {}).get("status") == "n/a" else
         f"- **Quality**: {lad.get('eval_n', '?')} items ({lad.get('eval_file')}, sha256 {str(lad.get('eval_sha256'))[:12]}), "

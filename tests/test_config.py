@@ -35,7 +35,7 @@ def test_an_unknown_key_is_refused_naming_it_and_the_keys_allowed():
     p["bench"]["nmu_prompts"] = 32
     msg = errors_of(p)
     assert msg.startswith("params.yaml is not valid:\n  ")
-    assert "bench.nmu_prompts: unknown key; allowed: num_prompts, input_len, output_len, repeats, mode" in msg
+    assert "bench.nmu_prompts: unknown key; allowed: num_prompts, repeats, mode, warmups, warmup_repeats" in msg
     p = copy.deepcopy(RAW)
     p["gpu"] = {}
     assert "  gpu: unknown key; allowed: profile, baseline, model, engine" in errors_of(p)

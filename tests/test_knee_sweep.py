@@ -6,10 +6,12 @@ import json
 import config
 import knee
 
-# the knee section as the stage gets it: validated, the model's defaults filled (timeouts, min_rate)
-K = config.Knee.model_validate({
+# the knee section as the stage gets it: validated, the model's defaults filled (timeouts, min_rate), and the
+# workload the stage adds (workload.prepare)
+K = {**config.Knee.model_validate({
     "mode": "search", "start_rate": 4, "max_rate": 256, "rel_tol": 0.1, "max_probes": 7, "probe_seconds": 10,
-    "min_prompts": 8, "max_prompts": 400, "input_len": 64, "output_len": 64, "backlog_ratio": 0.8}).model_dump()
+    "min_prompts": 8, "max_prompts": 400, "backlog_ratio": 0.8}).model_dump(),
+    "workload": {"kind": "random", "input_len": 64, "output_len": 64}}
 SLO = {"p99_ttft_ms": 500, "p99_tpot_ms": 50}
 CAPACITY = 23.0  # req/s where the synthetic server's p99 TTFT crosses the SLO
 
