@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import common
 import engine
@@ -81,20 +82,20 @@ def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float
     return runs, facts
 
 
-def main():
+def main(out: Path, logs: Path):
     params = common.stage_start()
     cfg, b, w = common.rung_config(params), params["bench"], params["workload"]
     na = vllm_compat.offline_unsupported(cfg["engine"])
     if na:  # not a failure: the rung is judged by the knee, and the record says why there is no bench figure
-        common.write_text(common.RESULTS / "logs" / "bench" / "skipped.txt", na + "\n")  # a declared output
-        common.write_json(common.RESULTS / "bench.json", {
+        common.write_text(logs / "skipped.txt", na + "\n")  # a declared output
+        common.write_json(out, {
             "status": "n/a", "reason": na, "output_tps": None, "total_tps": None, "requests_per_s": None,
             "output_tps_ci95": None, "output_tps_runs": [], "noise_floor": b["noise_floor"], "repeats": 0,
             "mode": b["mode"], "wall_s": 0, "provenance": common.provenance(params, cfg)})
         print(f"bench: n/a — {na}")
         return
     entry = common.model_entry(cfg["model"]["name"])
-    mode, logs, t0 = b["mode"], common.RESULTS / "logs" / "bench", time.monotonic()
+    mode, t0 = b["mode"], time.monotonic()
     sent, input_len = workload.prepare(w, entry["path"], logs)
     argv = throughput_argv(entry["path"], b, sent, cfg["engine"])
     if mode == "engine":
@@ -106,7 +107,7 @@ def main():
         run["applied"] = check_shape(run, b["num_prompts"], input_len, w["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
     out = {key: stats.summarize([run[key] for run in runs]) for key in ("output_tps", "total_tps", "requests_per_s")}
-    common.write_json(common.RESULTS / "bench.json", {
+    common.write_json(out, {
         "status": "ok",
         "output_tps": out["output_tps"]["median"],
         "total_tps": out["total_tps"]["median"],
@@ -137,5 +138,6 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
         sys.exit(0)
+    args = common.paths(__doc__.split("\n")[0], bench="results/bench.json", logs="results/logs/bench")
     common.run_stage(main, (common.ParamsError, engine.EngineError, ShapeError, vllm_compat.VllmCompatError,
-                            workload.WorkloadError))
+                            workload.WorkloadError), args.bench, args.logs)

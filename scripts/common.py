@@ -5,6 +5,7 @@ bad value stops the stage before any engine starts and names the field, the valu
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -174,6 +175,16 @@ def run_stage(main, errors: tuple, *args, hard_exit: bool = False) -> None:
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+def paths(description: str, **defaults: str) -> argparse.Namespace:
+    """A stage's paths from its command line, as dvc.yaml passes them (DVC's own example does the same). Each
+    default is what dvc.yaml passes, so a stage run by hand reads and writes where DVC expects."""
+    ap = argparse.ArgumentParser(description=description)
+    for name, default in defaults.items():
+        ap.add_argument(name, nargs="?", default=default, help=f"default: {default}")
+    args = ap.parse_args()
+    return argparse.Namespace(**{k: Path(v) if k != "which" else v for k, v in vars(args).items()})
 
 
 def stage_start(check: bool = True) -> dict:

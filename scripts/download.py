@@ -233,7 +233,7 @@ def provide(name: str, catalog: dict, store: Path, done: dict) -> dict:
     return entry
 
 
-def main():
+def main(out: Path):
     params = common.stage_start(check=False)  # this stage needs only its own section: validated on its own
     cfg = config.section(params, "download")
     store = Path(os.path.expanduser(cfg["store"]))
@@ -242,12 +242,10 @@ def main():
     done: dict = {}
     for name in cfg["fetch"]:
         provide(name, cfg["catalog"], store, done)
-    common.write_json(common.RESULTS / "models.json",
+    common.write_json(out,
                       {"store": str(store), "models": {n: done[n] for n in cfg["fetch"]}})
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ModelError, common.ParamsError) as e:
-        common.die(str(e))
+    args = common.paths(__doc__.split("\n")[0], models="results/models.json")
+    common.run_stage(main, (ModelError, common.ParamsError), args.models)

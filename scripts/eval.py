@@ -12,16 +12,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import common
 import engine
 import vllm_compat
 
 import score
-
-
-def out_dir(which: str):
-    return common.RESULTS / "baseline" if which == "baseline" else common.RESULTS
 
 
 def conversations(items: list[dict]) -> list[list[dict]]:
@@ -45,12 +42,11 @@ def worker(job_path: str) -> None:
                                    "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)})
 
 
-def main(which: str) -> None:
+def main(which: str, out: Path) -> None:
     params = common.stage_start()
     cfg = common.rung_config(params, which)
     ev = params["eval"]
     items = score.load_items(ev["file"])
-    out = out_dir(which)
     result = {"which": which, "model": cfg["model"]["name"], "knobs": cfg, "n": len(items),
               "provenance": common.provenance(params, cfg)}
     na = ("dummy weights (load_format: dummy): quality is not measured"
@@ -87,7 +83,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
         sys.exit(0)
-    which = sys.argv[1] if len(sys.argv) > 1 else "rung"
-    if which not in ("rung", "baseline"):
-        common.die(f"usage: eval.py [rung|baseline], got {which!r}")
-    common.run_stage(main, (common.ParamsError, score.EvalFileError, engine.EngineError), which)
+    args = common.paths(__doc__.split("\n")[0], which="rung", out="results")
+    if args.which not in ("rung", "baseline"):
+        common.die(f"usage: eval.py [rung|baseline] [OUT_DIR], got {args.which!r}")
+    common.run_stage(main, (common.ParamsError, score.EvalFileError, engine.EngineError), args.which, args.out)

@@ -13,6 +13,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import common
 import vllm_compat
@@ -118,16 +119,14 @@ def check_engine_args(params: dict) -> None:
     common.write_text(CHECKED, key + "\n")
 
 
-def main():
+def main(out: Path):
     params = common.stage_start()
     score.load_items(params["eval"]["file"])
     workload.check(params)
     check_engine_args(params)
-    common.write_json(common.RESULTS / "fingerprint.json", fingerprint())
+    common.write_json(out, fingerprint())
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (common.ParamsError, score.EvalFileError) as e:
-        common.die(str(e))
+    args = common.paths(__doc__.split("\n")[0], fingerprint="results/fingerprint.json")
+    common.run_stage(main, (common.ParamsError, score.EvalFileError, workload.WorkloadError), args.fingerprint)

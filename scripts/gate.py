@@ -9,6 +9,7 @@ Dummy-weight rungs have no quality: "not gated", and no accuracy is printed for 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import common
 import stats
@@ -67,17 +68,15 @@ def evaluate(base: dict, cur: dict, base_items, cur_items, g: dict) -> dict:
     return {**result, "thresholds": g, "baseline_model": base.get("model"), "rung_model": cur.get("model")}
 
 
-def main():
+def main(baseline: Path, rung: Path, out: Path):
     params = common.stage_start()
-    result = evaluate(common.read_json("results/baseline/eval.json"), common.read_json("results/eval.json"),
-                      lambda: read_items("results/baseline/eval_items.jsonl"),
-                      lambda: read_items("results/eval_items.jsonl"), params["gate"])
-    common.write_json(common.RESULTS / "gate.json", result)
+    result = evaluate(common.read_json(baseline / "eval.json"), common.read_json(rung / "eval.json"),
+                      lambda: read_items(baseline / "eval_items.jsonl"),
+                      lambda: read_items(rung / "eval_items.jsonl"), params["gate"])
+    common.write_json(out, result)
     print(f"gate: {result['verdict']}: " + "; ".join(result["reasons"]))
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (common.ParamsError, ValueError, OSError) as e:
-        common.die(str(e), 1)
+    args = common.paths(__doc__.split("\n")[0], baseline="results/baseline", rung="results", gate="results/gate.json")
+    common.run_stage(main, (common.ParamsError, ValueError, OSError), args.baseline, args.rung, args.gate)

@@ -16,6 +16,7 @@ import csv
 import statistics
 import threading
 import time
+from pathlib import Path
 
 import common
 import engine
@@ -169,11 +170,10 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
               f"(p99 TTFT {row['p99_ttft_ms']:.0f} ms, p99 TPOT {row['p99_tpot_ms']:.1f} ms)")
 
 
-def main():
+def main(out: Path, csv_out: Path, logs: Path):
     params = common.stage_start()
     cfg, k, slo = common.rung_config(params), params["knee"], params["slo"]
     entry = common.model_entry(cfg["model"]["name"])
-    logs = common.RESULTS / "logs" / "knee"
     sent, input_len = workload.prepare(params["workload"], entry["path"], logs)
     k = {**k, "workload": sent}
     t0 = time.monotonic()
@@ -197,8 +197,8 @@ def main():
     hit_rate = hits / queries if queries else (0.0 if not caching else None)  # caching off: nothing can hit
     result = stats.knee_result(probes, k["rates"] if k["mode"] == "sweep" else None)
     at = next((r for r in rows if r["offered_rps"] == result["knee_rps"]), None)
-    write_csv(common.RESULTS / "knee.csv", rows)
-    common.write_json(common.RESULTS / "knee.json", {
+    write_csv(csv_out, rows)
+    common.write_json(out, {
         **result,
         "slo": slo,
         "mode": k["mode"],
@@ -233,5 +233,7 @@ def main():
 if __name__ == "__main__":
     # hard_exit: triton's bindings, imported by vLLM's bench code, print hundreds of "nanobind: leaked function"
     # lines at interpreter teardown. Every child is stopped and every file closed by then.
+    args = common.paths(__doc__.split("\n")[0], knee="results/knee.json", csv="results/knee.csv",
+                        logs="results/logs/knee")
     common.run_stage(main, (common.ParamsError, engine.EngineError, vllm_compat.VllmCompatError,
-                            workload.WorkloadError), hard_exit=True)
+                            workload.WorkloadError), args.knee, args.csv, args.logs, hard_exit=True)

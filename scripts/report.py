@@ -5,7 +5,6 @@ Usage: python scripts/report.py [LADDER_JSON [OUT_DIR]]   (defaults: report/ladd
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -361,9 +360,7 @@ def render(lad: dict, out: Path) -> str:
     return "\n".join(md)
 
 
-def main():
-    src = Path(sys.argv[1]) if len(sys.argv) > 1 else common.ROOT / "report" / "ladder.json"
-    out = Path(sys.argv[2]) if len(sys.argv) > 2 else common.ROOT / "report"
+def main(src: Path, out: Path):
     lad = common.read_json(src)
     out.mkdir(parents=True, exist_ok=True)
     plots(lad, out)
@@ -372,4 +369,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    args = common.paths(__doc__.split("\n")[0], ladder="report/ladder.json", out="report")
+    common.run_stage(main, (OSError, ValueError, KeyError), args.ladder, args.out)
