@@ -82,6 +82,16 @@ def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float
     return runs, facts
 
 
+def method(b: dict, mode: str) -> str:
+    """How the figures were measured, in the words the report prints."""
+    timed = (f"{b['warmups']} warm-up requests and {b['warmup_repeats']} untimed pass(es), then {b['repeats']} timed "
+             f"repeats inside one engine (vLLM's own bench code)" if mode == "engine" else
+             f"{b['repeats']} runs, each its own engine start ({b['warmups']} warm-up requests each)")
+    floor = f", widened by a {b['noise_floor']:.0%} start-to-start floor" if b["noise_floor"] else ""
+    return (f"`vllm bench throughput`, {b['num_prompts']} prompts, {timed}, the prefix cache reset before each; "
+            f"median with a 95 % t-interval; each Δ with a Welch 95 % interval{floor}")
+
+
 def main(out: Path, logs: Path):
     params = common.stage_start()
     cfg, b, w = common.rung_config(params), params["bench"], params["workload"]
@@ -89,7 +99,7 @@ def main(out: Path, logs: Path):
     if na:  # not a failure: the rung is judged by the knee, and the record says why there is no bench figure
         common.write_text(logs / "skipped.txt", na + "\n")  # a declared output
         common.write_json(out, {
-            "status": "n/a", "reason": na, "output_tps": None, "total_tps": None, "requests_per_s": None,
+            "status": "n/a", "reason": na, "label": "offline engine cannot run it", "output_tps": None, "total_tps": None, "requests_per_s": None,
             "output_tps_ci95": None, "output_tps_runs": [], "noise_floor": b["noise_floor"], "repeats": 0,
             "mode": b["mode"], "wall_s": 0, "provenance": common.provenance(params, cfg)})
         print(f"bench: n/a — {na}")
@@ -106,14 +116,15 @@ def main(out: Path, logs: Path):
     for i, run in enumerate(runs, 1):
         run["applied"] = check_shape(run, b["num_prompts"], input_len, w["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
-    out = {key: stats.summarize([run[key] for run in runs]) for key in ("output_tps", "total_tps", "requests_per_s")}
+    summ = {key: stats.summarize([run[key] for run in runs]) for key in ("output_tps", "total_tps", "requests_per_s")}
     common.write_json(out, {
         "status": "ok",
-        "output_tps": out["output_tps"]["median"],
-        "total_tps": out["total_tps"]["median"],
-        "requests_per_s": out["requests_per_s"]["median"],
-        "output_tps_ci95": out["output_tps"]["ci95"],
-        "output_tps_runs": out["output_tps"]["values"],  # what a Δ vs another rung is computed from
+        "method": method(b, mode),
+        "output_tps": summ["output_tps"]["median"],
+        "total_tps": summ["total_tps"]["median"],
+        "requests_per_s": summ["requests_per_s"]["median"],
+        "output_tps_ci95": summ["output_tps"]["ci95"],
+        "output_tps_runs": summ["output_tps"]["values"],  # what a Δ vs another rung is computed from
         "noise_floor": b["noise_floor"],  # ... with this start-to-start floor on its interval
         "repeats": len(runs),
         "mode": mode,
@@ -128,7 +139,7 @@ def main(out: Path, logs: Path):
         "engine_init_s": facts.get("engine_init_s"),
         "wall_s": round(time.monotonic() - t0, 1),
         "engine": facts,
-        "summary": out,
+        "summary": summ,
         "runs": runs,
         "provenance": common.provenance(params, cfg),
     })

@@ -48,11 +48,15 @@ def main(which: str, out: Path) -> None:
     ev = params["eval"]
     items = score.load_items(ev["file"])
     result = {"which": which, "model": cfg["model"]["name"], "knobs": cfg, "n": len(items),
+              "method": (f"{len(items)} items ({ev['file']}, sha256 {common.sha256_file(ev['file'])[:12]}), `LLM.chat`, "
+                         f"temperature {ev['temperature']}, seed {ev['seed']}, max_tokens {ev['max_tokens']}"),
               "provenance": common.provenance(params, cfg)}
-    na = ("dummy weights (load_format: dummy): quality is not measured"
-          if cfg["engine"].get("load_format") == "dummy" else vllm_compat.offline_unsupported(cfg["engine"]))
+    dummy = cfg["engine"].get("load_format") == "dummy"
+    na = ("dummy weights (load_format: dummy): quality is not measured" if dummy
+          else vllm_compat.offline_unsupported(cfg["engine"]))
     if na:
-        result.update(status="n/a", reason=na, overall=None, by_category={})
+        result.update(status="n/a", reason=na, label="dummy weights" if dummy else "offline engine cannot run it",
+                      overall=None, by_category={})
         common.write_text(out / "eval_items.jsonl", "")
         common.write_text(out / "logs" / "eval" / "skipped.txt", result["reason"] + "\n")  # a declared output
         common.write_json(out / "eval.json", result)

@@ -65,7 +65,10 @@ def evaluate(base: dict, cur: dict, base_items, cur_items, g: dict) -> dict:
                   "overall": None, "by_category": {}, "regressed_categories": [], "flipped": {}}
     else:
         result = compare(base_items(), cur_items(), g)
-    return {**result, "thresholds": g, "baseline_model": base.get("model"), "rung_model": cur.get("model")}
+    method = (f"gate vs rung 0: overall drop ≤ {g['max_overall_drop']}, per-category drop ≤ {g['max_category_drop']}, "
+              f"exact McNemar α={g['alpha']}")
+    return {**result, "method": method, "thresholds": g, "baseline_model": base.get("model"),
+            "rung_model": cur.get("model")}
 
 
 def main(baseline: Path, rung: Path, out: Path):

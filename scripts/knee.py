@@ -170,6 +170,14 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
               f"(p99 TTFT {row['p99_ttft_ms']:.0f} ms, p99 TPOT {row['p99_tpot_ms']:.1f} ms)")
 
 
+def method(k: dict) -> str:
+    """How the knee was found, in the words the report prints."""
+    how = (f"double from {k['start_rate']} req/s until the SLO breaks, then bisect to {k['rel_tol'] * 100:.0f} % "
+           f"(at most {k['max_probes']} probes)" if k["mode"] == "search" else f"a sweep over {k['rates']} req/s")
+    return (f"`vllm serve` + `vllm bench serve`, Poisson arrivals, ~{k['probe_seconds']} s of traffic per probe "
+            f"({k['repeats']} run(s) per rate), knee by {how}; each probe its own seed: a fresh draw of the workload")
+
+
 def main(out: Path, csv_out: Path, logs: Path):
     params = common.stage_start()
     cfg, k, slo = common.rung_config(params), params["knee"], params["slo"]
@@ -202,6 +210,7 @@ def main(out: Path, csv_out: Path, logs: Path):
         **result,
         "slo": slo,
         "mode": k["mode"],
+        "method": method(k),
         "goodput_at_knee_rps": at and at["goodput_rps"],
         "p99_ttft_ms_at_knee": at and at["p99_ttft_ms"],
         "p99_tpot_ms_at_knee": at and at["p99_tpot_ms"],

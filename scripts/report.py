@@ -12,7 +12,6 @@ from tabulate import tabulate
 
 import common
 
-TITLE = {"cpu": "cpu profile", "gpu": "gpu profile", "gpu-shape": "gpu-shape profile (dummy weights)"}
 
 
 def fmt(v, spec=".1f", none="—"):
@@ -23,10 +22,16 @@ def pct(v, none="—"):
     return none if v is None else f"{v * 100:+.1f} %"
 
 
+def na_label(r) -> str:
+    """Why a rung has no accuracy, as its eval stage recorded it."""
+    ev = r.get("eval") or {}
+    return ev.get("label") or ev.get("reason") or "not measured"
+
+
 def acc_cell(r):
     ev = r.get("eval") or {}
     if ev.get("status") == "n/a":
-        return "n/a (dummy weights)"
+        return f"n/a ({ev.get('label') or ev.get('reason')})"
     return fmt(ev.get("overall"), ".3f")
 
 
@@ -44,7 +49,7 @@ def regress_cell(r):
 def tps_cell(r):
     b = r.get("bench") or {}
     if b.get("status") == "n/a":
-        return "n/a (offline engine cannot run it)"
+        return f"n/a ({b.get('label') or b.get('reason')})"
     if b.get("output_tps") is None:
         return "—"
     ci = b.get("output_tps_ci95")
@@ -151,12 +156,13 @@ def headline(lad: dict) -> str:
     kept = [r["name"] for r in lad["rungs"] if r.get("kept") and r.get("role") != "baseline"]
     bt, ft = base["bench"]["output_tps"], final["bench"].get("output_tps")
     if ft is None:  # a final stack the offline bench cannot run (data parallel): its knee is the figure
-        tps = f"{bt:.0f} output tok/s → n/a (offline bench cannot run the final stack)"
+        tps = f"{bt:.0f} output tok/s → n/a ({final['bench'].get('label') or final['bench'].get('reason')})"
     else:
         tps = f"{bt:.0f} output tok/s → {ft:.0f} tok/s ({ft / bt:.2f}×)"
     acc = (f"acc {base['eval']['overall']:.3f} → {final['eval']['overall']:.3f} "
            f"({(final['eval']['overall'] - base['eval']['overall']) * 100:+.1f} pts)"
-           if base["eval"].get("status") == "ok" and final["eval"].get("status") == "ok" else "accuracy n/a (dummy weights)")
+           if base["eval"].get("status") == "ok" and final["eval"].get("status") == "ok" else
+           f"accuracy n/a ({na_label(final if final['eval'].get('status') != 'ok' else base)})")
     k = final.get("knee") or {}
     slo = lad["slo"]
     at_knee = (f"p99 TTFT {fmt(k.get('p99_ttft_ms_at_knee'), '.0f')} ms / TPOT {fmt(k.get('p99_tpot_ms_at_knee'), '.1f')} ms "
@@ -204,7 +210,9 @@ def workload(lad: dict) -> dict:
 def header(lad: dict) -> list[str]:
     env, p = lad["environment"], lad["settings"]
     hw = env.get("gpu") or f"CPU: {env['cpu']['model']} ({env['cpu']['cores']} cores, {env['cpu']['memory_gib']} GiB)"
-    b, k, slo, w = p["bench"], p["knee"], lad["slo"], workload(lad)
+    slo, w = lad["slo"], workload(lad)
+    base = next((r for r in lad["rungs"] if r["status"] == "ok"), {})  # the stages say how they measured
+    ev, gate = base.get("eval") or {}, base.get("gate") or {}
     lines = [
         f"- **Machine**: {hw}" + (f", driver {env['driver']}, CUDA {env.get('cuda_driver')}" if env.get("driver") else "")
         + (f"; GPU UUID {', '.join(g['uuid'] for g in env.get('gpus') or [] if g.get('uuid'))}"
@@ -216,20 +224,10 @@ def header(lad: dict) -> list[str]:
         f"- **SLO**: p99 TTFT ≤ {slo['p99_ttft_ms']} ms and p99 TPOT ≤ {slo['p99_tpot_ms']} ms, no failed request",
         f"- **Workload** (bench and knee alike): {w['text']}",
         f"- **Shared prefix?** {w['shared_prefix']}",
-        f"- **Throughput**: `vllm bench throughput`, {b['num_prompts']} prompts, {b.get('warmups', 0)} warm-up "
-        f"requests, "
-        + (f"{b['repeats']} timed repeats inside one engine (vLLM's own bench code)" if b.get("mode", "engine") == "engine"
-           else f"{b['repeats']} repeats, each its own engine start")
-        + " (prefix cache reset before each); median with a 95 % t-interval",
-        f"- **Latency**: `vllm serve` + `vllm bench serve`, "
-        f"Poisson arrivals, ~{k['probe_seconds']} s of traffic per probe, knee by {k['mode']}"
-        + (f" (double from {k['start_rate']} req/s, bisect to {k['rel_tol'] * 100:.0f} %)" if k["mode"] == "search" else
-           f" over {k['rates']}") + "; each probe its own seed: a fresh draw of the workload",
-        "- **Quality**: n/a: dummy weights (load_format: dummy); every rung is \"not gated\""
-        if ((lad["rungs"] or [{}])[0].get("eval") or {}).get("status") == "n/a" else
-        f"- **Quality**: {lad.get('eval_n', '?')} items ({lad.get('eval_file')}, sha256 {str(lad.get('eval_sha256'))[:12]}), "
-        f"`LLM.chat`, temperature 0, seed 0, max_tokens {p['eval']['max_tokens']}; gate vs rung 0: overall drop ≤ "
-        f"{p['gate']['max_overall_drop']}, per-category drop ≤ {p['gate']['max_category_drop']}, exact McNemar α={p['gate']['alpha']}",
+        f"- **Throughput**: {(base.get('bench') or {}).get('method') or 'not recorded'}",
+        f"- **Latency**: {(base.get('knee') or {}).get('method') or 'not recorded'}",
+        f"- **Quality**: {ev['method']}; {gate.get('method') or 'gate not recorded'}" if ev.get("status") == "ok" else
+        f"- **Quality**: n/a: {ev.get('reason') or 'not recorded'}; every rung is \"not gated\"",
         "- **Metrics**: TTFT = time to first token (includes queueing); TPOT = (E2E − TTFT) / (output tokens − 1), "
         "i.e. excluding the first token; ITL = gap between streamed tokens; goodput = completed requests/s that met "
         "both SLO bounds (vLLM `--goodput`); knee = highest offered rate meeting the SLO; speedup = output tok/s ÷ rung 0's",
@@ -337,7 +335,7 @@ def plots(lad: dict, out: Path) -> None:
         ax2.plot(names, [a if a is not None else float("nan") for a in accs], "o-", color="tab:blue")
         ax2.set(ylabel="eval accuracy", ylim=(0, 1))
     else:
-        ax.text(0.99, 0.97, "accuracy n/a (dummy weights)", transform=ax.transAxes, ha="right", va="top")
+        ax.text(0.99, 0.97, f"accuracy n/a ({na_label(done[0])})", transform=ax.transAxes, ha="right", va="top")
     fig.tight_layout()
     fig.savefig(out / "rungs.png", dpi=110)
     plt.close(fig)
@@ -345,7 +343,7 @@ def plots(lad: dict, out: Path) -> None:
 
 def render(lad: dict, out: Path) -> str:
     plural = len(lad["rungs"])
-    md = [f"# Before → after: vLLM serving ladder ({TITLE.get(lad['profile'], lad['profile'])})", "",
+    md = [f"# Before → after: vLLM serving ladder ({lad['profile']} profile)", "",
           headline(lad), "", "## Setup", *header(lad), "", f"## The ladder ({plural} runs)", "", table(lad), "",
           "Output tok/s: median of the repeats with its 95 % t-interval; Δ vs base: change against the last kept rung "
           "with a Welch 95 % interval (\"within noise\" where it includes zero). Knee: highest offered rate meeting "

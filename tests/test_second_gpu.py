@@ -119,7 +119,8 @@ def test_the_report_shows_a_data_parallel_rung_with_no_bench_as_n_a_and_its_gpus
     why = vllm_compat.offline_unsupported({"data_parallel_size": 2})
     dp = {**copy.deepcopy(base), "index": 6, "name": "second-gpu-data-parallel-size-2", "role": "candidate",
           "exp": "gpu-shape-6-dp", "change": DP2, "knobs": {**base["knobs"], **DP2}, "kept": True, "verdict": "kept",
-          "decision": "kept", "bench": {"status": "n/a", "reason": why, "output_tps": None, "output_tps_runs": []}}
+          "decision": "kept", "bench": {"status": "n/a", "reason": why, "label": "offline engine cannot run it",
+                                      "output_tps": None, "output_tps_runs": []}}
     dp["knee"] = {**base["knee"], "knee_rps": 2 * base["knee"]["knee_rps"]}
     lad["rungs"] = [base, dp]
     lad["final_exp"] = "gpu-shape-6-dp"
@@ -130,7 +131,7 @@ def test_the_report_shows_a_data_parallel_rung_with_no_bench_as_n_a_and_its_gpus
     assert "n/a (offline engine cannot run it)" in cells and "2" in cells
     assert f"— tok/s · knee {base['knee']['knee_rps']:g}–" in row  # per GPU: the same knee as one GPU
     assert f"bench and eval: n/a — {why}" in md
-    assert "→ n/a (offline bench cannot run the final stack)" in md.split("\n")[2]
+    assert "→ n/a (offline engine cannot run it)" in md.split("\n")[2]
     assert lad["capacity"]["after"]["gpus_per_instance"] == 2
 
 
