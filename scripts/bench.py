@@ -28,7 +28,8 @@ class ShapeError(RuntimeError):
 def check_shape(run: dict, num_prompts: int, input_len: int | tuple[int, int], output_len: int) -> dict:
     """Applied tokens per request, as vLLM counted them; raise if they are not the shape params asked for.
     `input_len` is a (shortest, longest) range for a prompts file."""
-    applied = {"input_len": run.get("prompt_tokens", 0) / num_prompts, "output_len": run.get("output_tokens", 0) / num_prompts}
+    applied = {"input_len": run.get("prompt_tokens", 0) / num_prompts,
+               "output_len": run.get("output_tokens", 0) / num_prompts}
     lo, hi = input_len if isinstance(input_len, tuple) else (input_len, input_len)
     slack = max(1, 0.02 * hi)
     if applied["output_len"] != output_len or not lo - slack <= applied["input_len"] <= hi + slack:
@@ -99,7 +100,8 @@ def main(out: Path, logs: Path):
     if na:  # not a failure: the rung is judged by the knee, and the record says why there is no bench figure
         common.write_text(logs / "skipped.txt", na + "\n")  # a declared output
         common.write_json(out, {
-            "status": "n/a", "reason": na, "label": "offline engine cannot run it", "output_tps": None, "total_tps": None, "requests_per_s": None,
+            "status": "n/a", "reason": na, "label": "offline engine cannot run it",
+            "output_tps": None, "total_tps": None, "requests_per_s": None,
             "output_tps_ci95": None, "output_tps_runs": [], "noise_floor": b["noise_floor"], "repeats": 0,
             "mode": b["mode"], "wall_s": 0, "provenance": common.provenance(params, cfg)})
         print(f"bench: n/a — {na}")

@@ -24,7 +24,8 @@ def spread(name: str, values: list[float]) -> None:
     s = stats.summarize(values)
     lo, hi = s["ci95"]
     print(f"{name}: n={s['n']} median {s['median']:.1f} tok/s, min {min(values):.1f}, max {max(values):.1f}, "
-          f"range {(max(values) - min(values)) / s['median'] * 100:.1f} %, CV {statistics.stdev(values) / s['mean'] * 100:.1f} %, "
+          f"range {(max(values) - min(values)) / s['median'] * 100:.1f} %, "
+          f"CV {statistics.stdev(values) / s['mean'] * 100:.1f} %, "
           f"95 % interval {lo:.1f}–{hi:.1f} (±{s['rel_halfwidth'] * 100:.1f} %)")
 
 
@@ -55,7 +56,8 @@ def main():
                [r["output_tps"] for r in runs])
 
     rates = [float(x) for x in args.sweep_rates.split(",")]
-    for label, over in (("3a. search", {"mode": "search"}), (f"3b. fixed {len(rates)}-rate sweep", {"mode": "sweep", "rates": rates})):
+    for label, over in (("3a. search", {"mode": "search"}),
+                        (f"3b. fixed {len(rates)}-rate sweep", {"mode": "sweep", "rates": rates})):
         kk = {**k, **over}
         out = logs / over["mode"]
         prober = knee.Prober(out / "probes.log")

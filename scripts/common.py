@@ -15,8 +15,17 @@ import sys
 import time
 from pathlib import Path
 
-from config import (PARAMS, ROOT, SECRET_WORDS, ParamsError, check_knob,  # noqa: F401 -- re-exported
-                    knob_error, load_params, local_model_problem, validate)
+from config import (  # noqa: F401 -- re-exported
+    PARAMS,
+    ROOT,
+    SECRET_WORDS,
+    ParamsError,
+    check_knob,
+    knob_error,
+    load_params,
+    local_model_problem,
+    validate,
+)
 
 RESULTS = ROOT / "results"
 
@@ -96,7 +105,8 @@ def model_entry(name: str) -> dict:
     """The download stage's manifest entry for a model; clear error if it is missing or its folder is gone."""
     manifest = RESULTS / "models.json"
     if not manifest.exists():
-        raise ParamsError(f"model.name: {name!r}: {manifest.relative_to(ROOT)} is missing; run the download stage first")
+        raise ParamsError(f"model.name: {name!r}: {manifest.relative_to(ROOT)} is missing; "
+                          "run the download stage first")
     models = read_json(manifest)["models"]
     if name not in models:
         raise ParamsError(f"model.name: {name!r} is not a model the download stage provides ({', '.join(models)})")

@@ -11,9 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tabulate import tabulate
-
 import common
+from tabulate import tabulate
 
 METRICS = {"results/eval.json": ["overall"], "results/bench.json": ["output_tps"],
            "results/knee.json": ["knee_rps", "first_fail_rps"]}

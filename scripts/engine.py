@@ -33,7 +33,7 @@ import common
 from vllm_compat import LOG_PREFIX
 
 STOP_GRACE_S = 30
-_live: set["Proc"] = set()
+_live: set[Proc] = set()
 
 
 class EngineError(RuntimeError):
@@ -41,7 +41,8 @@ class EngineError(RuntimeError):
 
     def __init__(self, what: str, reason: str, log: Path | None = None):
         self.what, self.reason, self.log = what, reason, log
-        where = f" (log: {log.relative_to(common.ROOT) if log and log.is_relative_to(common.ROOT) else log})" if log else ""
+        shown = log.relative_to(common.ROOT) if log and log.is_relative_to(common.ROOT) else log
+        where = f" (log: {shown})" if log else ""
         super().__init__(f"{what}: {reason}{where}")
 
 
@@ -385,7 +386,7 @@ class Server:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         cmd = vllm_cli() + ["serve", self.model_path, "--host", self.host, "--port", str(self.port),
                             "--disable-uvicorn-access-log"] + cli_flags(self.engine)
         self.proc = Proc(cmd, self.log, child_env(self.env_knobs), what="vllm serve")

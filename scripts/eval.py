@@ -16,9 +16,8 @@ from pathlib import Path
 
 import common
 import engine
-import vllm_compat
-
 import score
+import vllm_compat
 
 
 def conversations(items: list[dict]) -> list[list[dict]]:
@@ -48,7 +47,8 @@ def main(which: str, out: Path) -> None:
     ev = params["eval"]
     items = score.load_items(ev["file"])
     result = {"which": which, "model": cfg["model"]["name"], "knobs": cfg, "n": len(items),
-              "method": (f"{len(items)} items ({ev['file']}, sha256 {common.sha256_file(ev['file'])[:12]}), `LLM.chat`, "
+              "method": (f"{len(items)} items ({ev['file']}, sha256 {common.sha256_file(ev['file'])[:12]}), "
+                         "`LLM.chat`, "
                          f"temperature {ev['temperature']}, seed {ev['seed']}, max_tokens {ev['max_tokens']}"),
               "provenance": common.provenance(params, cfg)}
     dummy = cfg["engine"].get("load_format") == "dummy"

@@ -12,14 +12,12 @@ import importlib.metadata as md
 import os
 import platform
 import subprocess
-import sys
 from pathlib import Path
 
 import common
+import score
 import vllm_compat
 import workload
-
-import score
 
 
 def _version(*names):

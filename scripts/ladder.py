@@ -59,7 +59,8 @@ def hydra(v) -> str:
 class Driver:
     def __init__(self, plan: planning.Plan, out: Path = LADDER_JSON):
         self.plan, self.out = plan, out
-        self.profile, self.overrides, self.eff, self.objective = plan.profile, plan.overrides, plan.params, plan.objective
+        self.profile, self.overrides = plan.profile, plan.overrides
+        self.eff, self.objective = plan.params, plan.objective
         self.records: list[dict] = []
         self.models: dict = {}
         self.t0 = time.monotonic()
@@ -73,15 +74,18 @@ class Driver:
         exp = f"{self.profile}-{index}-{name}"
         sets = {**self.overrides, **cfg_flat}
         # `++key=value`: Hydra's set-or-add, so a knob params.yaml does not list yet (hf_overrides, say) works too
-        cmd = ["dvc", "exp", "run", "-n", exp] + [a for k, v in sets.items() for a in ("-S", f"++{k}={hydra(v)}")] + TARGETS
+        cmd = (["dvc", "exp", "run", "-n", exp]
+               + [a for k, v in sets.items() for a in ("-S", f"++{k}={hydra(v)}")] + TARGETS)
         rec = {"index": index, "name": name, "exp": exp, "role": role, "change": change or {}, "note": note,
                "base": base["exp"] if base else None, "knobs": cfg_flat, "status": "running"}
         self.records.append(rec)
         self.save()
         LOGS.mkdir(parents=True, exist_ok=True)
         log = LOGS / f"{exp}.log"
-        print(f"\n=== rung {exp}: {', '.join(f'{k}={v}' for k, v in (change or {}).items()) or 'stock baseline'}", flush=True)
-        subprocess.run(["dvc", "exp", "remove", exp], cwd=common.ROOT, capture_output=True)  # re-run: run-cache restores
+        print(f"\n=== rung {exp}: {', '.join(f'{k}={v}' for k, v in (change or {}).items()) or 'stock baseline'}",
+              flush=True)
+        # re-run: run-cache restores
+        subprocess.run(["dvc", "exp", "remove", exp], cwd=common.ROOT, capture_output=True)
         t0 = time.monotonic()
         with open(log, "w") as f:
             # guarded: dvc, its stages and their servers die with the ladder, even if it is SIGKILLed
@@ -192,7 +196,8 @@ class Driver:
         ev_file = common.ROOT / self.eff["eval"]["file"]
         measured = sum(sum((r.get("stage_seconds") or {}).values()) for r in self.records)
         lad = {
-            "profile": self.profile, "started": self.started, "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z") if final else None,
+            "profile": self.profile, "started": self.started,
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z") if final else None,
             "complete": final, "environment": common.read_json(fp) if fp.exists() else {},
             "git_commit": common.git_commit(), "models": self.models,
             "slo": self.eff["slo"], "objective": self.objective, "rule": decide.rule(self.objective),

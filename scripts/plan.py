@@ -12,11 +12,10 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 import common
 import config
 import workload as wl
+import yaml
 
 LADDER_YAML = config.LADDER
 load_ladder = config.load_ladder  # ladder.yaml's shape is config's; the rung checks naming rung and knob are here

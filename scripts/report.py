@@ -7,11 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import common
 import pandas as pd
 from tabulate import tabulate
-
-import common
-
 
 
 def fmt(v, spec=".1f", none="—"):
@@ -165,9 +163,11 @@ def headline(lad: dict) -> str:
            f"accuracy n/a ({na_label(final if final['eval'].get('status') != 'ok' else base)})")
     k = final.get("knee") or {}
     slo = lad["slo"]
-    at_knee = (f"p99 TTFT {fmt(k.get('p99_ttft_ms_at_knee'), '.0f')} ms / TPOT {fmt(k.get('p99_tpot_ms_at_knee'), '.1f')} ms "
+    at_knee = (f"p99 TTFT {fmt(k.get('p99_ttft_ms_at_knee'), '.0f')} ms / "
+               f"TPOT {fmt(k.get('p99_tpot_ms_at_knee'), '.1f')} ms "
                f"at {fmt(k.get('knee_rps'), 'g')} req/s (SLO {slo['p99_ttft_ms']} / {slo['p99_tpot_ms']} ms)"
-               if k.get("knee_rps") is not None else f"no rate met the SLO ({slo['p99_ttft_ms']} / {slo['p99_tpot_ms']} ms)")
+               if k.get("knee_rps") is not None
+               else f"no rate met the SLO ({slo['p99_ttft_ms']} / {slo['p99_tpot_ms']} ms)")
     minutes = lad.get("engine_seconds", 0) / 60
     cost = lad.get("cost_usd")
     return (f"**{base['model']} {tps} with "
@@ -208,19 +208,21 @@ def workload(lad: dict) -> dict:
 
 
 def header(lad: dict) -> list[str]:
-    env, p = lad["environment"], lad["settings"]
+    env = lad["environment"]
     hw = env.get("gpu") or f"CPU: {env['cpu']['model']} ({env['cpu']['cores']} cores, {env['cpu']['memory_gib']} GiB)"
     slo, w = lad["slo"], workload(lad)
     base = next((r for r in lad["rungs"] if r["status"] == "ok"), {})  # the stages say how they measured
     ev, gate = base.get("eval") or {}, base.get("gate") or {}
     lines = [
-        f"- **Machine**: {hw}" + (f", driver {env['driver']}, CUDA {env.get('cuda_driver')}" if env.get("driver") else "")
+        f"- **Machine**: {hw}"
+        + (f", driver {env['driver']}, CUDA {env.get('cuda_driver')}" if env.get("driver") else "")
         + (f"; GPU UUID {', '.join(g['uuid'] for g in env.get('gpus') or [] if g.get('uuid'))}"
            if any(g.get("uuid") for g in env.get("gpus") or []) else "")
         + (f"; host id {env['host_id']}" if env.get("host_id") else ""),
         f"- **Software**: {env.get('vllm_package')} {env.get('vllm')}, torch {env.get('torch')}, "
         f"transformers {env.get('transformers')}, Python {env.get('python')}; git {str(lad.get('git_commit'))[:12]}",
-        "- **Models**: " + "; ".join(f"{n}: {m.get('id')} @ {str(m.get('revision'))[:12]}" for n, m in lad.get("models", {}).items()),
+        "- **Models**: " + "; ".join(f"{n}: {m.get('id')} @ {str(m.get('revision'))[:12]}"
+                                     for n, m in lad.get("models", {}).items()),
         f"- **SLO**: p99 TTFT ≤ {slo['p99_ttft_ms']} ms and p99 TPOT ≤ {slo['p99_tpot_ms']} ms, no failed request",
         f"- **Workload** (bench and knee alike): {w['text']}",
         f"- **Shared prefix?** {w['shared_prefix']}",
@@ -230,7 +232,8 @@ def header(lad: dict) -> list[str]:
         f"- **Quality**: n/a: {ev.get('reason') or 'not recorded'}; every rung is \"not gated\"",
         "- **Metrics**: TTFT = time to first token (includes queueing); TPOT = (E2E − TTFT) / (output tokens − 1), "
         "i.e. excluding the first token; ITL = gap between streamed tokens; goodput = completed requests/s that met "
-        "both SLO bounds (vLLM `--goodput`); knee = highest offered rate meeting the SLO; speedup = output tok/s ÷ rung 0's",
+        "both SLO bounds (vLLM `--goodput`); knee = highest offered rate meeting the SLO; "
+        "speedup = output tok/s ÷ rung 0's",
     ]
     lines.append("- **Roofline**: batch-1 decode floor = bytes read per step (weights at their bit width + KV) ÷ the "
                  "GPU's datasheet bandwidth, vs the p50 TPOT at the lowest probed rate (% of the floor reached); "
@@ -351,9 +354,11 @@ def render(lad: dict, out: Path) -> str:
           "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
           "## Capacity plan", *capacity_lines(lad), "",
           "## Plots", "![knee curves](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
-          "## Time", f"- measured engine time (eval + bench + knee stages): {lad.get('engine_seconds', 0) / 60:.1f} min; "
+          "## Time", "- measured engine time (eval + bench + knee stages): "
+          f"{lad.get('engine_seconds', 0) / 60:.1f} min; "
           f"ladder wall time {lad.get('wall_seconds', 0) / 60:.1f} min",
-          *[f"- {r['index']} {r['name']}: " + ", ".join(f"{s} {v:.0f} s" for s, v in (r.get("stage_seconds") or {}).items())
+          *[f"- {r['index']} {r['name']}: "
+            + ", ".join(f"{s} {v:.0f} s" for s, v in (r.get("stage_seconds") or {}).items())
             for r in lad["rungs"] if r.get("stage_seconds")], ""]
     return "\n".join(md)
 

@@ -62,7 +62,8 @@ def _check(item, path: str, lineno: int) -> dict:
             try:
                 float(a)
             except ValueError:
-                raise EvalFileError(f"{where}: field 'answer' must be a number for scoring 'number', got {a!r}") from None
+                raise EvalFileError(
+                    f"{where}: field 'answer' must be a number for scoring 'number', got {a!r}") from None
     return item
 
 

@@ -34,7 +34,8 @@ def write(out: Path, awq: bool = False) -> None:
               for f in sorted(glob.glob(f"{root}/lib/python3*/**/*.py", recursive=True))][:400]
     if not corpus:
         raise RuntimeError("no Python sources found to train the shape model's tokenizer on")
-    tok.train(corpus, trainers.BpeTrainer(vocab_size=16000, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    tok.train(corpus, trainers.BpeTrainer(vocab_size=16000,
+                                          special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(

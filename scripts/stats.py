@@ -62,13 +62,14 @@ def delta(base: list[float], new: list[float], floor: float = 0.0) -> dict:
     diff = n["mean"] - b["mean"]
     ci = [(diff - half) / b["mean"], (diff + half) / b["mean"]]
     verdict = "better" if ci[0] > 0 else "worse" if ci[1] < 0 else "within noise"
-    why = f"n={b['n']} vs {n['n']}, Welch 95 % interval" + (f" with a {floor:.0%} start-to-start floor" if floor else "")
+    why = (f"n={b['n']} vs {n['n']}, Welch 95 % interval"
+           + (f" with a {floor:.0%} start-to-start floor" if floor else ""))
     return {"rel": rel, "ci95": ci, "verdict": verdict, "why": why}
 
 
 def knee_delta(base: dict, new: dict) -> dict:
-    """Knee change vs base: 'better' / 'worse' only when the two search brackets are apart. A knee that is lost (the SLO met at no rate) is 'worse';
-    one gained where the base had none is 'better'."""
+    """Knee change vs base: 'better' / 'worse' only when the two search brackets are apart.
+    A knee that is lost (the SLO met at no rate) is 'worse'; one gained where the base had none is 'better'."""
     kb, kn = base.get("knee_rps"), new.get("knee_rps")
     if kb is None and kn is None:
         return {"rel": None, "verdict": "unknown", "why": "no knee on either side (SLO broken at every rate)"}
@@ -207,7 +208,8 @@ def weight_bits(quant: dict | None) -> float:
         if w.get("type") == "float":
             return float(bits)
     else:
-        bits, group = quant.get("bits") or quant.get("w_bit") or 16, quant.get("group_size") or quant.get("q_group_size")
+        bits = quant.get("bits") or quant.get("w_bit") or 16
+        group = quant.get("group_size") or quant.get("q_group_size")
         asym = bool(quant.get("zero_point")) or quant.get("sym") is False
     if bits >= 16 or not group or group <= 0:
         return float(bits)

@@ -6,7 +6,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -83,9 +82,11 @@ class Project:
                         DVC_NO_ANALYTICS="1", PYTHONUNBUFFERED="1", HF_TOKEN=PLANTED_TOKEN)
 
     def run(self, *cmd, check=True, timeout=3600, **kw) -> subprocess.CompletedProcess:
-        p = subprocess.run(list(cmd), cwd=self.path, env=self.env, capture_output=True, text=True, timeout=timeout, **kw)
+        p = subprocess.run(list(cmd), cwd=self.path, env=self.env, capture_output=True, text=True,
+                           timeout=timeout, **kw)
         if check and p.returncode != 0:
-            raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}\n--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-4000:]}")
+            raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}\n--- stdout\n{p.stdout[-4000:]}"
+                                 f"\n--- stderr\n{p.stderr[-4000:]}")
         return p
 
     def dvc(self, *args, **kw):
@@ -128,7 +129,8 @@ def make_project(dest: Path) -> Project:
     proj.run("git", "init", "-q")
     proj.run("git", "config", "user.email", "t@example.com")
     proj.run("git", "config", "user.name", "t")
-    proj.run("cp", "-r", str(ROOT / "report"), str(dest / "report"), check=False) if (ROOT / "report" / "ladder.json").exists() else None
+    if (ROOT / "report" / "ladder.json").exists():
+        proj.run("cp", "-r", str(ROOT / "report"), str(dest / "report"), check=False)
     proj.commit("copy")
     return proj
 

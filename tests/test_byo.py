@@ -7,16 +7,16 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 import common
 import config
 import download
 import plan as planning
-import report
+import pytest
 import vllm_compat
 import workload
 from conftest import FIXTURES, ROOT
+
+import report
 
 PARAMS = common.load_params(ROOT / "params.yaml", check=False)
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")
@@ -243,9 +243,8 @@ def test_model_without_a_quantized_variant_skips_that_rung_and_quant_model_fills
 
 def test_the_choices_survive_dvc_exp_run_set(tmp_path):
     """What `make ladder MODEL=… WORKLOAD=…` passes to every `dvc exp run -S`, applied as DVC applies it."""
-    from dvc.utils.hydra import apply_overrides
-
     import ladder
+    from dvc.utils.hydra import apply_overrides
     folder = model_folder(tmp_path / "My.Finetune v2")
     p = planning.resolve(PARAMS, LADDER, "cpu", PARAMS, 0, model=str(folder), workload="shared-prefix")
     (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())

@@ -3,7 +3,6 @@ it imports (transitively), so editing any code a stage runs makes that stage sta
 import ast
 
 import yaml
-
 from conftest import ROOT
 
 SCRIPTS = ROOT / "scripts"

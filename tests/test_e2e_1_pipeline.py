@@ -4,7 +4,6 @@ import csv
 import json
 
 import pytest
-
 from conftest import wait_no_vllm
 
 pytestmark = pytest.mark.engine
@@ -96,7 +95,8 @@ def test_a_bad_eval_file_stops_the_pipeline_before_any_result_is_lost(project):
         assert p.returncode != 0
         assert "evals/small_eval.jsonl:41: not valid JSON" in p.stdout + p.stderr
         assert "Running stage 'eval" not in p.stdout
-        path.write_text(good + json.dumps({"id": "x", "category": "math", "prompt": "1+1?", "scoring": "number"}) + "\n")
+        path.write_text(good + json.dumps({"id": "x", "category": "math", "prompt": "1+1?", "scoring": "number"})
+                        + "\n")
         p = project.dvc("repro", *TARGETS, check=False)
         assert "evals/small_eval.jsonl:41: missing field 'answer'" in p.stdout + p.stderr
         for f, data in before.items():

@@ -8,7 +8,6 @@ import time
 
 import pytest
 import yaml
-
 from conftest import vllm_pids, wait_no_project_process, wait_no_vllm
 
 pytestmark = pytest.mark.engine
@@ -24,7 +23,8 @@ CI_LADDER = {
     "profiles": {"cpu": {"settings": {"knee.max_probes": 3}, "rungs": [
         {"name": "fp8-kv", "set": {"engine.kv_cache_dtype": "fp8"}, "note": "KV cache in fp8"},
         {"name": "placebo-seed", "set": {"engine.seed": 1}, "note": "a placebo: greedy decoding ignores the seed"},
-        {"name": "broken-rope", "set": {"engine.hf_overrides": {"rope_parameters": {"rope_type": "default", "rope_theta": 1.0}}},
+        {"name": "broken-rope",
+         "set": {"engine.hf_overrides": {"rope_parameters": {"rope_type": "default", "rope_theta": 1.0}}},
          "note": "designed to fail the gate: RoPE base 1 scrambles positions"},
         {"name": "no-kv-space", "set": {"env.VLLM_CPU_KVCACHE_SPACE": 0}, "note": "designed not to start: no KV cache"},
     ]}},
@@ -104,7 +104,8 @@ def test_make_ladder_resumes_keeps_reverts_and_reports(project):
     assert "ladder: decision rule: a rung is kept only when it is significantly better" in p.stdout
     # the placebo changes nothing measurable: reverted, the simpler config stays
     pl = by["placebo-seed"]
-    assert pl["status"] == "ok" and pl["verdict"] == "reverted" and "no measurable gain" in pl["decision"], pl["decision"]
+    assert (pl["status"] == "ok" and pl["verdict"] == "reverted"
+            and "no measurable gain" in pl["decision"]), pl["decision"]
     # resumed: rung 0 came back from DVC's run-cache instead of being measured again
     assert {"eval", "bench", "knee"} <= set(by["baseline"]["reused"]) or "didn't change" in p.stdout
     # the rung designed to fail the gate is reverted, and says why

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import PLANTED_TOKEN, wait_no_vllm
 
 pytestmark = pytest.mark.engine
@@ -19,7 +18,8 @@ def serve_pid():
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if (d / "comm").read_text().strip() == "vllm" and b" serve " in (d / "cmdline").read_bytes().replace(b"\0", b" "):
+                if ((d / "comm").read_text().strip() == "vllm"
+                        and b" serve " in (d / "cmdline").read_bytes().replace(b"\0", b" ")):
                     return int(d.name)
             except OSError:
                 continue

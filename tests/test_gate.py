@@ -6,7 +6,8 @@ G = {"max_overall_drop": 0.10, "max_category_drop": 0.25, "alpha": 0.05, "min_it
 
 def items(spec):
     """spec: {category: [correct, ...]} -> {id: item}"""
-    return {f"{c}-{i}": {"id": f"{c}-{i}", "category": c, "correct": ok} for c, oks in spec.items() for i, ok in enumerate(oks)}
+    return {f"{c}-{i}": {"id": f"{c}-{i}", "category": c, "correct": ok}
+            for c, oks in spec.items() for i, ok in enumerate(oks)}
 
 
 BASE = items({"math": [1, 1, 1, 1, 0, 0, 0, 0], "format": [1, 1, 0, 0, 0, 0, 0, 0], "knowledge": [1] * 7 + [0]})

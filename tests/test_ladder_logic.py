@@ -19,7 +19,8 @@ def decided(r, objective="knee_rps"):
 
 
 def test_a_failed_gate_reverts_whatever_the_speed():
-    keep, why = decided(rec([800.0, 810.0, 790.0], 12.0, gate={"gated": True, "keep": False, "reasons": ["category math collapsed"]}))
+    keep, why = decided(rec([800.0, 810.0, 790.0], 12.0,
+                            gate={"gated": True, "keep": False, "reasons": ["category math collapsed"]}))
     assert keep is False and why.startswith("quality gate failed: category math collapsed")
 
 

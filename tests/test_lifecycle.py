@@ -8,10 +8,9 @@ import sys
 import textwrap
 import time
 
-import pytest
-
 import common
 import engine
+import pytest
 from conftest import PLANTED_TOKEN
 
 
@@ -72,7 +71,8 @@ def test_children_die_with_the_stage_even_when_it_is_sigkilled(tmp_path):
 
 def test_run_raises_with_the_engines_own_error_line(tmp_path):
     script = ("import sys\nprint('INFO starting')\nprint('Traceback (most recent call last):')\n"
-              "print('  File \"x.py\", line 1')\nprint('ValueError: To serve at least one request with the models max seq len "
+              "print('  File \"x.py\", line 1')\n"
+              "print('ValueError: To serve at least one request with the models max seq len "
               "(100000), 5.49 GiB KV cache is needed, which is larger than the available KV cache memory (1.0 GiB).')\n"
               "print('RuntimeError: Engine core initialization failed. See root cause above.')\nsys.exit(1)")
     with pytest.raises(engine.EngineError) as e:

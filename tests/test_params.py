@@ -4,14 +4,13 @@ import copy
 import subprocess
 import sys
 
-import pytest
-import yaml
-
 import common
 import config
 import engine
 import ladder
 import plan as planning
+import pytest
+import yaml
 from conftest import ROOT
 
 PARAMS = common.load_params(ROOT / "params.yaml", check=False)
@@ -37,12 +36,15 @@ def test_the_shipped_params_and_every_profile_are_valid():
 
 @pytest.mark.parametrize("mutate, expected", [
     (lambda p: p["engine"].update(**{"Max-Seqs": 4}), "engine.Max-Seqs: unknown knob; engine knobs are vLLM engine"),
-    (lambda p: p["model"].update(name="llama-70b"), "model.name: 'llama-70b' is not a model the download stage provides"),
-    (lambda p: p["slo"].update(p99_ttft_ms=0), "slo.p99_ttft_ms: 0 is not allowed; expected a number of milliseconds > 0"),
+    (lambda p: p["model"].update(name="llama-70b"),
+     "model.name: 'llama-70b' is not a model the download stage provides"),
+    (lambda p: p["slo"].update(p99_ttft_ms=0),
+     "slo.p99_ttft_ms: 0 is not allowed; expected a number of milliseconds > 0"),
     (lambda p: p["slo"].update(p99_tpot_ms=-5), "slo.p99_tpot_ms: -5 is not allowed"),
     (lambda p: p["env"].update(HF_TOKEN="x"), "env.HF_TOKEN: unknown knob"),
     (lambda p: p["env"].update(VLLM_API_TOKEN="x"), "env.VLLM_API_TOKEN: secrets do not belong in params.yaml"),
-    (lambda p: p["knee"].update(rates=[4, 2], mode="sweep"), "knee.rates: [4, 2] is not allowed; expected an increasing list"),
+    (lambda p: p["knee"].update(rates=[4, 2], mode="sweep"),
+     "knee.rates: [4, 2] is not allowed; expected an increasing list"),
     (lambda p: p["bench"].update(repeats=0), "bench.repeats: 0 is not allowed; expected an integer > 0"),
     (lambda p: p["download"].update(fetch=["nope"]), "download.fetch: 'nope' is not in download.catalog"),
 ])
@@ -67,7 +69,8 @@ def plan_error(lad) -> str:
 
 
 def test_a_two_knob_rung_is_refused_naming_rung_and_knobs():
-    msg = plan_error(rungs({"name": "two", "set": {"engine.kv_cache_dtype": "fp8", "engine.enable_prefix_caching": True}}))
+    msg = plan_error(rungs({"name": "two",
+                            "set": {"engine.kv_cache_dtype": "fp8", "engine.enable_prefix_caching": True}}))
     assert "cpu rung 1 'two': changes 2 knobs (engine.kv_cache_dtype, engine.enable_prefix_caching)" in msg
     assert "nothing was run" in msg
 
@@ -99,7 +102,8 @@ def test_a_rung_naming_a_model_the_download_stage_does_not_provide_is_refused():
 def test_candidates_expand_one_knob_and_fallbacks_are_checked():
     assert planning.candidates({"engine.max_num_batched_tokens": [1024, 2048]}) == [
         {"engine.max_num_batched_tokens": 1024}, {"engine.max_num_batched_tokens": 2048}]
-    msg = plan_error(rungs({"name": "kv", "set": {"engine.kv_cache_dtype": "fp8"}, "fallback": {"engine.kv_cache_dtype": "auto"}}))
+    msg = plan_error(rungs({"name": "kv", "set": {"engine.kv_cache_dtype": "fp8"},
+                            "fallback": {"engine.kv_cache_dtype": "auto"}}))
     assert "'kv' fallback: engine.kv_cache_dtype is already 'auto' in force" in msg
 
 

@@ -3,8 +3,9 @@ dummy weights and an interrupted rung): table rows, decisions, headline, plots, 
 import json
 import re
 
-import report
 from conftest import FIXTURES
+
+import report
 
 
 def render(name, tmp_path):

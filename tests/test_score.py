@@ -2,7 +2,6 @@
 import json
 
 import pytest
-
 import score
 from conftest import ROOT
 
@@ -17,7 +16,8 @@ def test_eval_set_covers_the_required_categories():
     assert len(items) >= 20
     for c in ("math", "format", "bilingual", "knowledge", "reasoning"):
         assert len(cats.get(c, [])) >= 3, c
-    zh = [it for it in cats["bilingual"] if any("\u4e00" <= ch <= "\u9fff" for ch in it["prompt"] + json.dumps(it["answer"], ensure_ascii=False))]
+    zh = [it for it in cats["bilingual"]
+          if any("\u4e00" <= ch <= "\u9fff" for ch in it["prompt"] + json.dumps(it["answer"], ensure_ascii=False))]
     assert len(zh) >= 3, "bilingual items must include Chinese"
     assert {it["scoring"] for it in items} == set(score.SCORINGS)
 
@@ -35,7 +35,8 @@ GOOD = json.dumps({"id": "a", "category": "math", "prompt": "1+1?", "answer": "2
     ('{"id": "b", "category": "math", "prompt": "x",', "bad.jsonl:2: not valid JSON"),
     (json.dumps({"id": "b", "categroy": "math", "prompt": "x", "answer": "1", "scoring": "exact"}),
      "bad.jsonl:2: unknown field 'categroy'"),
-    (json.dumps({"id": "b", "category": "math", "prompt": "x", "scoring": "exact"}), "bad.jsonl:2: missing field 'answer'"),
+    (json.dumps({"id": "b", "category": "math", "prompt": "x", "scoring": "exact"}),
+     "bad.jsonl:2: missing field 'answer'"),
     (json.dumps({"id": "b", "category": "math", "prompt": "x", "answer": "1", "scoring": "fuzzy"}),
      "bad.jsonl:2: field 'scoring' is 'fuzzy'; allowed: exact, contains, regex, number"),
     (json.dumps({"id": "b", "category": "math", "prompt": "x", "answer": "[", "scoring": "regex"}),

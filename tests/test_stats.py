@@ -5,7 +5,6 @@ import os
 import re
 
 import pytest
-
 import stats
 from conftest import FIXTURES
 

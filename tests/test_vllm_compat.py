@@ -5,9 +5,8 @@ import sys
 import textwrap
 import types
 
-import pytest
-
 import engine
+import pytest
 import vllm_compat
 from conftest import FIXTURES, ROOT
 
