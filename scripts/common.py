@@ -79,6 +79,18 @@ def write_text(path: Path | str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def json_lines(lines, error: type[Exception], where: str):
+    """(line number, object) for each non-blank line of a JSONL text; a line that is not JSON raises `error`
+    naming `where` (the file) and the line, before anything reads further."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise error(f"{where}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+
+
 def read_json(path: Path | str):
     with open(path, encoding="utf-8") as f:
         return json.load(f)

@@ -12,10 +12,11 @@ Scoring methods (the item names its own):
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import defaultdict
+
+import common
 
 SCORINGS = ("exact", "contains", "regex", "number")
 REQUIRED = ("id", "category", "prompt", "answer", "scoring")
@@ -75,13 +76,7 @@ def load_items(path: str) -> list[dict]:
     except OSError as e:
         raise EvalFileError(f"{path}: cannot read eval file ({e.strerror})") from None
     with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalFileError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+        for lineno, item in common.json_lines(f, EvalFileError, str(path)):
             item = _check(item, path, lineno)
             if item["id"] in seen:
                 raise EvalFileError(f"{path}:{lineno}: field 'id' {item['id']!r} repeats line {seen[item['id']]}")

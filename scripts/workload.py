@@ -65,13 +65,7 @@ def load_file(path: Path | str) -> list[dict]:
     except (OSError, UnicodeDecodeError) as e:
         raise WorkloadError(f"workload.file: cannot read {rel} ({e})") from None
     items = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise WorkloadError(f"workload.file: {rel}:{n}: not valid JSON ({e.msg})") from None
+    for n, obj in common.json_lines(lines, WorkloadError, f"workload.file: {rel}"):
         items.append(_item(obj, f"workload.file: {rel}:{n}"))
     if not items:
         raise WorkloadError(f"workload.file: {rel} holds no request (one JSON object a line)")
