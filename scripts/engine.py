@@ -80,7 +80,8 @@ def child_env(env_knobs: dict | None = None) -> dict:
     """The environment for a vLLM child: ours minus secrets (models are local), plus the rung's env knobs."""
     env = {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in common.SECRET_WORDS)}
     env.update({k: str(v) for k, v in (env_knobs or {}).items()})
-    env.update(PYTHONUNBUFFERED="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+    # INFO: the stages read the engine's own INFO lines (KV capacity, the config it ran, the knobs it received)
+    env.update(PYTHONUNBUFFERED="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL="INFO",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     return env
 

@@ -323,11 +323,19 @@ class _Refused(Exception):
 def engine_arg_parser():
     """vLLM's own engine-arg parser (names, types, choices), built once: importing vLLM costs seconds. Its
     `error` raises instead of exiting, so the message can name the rung."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # quiet for this import only: an environment change left behind would reach every engine started later
+    # from this process, and the stages read the engine's INFO lines (KV capacity, config, applied knobs)
+    before = os.environ.get("VLLM_LOGGING_LEVEL")
+    os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
     try:
         from vllm.engine.arg_utils import EngineArgs
     except ImportError as e:
         raise _fail(f"cannot import vllm.engine.arg_utils.EngineArgs ({e})") from e
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_LOGGING_LEVEL", None)
+        else:
+            os.environ["VLLM_LOGGING_LEVEL"] = before
     parser = EngineArgs.add_cli_args(_flexible_parser(prog="vllm engine args"))
 
     def error(message):

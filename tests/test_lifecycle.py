@@ -180,3 +180,15 @@ def test_a_worker_log_holds_only_its_own_run(tmp_path):
         proc = engine.run_worker(str(script), {"n": n}, tmp_path, {}, timeout=60, what="w")
     text = proc.log.read_text()
     assert "ran 2" in text and "ran 1" not in text
+
+
+def test_checking_engine_args_leaves_the_environment_as_it_was_and_engines_log_at_info(monkeypatch):
+    """The engine-arg check quiets vLLM for its own import only: a level left in os.environ reached every engine
+    started later from the same process, whose INFO lines (KV capacity, config) the stages read."""
+    import vllm_compat
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    vllm_compat.engine_arg_parser.cache_clear()
+    assert vllm_compat.engine_arg_errors([("engine", "max_num_seqs", 8)]) == []
+    assert "VLLM_LOGGING_LEVEL" not in os.environ
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")  # a user's shell
+    assert engine.child_env({})["VLLM_LOGGING_LEVEL"] == "INFO"
