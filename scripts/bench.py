@@ -95,7 +95,7 @@ def method(b: dict, mode: str) -> str:
 
 def main(out: Path, logs: Path):
     params = common.stage_start()
-    cfg, b, w = common.rung_config(params), params["bench"], params["workload"]
+    cfg, b, w = common.engine_config(params), params["bench"], params["workload"]
     na = vllm_compat.offline_unsupported(cfg["engine"])
     if na:  # not a failure: the rung is judged by the knee, and the record says why there is no bench figure
         common.write_text(logs / "skipped.txt", na + "\n")  # a declared output

@@ -35,7 +35,7 @@ def main():
     ap.add_argument("--sweep-rates", default="1,2,3,4,5,6,7,8,9,10")
     args = ap.parse_args()
     params = common.stage_start()
-    cfg, b, k, slo = common.rung_config(params), params["bench"], params["knee"], params["slo"]
+    cfg, b, k, slo = common.engine_config(params), params["bench"], params["knee"], params["slo"]
     entry = common.model_entry(cfg["model"]["name"])
     logs = common.RESULTS / "logs" / "benchmark"
     sent, _ = workload.prepare(params["workload"], entry["path"], logs)

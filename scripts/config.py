@@ -325,6 +325,15 @@ class Roofline(Section):
     bandwidth_gbs: dict[str, PosNum] = F("a mapping of GPU name to GB/s > 0", {})  # {}: the built-in table
 
 
+class Target(Section):
+    """A smaller card emulated on this GPU: its memory only (common.target_engine; README "Emulating a smaller
+    card"). gpu_memory_utilization keeps its meaning on the target; the engine gets this card's equivalent."""
+    name: StrictStr | None = F("the emulated card's name, or null", None)
+    memory_gib: PosNum | None = F("the emulated card's total memory in GiB as CUDA reports it, or null: no "
+                                  "emulation", None)
+    bandwidth_gbs: PosNum | None = F("its memory bandwidth in GB/s (the report's roofline), or null", None)
+
+
 class Params(Section):
     profile: StrictStr = F("a profile name from ladder.yaml")
     baseline: Knobs
@@ -341,6 +350,7 @@ class Params(Section):
     cost: Cost = Cost()
     capacity: Capacity
     roofline: Roofline = Roofline()
+    target: Target = Target()
 
 
 # ---------------------------------------------------------------- ladder.yaml
@@ -496,6 +506,23 @@ def _across_sections(params: dict) -> list[str]:
             if isinstance(limit, int) and total > limit:
                 errs.append(f"workload: {total} tokens per request (prefix + input + output) exceed "
                             f"{which}.max_model_len {limit}")
+    return errs + _target_errors(params)
+
+
+def _target_errors(params: dict) -> list[str]:
+    """A target budget binds only through gpu_memory_utilization: it must be set, and no knob may bypass it."""
+    t = params["target"]
+    if t["memory_gib"] is None:
+        return []
+    errs = [] if t["name"] else ["target.name: missing; name the card target.memory_gib emulates (the report says it)"]
+    for which, node in (("baseline.engine", params["baseline"]["engine"]), ("engine", params["engine"])):
+        util = node.get("gpu_memory_utilization")
+        if not isinstance(util, (int, float)) or isinstance(util, bool) or not 0 < util <= 1:
+            errs.append(f"{which}.gpu_memory_utilization: {util!r} is not allowed with target.memory_gib; expected "
+                        f"a fraction in (0, 1] of the target card's memory")
+        if node.get("kv_cache_memory_bytes") is not None:
+            errs.append(f"{which}.kv_cache_memory_bytes: {node['kv_cache_memory_bytes']!r} bypasses "
+                        f"gpu_memory_utilization, so target.memory_gib would not bind; expected null with a target")
     return errs
 
 

@@ -43,7 +43,7 @@ def worker(job_path: str) -> None:
 
 def main(which: str, out: Path) -> None:
     params = common.stage_start()
-    cfg = common.rung_config(params, which)
+    cfg = common.engine_config(params, which)  # the target card applied, if any
     ev = params["eval"]
     items = score.load_items(ev["file"])
     result = {"which": which, "model": cfg["model"]["name"], "knobs": cfg, "n": len(items),

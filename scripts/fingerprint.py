@@ -122,7 +122,10 @@ def main(out: Path):
     score.load_items(params["eval"]["file"])
     workload.check(params)
     check_engine_args(params)
-    common.write_json(out, fingerprint())
+    fp = fingerprint()
+    for which in ("baseline", "rung"):  # a target card this machine cannot emulate stops here, before any engine
+        common.engine_config(params, which, fp["gpus"])
+    common.write_json(out, fp)
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ def method(k: dict) -> str:
 
 def main(out: Path, csv_out: Path, logs: Path):
     params = common.stage_start()
-    cfg, k, slo = common.rung_config(params), params["knee"], params["slo"]
+    cfg, k, slo = common.engine_config(params), params["knee"], params["slo"]
     entry = common.model_entry(cfg["model"]["name"])
     sent, input_len = workload.prepare(params["workload"], entry["path"], logs)
     k = {**k, "workload": sent}
