@@ -115,7 +115,54 @@ def roof_cell(r):
     rf = r.get("roofline") or {}
     if not rf.get("tpot_floor_ms") or not rf.get("tpot_low_load_ms"):
         return "—"
-    return f"{rf['tpot_floor_ms']:.1f} / {rf['tpot_low_load_ms']:.1f} ms ({rf['pct_of_floor'] * 100:.0f} %)"
+    return (f"{rf['tpot_floor_ms']:.1f} / {rf['tpot_low_load_ms']:.1f} ms ({rf['pct_of_floor'] * 100:.0f} %)"
+            + target_floor(rf))
+
+
+def target_floor(rf: dict) -> str:
+    """An emulated card's floor beside the real one: its memory was emulated, its bandwidth was not."""
+    if not rf.get("target_tpot_floor_ms"):
+        return ""
+    return f"; {rf.get('target_gpu') or 'target'} floor {rf['target_tpot_floor_ms']:.1f} ms"
+
+
+def kv_cell(r):
+    """KV cache capacity and max concurrency the engine logged (the knee's server, else the bench's engine), and
+    with a target card whether the engine ran inside its memory (decide.target_check)."""
+    k, b = r.get("knee") or {}, r.get("bench") or {}
+    tokens = k.get("kv_cache_tokens") or b.get("kv_cache_tokens")
+    conc = k.get("max_concurrency") or b.get("max_concurrency")
+    if tokens is None:
+        return "—"
+    check = next((c for c in r.get("applied") or [] if c["knob"] == "target"), None)
+    return f"{tokens:,} tok · {fmt(conc, '.1f')}×" + ("" if check is None else f" · target {_mark(check)}")
+
+
+def _mark(check: dict) -> str:
+    return "✓" if check["applied"] else "✗" if check["applied"] is False else "?"
+
+
+def target_lines(lad: dict) -> list[str]:
+    """The setup lines of an emulated card: what is emulated and what is not, and each conversion the rungs ran."""
+    runs = [r for r in lad["rungs"] if r.get("target")]
+    if not runs:
+        return []
+    t = runs[0]["target"]
+    conv = {(r["target"]["gpu_memory_utilization"], r["target"]["fraction"], r["target"]["budget_gib"]) for r in runs}
+    lines = [f"- **Emulated card**: {t['name']}, {t['memory_gib']:g} GiB, on this {t['real_gpu']} "
+             f"({t['real_total_gib']:g} GiB, nvidia-smi): gpu_memory_utilization keeps its meaning on the "
+             f"{t['name']} and the engine gets u × {t['memory_gib']:g} / {t['real_total_gib']:g} of this card: "
+             + ", ".join(f"{u:g} → {f:g} ({g:g} GiB)" for u, f, g in sorted(conv)) + ".",
+             f"- **Emulated**: memory capacity only — weights, activations, CUDA graphs and KV cache share the "
+             f"{t['name']}'s budget, so KV capacity and max concurrency are the {t['name']}'s. **Not emulated**: "
+             f"bandwidth, compute, PCIe: absolute tok/s and latencies are this {t['real_gpu']}'s; the roofline "
+             f"column gives the {t['name']}'s floor beside this card's"
+             + (f" ({t['bandwidth_gbs']:g} GB/s)." if t.get("bandwidth_gbs") else " (no target.bandwidth_gbs given).")]
+    base = next((c for r in runs if r.get("role") == "baseline" for c in r.get("applied") or []
+                 if c["knob"] == "target"), None)
+    if base:  # rung 0's check (the other rungs' are under "took effect?")
+        lines.append(f"- **Inside the budget?** rung 0: {_mark(base)} ({base['observed']})")
+    return lines
 
 
 def gpus_cell(r):
@@ -140,7 +187,7 @@ def table(lad: dict) -> str:
                      "Δ vs base": delta_cell(r),
                      "speedup vs baseline": fmt((r.get("speedup") or None), ".2f") + "×" if r.get("speedup") else "—",
                      "knee req/s @ SLO": knee_cell(r), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(r),
-                     "roofline: TPOT floor / low-load p50": roof_cell(r),
+                     "KV cache · max concurrency": kv_cell(r), "roofline: TPOT floor / low-load p50": roof_cell(r),
                      "kept?": kept_cell(r), "measured": measured_cell(r)})
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
 
@@ -238,7 +285,7 @@ def header(lad: dict) -> list[str]:
     lines.append("- **Roofline**: batch-1 decode floor = bytes read per step (weights at their bit width + KV) ÷ the "
                  "GPU's datasheet bandwidth, vs the p50 TPOT at the lowest probed rate (% of the floor reached); "
                  "n/a on CPU")
-    return lines
+    return lines + target_lines(lad)
 
 
 def _range(v, rng, spec="g", pre=""):
