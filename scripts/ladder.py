@@ -6,7 +6,7 @@ reads the gate and the measurements and keeps or reverts it; a rung that fails (
 OOM, timeout) is recorded with the engine's own error and the ladder goes on. Finished rungs are saved to
 report/ladder.json as they finish; a re-run restores them from DVC's run-cache instead of re-measuring.
 
-  python scripts/ladder.py [--profile cpu|gpu|gpu-shape] [--check] [--rungs N] [--ladder FILE]
+  python scripts/ladder.py [--profile cpu|gpu|gpu-shape|gpu-shape-4090] [--check] [--rungs N] [--ladder FILE]
                            [--model NAME|FOLDER|ORG/NAME@REV] [--quant-model ...] [--workload KIND|FILE]
 """
 from __future__ import annotations
@@ -236,13 +236,15 @@ def main() -> int:
     ap.add_argument("--workload", help="the traffic: random, shared-prefix, or a JSONL prompts file")
     args = ap.parse_args()
     os.chdir(common.ROOT)
-    gpus = len(fingerprint.gpus())
+    gpu_list = fingerprint.gpus()
+    gpus = len(gpu_list)
     profile = args.profile or ("gpu" if gpus else "cpu")
     try:  # every bad input is reported here, before any engine starts
         params, lad = common.load_params(check=False), planning.load_ladder(args.ladder)
         plan = planning.resolve(params, lad, profile, planning.committed_params(), gpus, args.rungs,
                                 args.model, args.quant_model, args.workload)
         score.load_items(plan.params["eval"]["file"])
+        planning.check_target(plan, gpu_list)  # a target card this machine cannot emulate (no GPU, too small)
         errors = planning.engine_arg_errors(plan)  # vLLM's own parser, once for the whole ladder
         if errors:
             raise common.ParamsError("the ladder is not valid (nothing was run):\n  " + "\n  ".join(errors))

@@ -187,6 +187,10 @@ def check_change(where: str, change, in_force: dict, params: dict, groups: dict)
             elif knob == "model.name" and v not in fetch:
                 errors.append(f"{where}: model.name: {v!r} is not a model the download stage provides "
                               f"(download.fetch: {', '.join(fetch)})")
+            elif knob == "engine.kv_cache_memory_bytes" and v is not None and params["target"]["memory_gib"]:
+                errors.append(f"{where}: {knob}: {v!r} bypasses gpu_memory_utilization, so target.memory_gib "
+                              f"would not bind; a rung under a target card spends memory through "
+                              f"engine.gpu_memory_utilization")
             elif v == in_force.get(knob):
                 errors.append(f"{where}: {knob} is already {v!r} in force: a no-op rung changes nothing")
     if len([k for k, v in change.items() if isinstance(v, list)]) > 1:
@@ -299,3 +303,19 @@ def engine_arg_errors(p: Plan) -> list[str]:
                     for v in value if isinstance(value, list) else [value]:
                         knobs.append((f"ladder.yaml {p.profile} rung {i} {rung['name']!r}{label}: engine", knob[7:], v))
     return vllm_compat.engine_arg_errors(knobs)
+
+
+def check_target(p: Plan, gpus: list[dict]) -> None:
+    """The target card (params `target`) against this machine's GPUs, before any engine starts: rung 0's
+    gpu_memory_utilization and every one a rung sets (common.target_engine raises ParamsError naming the field)."""
+    if p.params["target"]["memory_gib"] is None:
+        return
+    base = p.params["baseline"]["engine"]
+    engines = [("baseline.engine", base)]
+    for i, rung in enumerate(p.rungs, 1):
+        for change in [] if rung.get("skip") else rung_changes(rung) + [rung.get("fallback") or {}]:
+            if "engine.gpu_memory_utilization" in change:
+                engines.append((f"ladder.yaml {p.profile} rung {i} {rung['name']!r}: engine",
+                                {**base, "gpu_memory_utilization": change["engine.gpu_memory_utilization"]}))
+    for where, eng in engines:
+        common.target_engine(eng, p.params["target"], gpus, where)
