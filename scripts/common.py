@@ -102,8 +102,9 @@ def engine_config(params: dict, which: str = "rung", gpus: list[dict] | None = N
     if gpus is None:
         fp = RESULTS / "fingerprint.json"
         if not fp.exists():
-            raise ParamsError(f"target.memory_gib: {fp.relative_to(ROOT)} is missing (this GPU's memory is read "
-                              f"there); run the fingerprint stage first")
+            shown = fp.relative_to(ROOT) if fp.is_relative_to(ROOT) else fp
+            raise ParamsError(f"target.memory_gib: {shown} is missing (this GPU's memory is read there); run the "
+                              f"fingerprint stage first")
         gpus = read_json(fp).get("gpus") or []
     where = "baseline.engine" if which == "baseline" else "engine"
     cfg["engine"], cfg["target"] = target_engine(cfg["engine"], params["target"], gpus, where)
