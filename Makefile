@@ -1,5 +1,5 @@
 # ladder — a reproducible before→after optimization report for LLM serving with vLLM.
-# `make help` lists the targets. PROFILE: cpu | gpu | gpu-shape (default: gpu where nvidia-smi finds one).
+# `make help`: the targets. PROFILE: cpu | gpu | gpu-shape | gpu-shape-4090 (default: gpu where nvidia-smi finds one).
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 VENV ?= .venv
