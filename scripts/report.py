@@ -69,6 +69,7 @@ def delta_cell(r):
 
 
 def knee_cell(r):
+    """The knee as its bracket: midpoint ± half-width, the confirmed pass and failure, and any flag."""
     k = r.get("knee") or {}
     if not k:
         return "—"
@@ -76,7 +77,19 @@ def knee_cell(r):
         return f"< {fmt(k.get('first_fail_rps'), 'g')} (SLO never met)"
     if k.get("status") == "above":
         return f"≥ {fmt(k.get('knee_rps'), 'g')} (SLO met at top of range)"
-    return f"{k['knee_rps']:g} (breaks at {k['first_fail_rps']:g})"
+    if k.get("mid_rps") is None:  # a record from before the bracket was reported as midpoint ± half-width
+        return f"{k['knee_rps']:g} (breaks at {k['first_fail_rps']:g})"
+    flags = [f for f, on in (("a repeat disagreed", k.get("non_monotonic")),
+                             ("wider than knee.rel_tol", not k.get("resolved"))) if on]
+    return (f"{k['mid_rps']:.3g} ± {k['half_width_rps']:.2g} (passes {k['knee_rps']:g}, breaks "
+            f"{k['first_fail_rps']:g}; {k.get('probes')} probes)" + (f" ⚠ {', '.join(flags)}" if flags else ""))
+
+
+def slo_text(slo: dict) -> str:
+    """The SLO as the report states it (records from before slo.percentile spelled p99 into the keys)."""
+    p = slo.get("percentile", 99)
+    ttft, tpot = slo.get("ttft_ms", slo.get("p99_ttft_ms")), slo.get("tpot_ms", slo.get("p99_tpot_ms"))
+    return f"p{p:g} TTFT ≤ {ttft:g} ms, p{p:g} TPOT ≤ {tpot:g} ms"
 
 
 VERDICT_CELL = {"baseline": "baseline", "kept": "**kept**", "reverted": "reverted", "not chosen": "not chosen",
@@ -163,11 +176,12 @@ def headline(lad: dict) -> str:
            f"accuracy n/a ({na_label(final if final['eval'].get('status') != 'ok' else base)})")
     k = final.get("knee") or {}
     slo = lad["slo"]
-    at_knee = (f"p99 TTFT {fmt(k.get('p99_ttft_ms_at_knee'), '.0f')} ms / "
-               f"TPOT {fmt(k.get('p99_tpot_ms_at_knee'), '.1f')} ms "
-               f"at {fmt(k.get('knee_rps'), 'g')} req/s (SLO {slo['p99_ttft_ms']} / {slo['p99_tpot_ms']} ms)"
+    p = f"p{slo.get('percentile', 99):g}"
+    at_knee = (f"{p} TTFT {fmt(k.get('ttft_ms_at_knee', k.get('p99_ttft_ms_at_knee')), '.0f')} ms / "
+               f"TPOT {fmt(k.get('tpot_ms_at_knee', k.get('p99_tpot_ms_at_knee')), '.1f')} ms "
+               f"at {fmt(k.get('knee_rps'), 'g')} req/s (SLO {slo_text(slo)})"
                if k.get("knee_rps") is not None
-               else f"no rate met the SLO ({slo['p99_ttft_ms']} / {slo['p99_tpot_ms']} ms)")
+               else f"no rate met the SLO ({slo_text(slo)})")
     minutes = lad.get("engine_seconds", 0) / 60
     cost = lad.get("cost_usd")
     return (f"**{base['model']} {tps} with "
@@ -223,7 +237,7 @@ def header(lad: dict) -> list[str]:
         f"transformers {env.get('transformers')}, Python {env.get('python')}; git {str(lad.get('git_commit'))[:12]}",
         "- **Models**: " + "; ".join(f"{n}: {m.get('id')} @ {str(m.get('revision'))[:12]}"
                                      for n, m in lad.get("models", {}).items()),
-        f"- **SLO**: p99 TTFT ≤ {slo['p99_ttft_ms']} ms and p99 TPOT ≤ {slo['p99_tpot_ms']} ms, no failed request",
+        f"- **SLO**: {slo_text(slo)}, no failed request, no backlog",
         f"- **Workload** (bench and knee alike): {w['text']}",
         f"- **Shared prefix?** {w['shared_prefix']}",
         f"- **Throughput**: {(base.get('bench') or {}).get('method') or 'not recorded'}",
@@ -258,8 +272,8 @@ def capacity_lines(lad: dict) -> list[str]:
         return ["No capacity plan in this record."]
     slo = lad["slo"]
     gpu = cap["unit"] == "GPU"
-    lines = [f"Serving a peak of **{cap['peak_rps']:g} req/s** of the knee workload at the SLO (p99 TTFT ≤ "
-             f"{slo['p99_ttft_ms']} ms, TPOT ≤ {slo['p99_tpot_ms']} ms), each instance held to "
+    lines = [f"Serving a peak of **{cap['peak_rps']:g} req/s** of the knee workload at the SLO ({slo_text(slo)}), "
+             "each instance held to "
              f"{(1 - cap['headroom']) * 100:.0f} % of its knee (headroom {cap['headroom']:g})"
              + (f", at ${cap['price_per_gpu_hour']:.2f} per GPU-hour." if cap["price_per_gpu_hour"] else
                 "; no price (cost.gpu_price_per_hour is 0): instances only, no cost.")
@@ -309,10 +323,13 @@ def plots(lad: dict, out: Path) -> None:
             continue
         df = pd.DataFrame(rows).sort_values("offered_rps")
         style = "-" if r.get("kept") or r.get("role") == "baseline" else ":"
-        for ax, col in zip(axes, ("p99_ttft_ms", "p99_tpot_ms")):
+        for ax, m in zip(axes, ("ttft", "tpot")):
+            col = f"slo_{m}_ms" if f"slo_{m}_ms" in df else f"p99_{m}_ms"  # older records: vLLM's p99
             ax.plot(df["offered_rps"], df[col], style, marker="o", ms=3, label=f"{r['index']} {r['name']}")
-    for ax, key, name in zip(axes, ("p99_ttft_ms", "p99_tpot_ms"), ("p99 TTFT", "p99 TPOT")):
-        ax.axhline(slo[key], color="red", lw=1, ls="--", label=f"SLO {slo[key]} ms")
+    p = f"p{slo.get('percentile', 99):g}"
+    for ax, m in zip(axes, ("ttft", "tpot")):
+        name, budget = f"{p} {m.upper()}", slo.get(f"{m}_ms", slo.get(f"p99_{m}_ms"))
+        ax.axhline(budget, color="red", lw=1, ls="--", label=f"SLO {budget:g} ms")
         ax.set(xlabel="offered request rate (req/s)", ylabel=f"{name} (ms)", title=f"{name} vs offered rate",
                yscale="log")
         ax.grid(alpha=0.3)

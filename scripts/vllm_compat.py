@@ -225,6 +225,23 @@ def bench_serve_cli():
 
 # ---------------------------------------------------------------- what the engine says about itself (its log)
 # `(EngineCore pid=1) INFO 11-30 12:00:00 [core.py:100] ` (0.32 names the process; 0.26 starts at the level)
+def serve_requests(result: dict) -> list[dict]:
+    """Per-request timings from a `vllm bench serve --save-detailed` result (the field names are vLLM's):
+    start (s, perf_counter), ttft, tpot (vLLM's own definition: (latency - ttft) / (output tokens - 1)), end, ok.
+    A request with an error, or no first token, is not ok."""
+    keys = ("start_times", "ttfts", "itls", "output_lens", "errors")
+    missing = [k for k in keys if k not in result]
+    if missing:
+        raise _fail(f"`vllm bench serve --save-detailed` wrote no {', '.join(missing)}")
+    out = []
+    for start, ttft, itl, n_out, err in zip(*(result[k] for k in keys)):
+        ok = not err and bool(ttft)
+        decode = sum(itl or [])
+        out.append({"start": start, "ttft": ttft, "end": start + (ttft or 0) + decode, "ok": ok,
+                    "tpot": decode / (n_out - 1) if ok and n_out and n_out > 1 else None})
+    return out
+
+
 LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s+)?((ERROR|WARNING|INFO|DEBUG|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
 # 0.26: `GPU KV cache size: N tokens` and `Maximum concurrency ...` on two lines; 0.32: one line, `CPU KV ...`
 _KV_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
