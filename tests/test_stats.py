@@ -215,3 +215,14 @@ def test_a_start_to_start_floor_widens_an_interval_that_in_engine_repeats_make_t
     d = stats.delta(base, new, floor=0.02)
     assert d["verdict"] == "within noise" and "2% start-to-start floor" in d["why"]
     assert stats.delta(base, [500.0, 501.0, 499.0], floor=0.02)["verdict"] == "better"  # +19 % still shows
+
+
+def test_the_fingerprint_sees_only_the_gpus_cuda_visible_devices_allows():
+    import fingerprint
+    two = [{"index": "0", "name": "NVIDIA H200", "uuid": "GPU-d544f0c0-aaaa"},
+           {"index": "1", "name": "NVIDIA H200", "uuid": "GPU-42077730-bbbb"}]
+    assert fingerprint.visible(two, None) == two
+    assert fingerprint.visible(two, "1") == [two[1]]            # a ladder pinned to the second GPU records it alone
+    assert fingerprint.visible(two, "GPU-d544f0c0") == [two[0]]  # UUID prefixes, as CUDA accepts them
+    assert fingerprint.visible(two, "1,0") == [two[1], two[0]]
+    assert fingerprint.visible(two, "") == [] and fingerprint.visible(two, "0,7,1") == [two[0]]
