@@ -318,6 +318,12 @@ class Gate(Section):
     min_items: PosInt = F("an integer > 0")
 
 
+class Confirm(Section):
+    """The confirm step: baseline and final kept stack re-measured back to back at the end of the ladder."""
+    pairs: Annotated[int, at.Ge(0)] = F("an integer >= 0 (0: no confirm step)", 1)
+    round: Annotated[int, at.Ge(0)] = F("an integer >= 0 (set by the ladder: 0 for rungs, k for confirm pair k)", 0)
+
+
 class Cost(Section):
     gpu_price_per_hour: NonNegNum = F("a price in USD per hour >= 0", 0.0)  # unpriced: the report shows no cost
 
@@ -345,6 +351,7 @@ class Params(Section):
     knee: Knee
     slo: Slo
     gate: Gate
+    confirm: Confirm = Confirm()
     cost: Cost = Cost()
     capacity: Capacity
     roofline: Roofline = Roofline()

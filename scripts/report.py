@@ -166,10 +166,14 @@ def headline(lad: dict) -> str:
         return "No baseline was measured: no headline."
     kept = [r["name"] for r in lad["rungs"] if r.get("kept") and r.get("role") != "baseline"]
     bt, ft = base["bench"]["output_tps"], final["bench"].get("output_tps")
-    if ft is None:  # a final stack the offline bench cannot run (data parallel): its knee is the figure
+    conf = lad.get("confirm") or {}
+    if conf.get("delta"):  # the confirm step measured both back to back: the headline is that pair
+        tps = f"{conf['summary']} (confirm step: baseline and final re-measured back to back, {conf['pairs']} pair(s))"
+    elif ft is None:  # a final stack the offline bench cannot run (data parallel): its knee is the figure
         tps = f"{bt:.0f} output tok/s → n/a ({final['bench'].get('label') or final['bench'].get('reason')})"
     else:
-        tps = f"{bt:.0f} output tok/s → {ft:.0f} tok/s ({ft / bt:.2f}×)"
+        tps = (f"{bt:.0f} output tok/s → {ft:.0f} tok/s ({ft / bt:.2f}×; rung 0 and the final rung as the ladder "
+               f"measured them: {conf.get('why') or conf.get('summary') or 'no confirm step'})")
     acc = (f"acc {base['eval']['overall']:.3f} → {final['eval']['overall']:.3f} "
            f"({(final['eval']['overall'] - base['eval']['overall']) * 100:+.1f} pts)"
            if base["eval"].get("status") == "ok" and final["eval"].get("status") == "ok" else
