@@ -30,7 +30,8 @@ PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
 COLUMNS = (["offered_rps", "num_prompts", "seed", "achieved_rps", "output_tps", "goodput_rps", "completed", "failed",
             "counted", "needed", "ramp_skipped", "slo_ttft_ms", "slo_tpot_ms", "window_arrivals", "window_completions",
-            "window_allowance", "backlog", "duration_s"] + [f"p{p}_{m}_ms" for m in METRICS for p in PCTS] + ["passed", "why"])
+            "window_allowance", "backlog", "duration_s"] + [f"p{p}_{m}_ms" for m in METRICS for p in PCTS]
+           + ["passed", "why"])
 
 
 def prompts_for(rate: float, k: dict, slo: dict) -> int:
