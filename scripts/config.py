@@ -289,6 +289,8 @@ class Knee(Section):
         "a fraction in [0, 0.5): the first arrivals of a probe, left out of its percentiles", 0.1)
     min_prompts: PosNum = F("a number > 0")
     max_prompts: PosNum = F("a number > 0")
+    batch1_requests: Annotated[int, at.Ge(0)] = F(
+        "an integer >= 0: requests sent one at a time after the sweep, for the roofline's batch-1 TPOT", 3)
     backlog_ratio: Annotated[Num, at.Gt(0), at.Le(1)] = F("a number in (0, 1]")
     start_timeout_s: PosNum = F("a number of seconds > 0", 900)
     probe_timeout_s: PosNum = F("a number of seconds > 0", 600)

@@ -184,6 +184,18 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
         print(f"knee: {line}")
 
 
+def batch1(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> dict | None:
+    """A true batch-1 decode for the roofline: `knee.batch1_requests` requests one at a time (--max-concurrency 1),
+    after the sweep, so its TPOT is one sequence's, not that of the ~20-30 a low-rate probe keeps in flight."""
+    n = k["batch1_requests"]
+    if not n:
+        return None
+    argv = probe_args(srv.url, model_path, k, slo, float("inf"), n, logs, "batch1.json", seed=10_000)
+    prober(argv + ["--max-concurrency", "1"], k["probe_timeout_s"], "vllm bench serve (batch 1)")
+    result, _ = slim(logs / "batch1.json")
+    return {"requests": n, "tpot_ms": result.get("p50_tpot_ms"), "ttft_ms": result.get("p50_ttft_ms")}
+
+
 def method(k: dict, slo: dict, started: str) -> str:
     """How the knee was found, in the words the report prints."""
     p = f"p{slo['percentile']:g}"
@@ -216,7 +228,8 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path):
         warm_up(prober, srv, entry["path"], k, slo, logs)
         before = vllm_compat.scrape(srv.metrics())
         rows, probes = sweep(prober, srv, entry["path"], k, slo, logs)
-        after = vllm_compat.scrape(srv.metrics())
+        after = vllm_compat.scrape(srv.metrics())  # before the batch-1 probe: hit rates are the sweep's
+        one = batch1(prober, srv, entry["path"], k, slo, logs)
     measure_s = time.monotonic() - t0
     queries = after.get("vllm:prefix_cache_queries", 0) - before.get("vllm:prefix_cache_queries", 0)
     hits = after.get("vllm:prefix_cache_hits", 0) - before.get("vllm:prefix_cache_hits", 0)
@@ -239,6 +252,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path):
         "ttft_ms_at_knee": at and at["slo_ttft_ms"],
         "tpot_ms_at_knee": at and at["slo_tpot_ms"],
         "counted_at_knee": at and at["counted"],
+        "batch1": one,
         "output_tps_at_knee": at and at["output_tps"],
         "workload": desc,
         "shape": {"input_len": sent.get("prompt_tokens_mean", input_len), "output_len": sent["output_len"],

@@ -122,7 +122,7 @@ def compare(base: RungRecord, rec: RungRecord) -> dict:
 
 
 def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:
-    """Batch-1 decode floor from the model's shapes and the GPU's bandwidth, vs the TPOT at the lowest probed rate."""
+    """Batch-1 decode floor from the model's shapes and the GPU's bandwidth, vs the knee stage's batch-1 TPOT."""
     fp = common.read_json(common.RESULTS / "fingerprint.json")
     gpu = (fp.get("gpus") or [{}])[0].get("name")
     bw = stats.bandwidth_gbs(gpu, params["roofline"]["bandwidth_gbs"])
@@ -135,10 +135,13 @@ def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:
     shape = (rec.get("knee") or {}).get("shape") or {}
     context = (shape.get("input_len") or 0) + (shape.get("output_len") or 0) // 2  # mean context while decoding
     floor = stats.tpot_floor_ms(cfg, bw, weight_bits=bits, kv_bytes=kv, context_tokens=context)
+    one = (rec.get("knee") or {}).get("batch1") or {}
     rows = sorted((rec.get("knee") or {}).get("rows") or [], key=lambda r: r["offered_rps"])
-    low = rows[0]["p50_tpot_ms"] if rows else None
+    # the batch-1 probe where there is one; else (older records) the lowest probed rate, which is not batch 1
+    low, at = (one["tpot_ms"], "batch 1") if one.get("tpot_ms") else (
+        (rows[0]["p50_tpot_ms"], f"p50 at {rows[0]['offered_rps']:g} req/s") if rows else (None, None))
     return {"gpu": gpu, "bandwidth_gbs": bw, "weight_bits": round(bits, 3), "context_tokens": context,
-            "tpot_floor_ms": round(floor, 2),
+            "tpot_floor_ms": round(floor, 2), "tpot_measured_at": at,
             "tpot_low_load_ms": low, "pct_of_floor": round(floor / low, 3) if low else None}
 
 

@@ -128,7 +128,8 @@ def roof_cell(r):
     rf = r.get("roofline") or {}
     if not rf.get("tpot_floor_ms") or not rf.get("tpot_low_load_ms"):
         return "—"
-    return f"{rf['tpot_floor_ms']:.1f} / {rf['tpot_low_load_ms']:.1f} ms ({rf['pct_of_floor'] * 100:.0f} %)"
+    at = "" if rf.get("tpot_measured_at", "batch 1") == "batch 1" else f" ({rf.get('tpot_measured_at') or 'low load'})"
+    return f"{rf['tpot_floor_ms']:.1f} / {rf['tpot_low_load_ms']:.1f} ms{at} ({rf['pct_of_floor'] * 100:.0f} %)"
 
 
 def gpus_cell(r):
@@ -153,7 +154,7 @@ def table(lad: dict) -> str:
                      "Δ vs base": delta_cell(r),
                      "speedup vs baseline": fmt((r.get("speedup") or None), ".2f") + "×" if r.get("speedup") else "—",
                      "knee req/s @ SLO": knee_cell(r), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(r),
-                     "roofline: TPOT floor / low-load p50": roof_cell(r),
+                     "roofline: TPOT floor / batch-1 TPOT": roof_cell(r),
                      "kept?": kept_cell(r), "measured": measured_cell(r)})
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
 

@@ -33,7 +33,7 @@ class FakeProber:
         a = {f: argv[i + 1] for i, f in enumerate(argv[:-1]) if f.startswith("--")}  # flag -> the token after it
         rate, n = float(a["--request-rate"]), int(a["--num-prompts"])
         self.calls.append({"rate": rate, "n": n, "seed": a["--seed"], "what": what,
-                           "detailed": "--save-detailed" in argv})
+                           "detailed": "--save-detailed" in argv, "concurrency": a.get("--max-concurrency")})
         ttft = 0.1 * (1 + 4 * (rate / CAPACITY) ** 8)  # flat, then a wall: 500 ms at CAPACITY
         result = {"completed": n, "failed": 0, "request_throughput": rate * 0.97, "output_throughput": rate * 60,
                   "request_goodput": rate, "duration": n / rate,
@@ -71,3 +71,12 @@ def test_the_search_starts_from_the_bench_estimate_and_falls_back_to_start_rate(
     assert knee.start_rate(K, {"status": "n/a"})[0] == 4
     assert knee.start_rate(K, None)[0] == 4
     assert knee.start_rate({**K, "max_rate": 10}, {"status": "ok", "requests_per_s": 300})[0] == 10
+
+
+def test_the_batch1_probe_sends_one_request_at_a_time_with_its_own_seed(tmp_path):
+    prober = FakeProber()
+    one = knee.batch1(prober, FakeServer(), "model", K, SLO, tmp_path)
+    call = prober.calls[-1]
+    assert one["requests"] == 3 and one["tpot_ms"] == 20.0
+    assert call["n"] == 3 and call["concurrency"] == "1" and call["seed"] == "10000"
+    assert knee.batch1(prober, FakeServer(), "model", {**K, "batch1_requests": 0}, SLO, tmp_path) is None
