@@ -248,6 +248,10 @@ _KV_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
 _MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _INIT_S = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) ?s")
 _KERNEL = re.compile(r"Using (\w+) for (\w+)")
+_COMPILE_S = re.compile(r"torch\.compile took ([\d.]+) s in total")
+_COMPILE_HIT = re.compile(r"Directly load the compiled graph\(s\) for .* from the cache")
+_LOAD_S = re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds")
+_GRAPHS_S = re.compile(r"Graph capturing finished in ([\d.]+) secs")
 _KV_FP8 = re.compile(r"Using (fp8\w*) data type to store kv cache")
 _QUANT = re.compile(r"quantization=([\w-]+)")
 _KV_DTYPE = re.compile(r"kv_cache_dtype=([\w]+)")
@@ -290,6 +294,12 @@ def engine_facts(log: Path) -> dict:
             facts["kernels"].append(kernel)
     if m := _KV_FP8.search(text):
         facts["kv_cache_dtype_logged"] = m.group(1)
+    # where an engine start goes (GPU): weights, torch.compile (or a compile-cache hit), CUDA graphs
+    for key, rx in (("model_load_s", _LOAD_S), ("compile_s", _COMPILE_S), ("cuda_graphs_s", _GRAPHS_S)):
+        if m := rx.search(text):
+            facts[key] = float(m.group(1))
+    if facts.get("compile_s") is not None or _COMPILE_HIT.search(text):
+        facts["compile_cache_hit"] = bool(_COMPILE_HIT.search(text))
     return facts
 
 
