@@ -176,6 +176,44 @@ def headline(lad: dict) -> str:
             + (f" ≈ ${cost:.2f}" if cost else "") + ".**")
 
 
+def kernels_text(facts: dict | None) -> str | None:
+    """What one engine said it ran (vllm_compat.engine_facts): attention backend, weight kernels, KV cache dtype."""
+    if not facts:
+        return None
+    attn = facts.get("attention_backend") or "not logged"
+    if facts.get("flash_attn_version"):
+        attn += f" (FA{facts['flash_attn_version']})"
+    weights = ", ".join(facts.get("kernels") or []) or (
+        f"{facts['quantization']} (kernel not logged)" if facts.get("quantization") else "unquantized")
+    kv = facts.get("kv_cache_dtype_logged") or facts.get("kv_cache_dtype") or "not logged"
+    return f"attention {attn}, weights {weights}, KV {kv}"
+
+
+def kernels_cell(r) -> str | None:
+    """The kernels each stage's engine ran (eval: the gate's flips; bench; knee), once where they agree."""
+    per = {stage: kernels_text((r.get(stage) or {}).get(key))
+           for stage, key in (("eval", "engine"), ("bench", "engine"), ("knee", "applied"))}
+    per = {stage: text for stage, text in per.items() if text}
+    if not per:
+        return None
+    if len(set(per.values())) == 1:
+        return f"{next(iter(per.values()))} ({', '.join(per)})"
+    return "; ".join(f"{stage}: {text}" for stage, text in per.items())
+
+
+def kernels_line(r, lad: dict) -> list[str]:
+    """A rung's kernels beside its flips, and its base's where they differ: a GPU-only regression is attributable."""
+    mine = kernels_cell(r)
+    if mine is None:
+        return []
+    base = next((b for b in lad["rungs"] if b.get("exp") and b.get("exp") == r.get("base")), None)
+    theirs = kernels_cell(base) if base else None
+    tail = ("" if theirs is None else
+            f"; same as its base ({base['index']} {base['name']})" if theirs == mine else
+            f"; its base ({base['index']} {base['name']}): {theirs}")
+    return [f"  - kernels: {mine}{tail}"]
+
+
 def kept_why(lad: dict) -> list[str]:
     lines = []
     for r in lad["rungs"]:
@@ -187,6 +225,7 @@ def kept_why(lad: dict) -> list[str]:
             lines.append(f"  - took effect? {applied_cell(r)}")
         if (r.get("bench") or {}).get("status") == "n/a":  # the offline engine (bench, eval) cannot run it
             lines.append(f"  - bench and eval: n/a — {r['bench']['reason']}")
+        lines += kernels_line(r, lad)
         flips = (r.get("gate") or {}).get("flipped") or {}
         if flips.get("right_to_wrong") or flips.get("wrong_to_right"):
             lines.append(f"  - flipped right→wrong: {', '.join(flips.get('right_to_wrong') or []) or 'none'}; "
