@@ -43,6 +43,7 @@ def test_a_log_without_these_lines_names_none(tmp_path):
                      "model='m', quantization=None, kv_cache_dtype=auto, enable_prefix_caching=False")
     assert "attention_backend" not in facts and facts["kernels"] == []
     assert report.kernels_text(facts) == "attention not logged, weights unquantized, KV auto"
+    assert report.kernels_text({"kernels": []}) is None  # a log naming nothing (an older record): no line, no guess
 
 
 def rung(index, name, exp, base, facts, knee_facts=None):
@@ -76,3 +77,12 @@ def test_the_report_prints_each_rungs_kernels_beside_its_flips_and_its_base_wher
             "MarlinLinearKernel, KV fp8; its base (1 w4a16)") in "\n".join(lines)
     broken = next(i for i, ln in enumerate(lines) if ln.startswith("- **broken**"))
     assert not any(ln.startswith("  - kernels") for ln in lines[broken:])  # a failed rung ran no engine to ask
+
+
+def test_a_base_that_ran_the_same_kernels_in_fewer_stages_is_the_same():
+    facts = {"attention_backend": "FLASH_ATTN", "kernels": [], "quantization": None, "kv_cache_dtype": "auto"}
+    base = {"index": 0, "name": "baseline", "exp": "g-0", "knee": {"applied": facts}}  # eval and bench n/a there
+    r = rung(1, "dp2", "g-1", "g-0", facts)
+    assert report.kernels_line(r, {"rungs": [base, r]}) == [
+        "  - kernels: attention FLASH_ATTN, weights unquantized, KV auto (eval, bench, knee); same as its base "
+        "(0 baseline)"]
