@@ -54,6 +54,8 @@ class PartWriter(io.RawIOBase):
         return True
 
     def _next(self) -> None:
+        if len(self.files) == 999:  # the names count parts in 3 digits
+            raise PackError(f"PART_MB: {self.part_bytes / 2**20:.2g} MiB makes more than 999 parts; use a larger one")
         self._finish()
         path = self.out if self.part_bytes is None else self.out.with_name(f"{self.out.name}.part{len(self.files)}")
         self._f, self._h, self._n = open(path, "wb"), hashlib.sha256(), 0

@@ -123,6 +123,13 @@ def test_pack_refuses_a_damaged_store_and_leaves_no_archive(src, tmp_path):
                              "--models", "nope"]) == 1
 
 
+def test_a_part_size_that_makes_more_than_999_parts_is_refused_and_leaves_nothing(src, tmp_path):
+    manifest, _ = src
+    with pytest.raises(models_pack.PackError, match="PART_MB: 0.0005 MiB makes more than 999 parts"):
+        models_pack.pack(manifest, tmp_path / "out" / "m.tar", part_mb=0.0005)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_a_tar_that_is_not_a_models_archive_is_refused(tmp_path):
     import tarfile
     (tmp_path / "x").write_text("hi")
