@@ -347,8 +347,21 @@ def unpack(archive: Path, store: Path) -> dict:
     return models
 
 
-def default_store() -> Path:
-    return download.store_path(config.section(common.load_params(check=False), "download"))
+def recipe_notes(store: Path, names, catalog: dict) -> list[str]:
+    """Unpacked models that this params.yaml's download.catalog would not take as they are (another recipe, or no
+    entry): said at unpack time, not when the download stage would rebuild them (and need their source)."""
+    notes = []
+    for name in names:
+        spec = catalog.get(name)
+        built = common.read_json(store / name / download.MARKER).get("spec")
+        if spec and (catalog.get(spec.get("from")) or {}).get("source") == "local":
+            continue  # its recipe includes the local model's hash, known only to the download stage
+        if spec is None:
+            notes.append(f"{name}: not in download.catalog of params.yaml: no profile here serves it")
+        elif spec.get("source") in BUILT and download.spec_hash(spec) != built:
+            notes.append(f"{name}: download.catalog.{name} here is not the recipe it was built with: the download "
+                         f"stage will rebuild it (and need its source); pack it with this params.yaml's catalog")
+    return notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,7 +380,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "pack":
             pack(args.manifest, args.out, args.part_mb, [m for m in (args.models or "").split(",") if m] or None)
         else:
-            unpack(args.archive, args.store or default_store())
+            cfg = config.section(common.load_params(check=False), "download")
+            store = args.store or download.store_path(cfg)
+            for note in recipe_notes(store, unpack(args.archive, store), cfg["catalog"]):
+                print(f"unpack: note: {note}")
     except (PackError, download.ModelError, common.ParamsError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -137,3 +137,18 @@ def test_a_tar_that_is_not_a_models_archive_is_refused(tmp_path):
         t.add(tmp_path / "x", arcname="../x")
     with pytest.raises(models_pack.PackError, match=r"starts with '../x', not ladder-models.json"):
         models_pack.unpack(tmp_path / "other.tar", tmp_path / "dest")
+
+
+def test_unpack_says_which_models_this_params_yaml_would_not_take_as_they_are(tmp_path, capsys):
+    store = tmp_path / "src-store"
+    # built from another recipe than params.yaml's smollm2-135m entry, and a name its catalog lacks
+    models = {"smollm2-135m": build(store, "smollm2-135m", SPEC, b"W" * 100), "tiny": build(store, "tiny", SPEC, b"T")}
+    manifest = tmp_path / "models.json"
+    manifest.write_text(json.dumps({"store": str(store), "models": models}))
+    models_pack.pack(manifest, tmp_path / "m.tar")
+    assert models_pack.main(["unpack", str(tmp_path / "m.tar"), "--store", str(tmp_path / "dest")]) == 0
+    out = capsys.readouterr().out
+    assert ("unpack: note: smollm2-135m: download.catalog.smollm2-135m here is not the recipe it was built with: "
+            "the download stage will rebuild it") in out
+    assert "unpack: note: tiny: not in download.catalog of params.yaml" in out
+    assert (tmp_path / "dest" / "smollm2-135m" / "model.safetensors").read_bytes() == b"W" * 100
