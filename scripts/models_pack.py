@@ -161,7 +161,8 @@ def check_sums(parts: list[Path], base: Path) -> None:
     if not sums.is_file():
         print(f"unpack: no {sums.name} beside the archive: parts not checked as a whole (every file still is)")
         return
-    want = {name: sha for sha, name in (ln.split(None, 1) for ln in sums.read_text().splitlines() if ln.strip())}
+    want = {name.lstrip("*"): sha  # `sha256sum -b` marks binary mode with a star
+            for sha, name in (ln.split(None, 1) for ln in sums.read_text().splitlines() if ln.strip())}
     for part in parts:
         if part.name not in want:
             raise PackError(f"{sums}: lists no sha256 for {part.name}")
