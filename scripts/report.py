@@ -195,6 +195,48 @@ def headline(lad: dict) -> str:
             + (f" ≈ ${cost:.2f}" if cost else "") + ".**")
 
 
+def kernels_text(facts: dict | None) -> str | None:
+    """What one engine said it ran (vllm_compat.engine_facts): attention backend, weight kernels, KV cache dtype;
+    None where its log named none of them."""
+    facts = facts or {}
+    attn = facts.get("attention_backend")
+    if attn and facts.get("flash_attn_version"):
+        attn += f" (FA{facts['flash_attn_version']})"
+    weights = (", ".join(facts.get("kernels") or []) or
+               (None if "quantization" not in facts else
+                f"{facts['quantization']} (kernel not logged)" if facts["quantization"] else "unquantized"))
+    kv = facts.get("kv_cache_dtype_logged") or facts.get("kv_cache_dtype")
+    if not (attn or weights or kv):
+        return None
+    return f"attention {attn or 'not logged'}, weights {weights or 'not logged'}, KV {kv or 'not logged'}"
+
+
+def stage_kernels(r) -> dict:
+    """stage -> the kernels its engine ran (eval: the gate's flips come from it; bench; knee)."""
+    per = {stage: kernels_text((r.get(stage) or {}).get(key))
+           for stage, key in (("eval", "engine"), ("bench", "engine"), ("knee", "applied"))}
+    return {stage: text for stage, text in per.items() if text}
+
+
+def kernels_cell(per: dict) -> str:
+    if len(set(per.values())) == 1:
+        return f"{next(iter(per.values()))} ({', '.join(per)})"
+    return "; ".join(f"{stage}: {text}" for stage, text in per.items())
+
+
+def kernels_line(r, lad: dict) -> list[str]:
+    """A rung's kernels beside its flips, and its base's where they differ: a GPU-only regression is attributable."""
+    mine = stage_kernels(r)
+    if not mine:
+        return []
+    base = next((b for b in lad["rungs"] if b.get("exp") and b.get("exp") == r.get("base")), None)
+    theirs = stage_kernels(base) if base else {}
+    tail = ("" if not theirs else
+            f"; same as its base ({base['index']} {base['name']})" if set(theirs.values()) == set(mine.values()) else
+            f"; its base ({base['index']} {base['name']}): {kernels_cell(theirs)}")
+    return [f"  - kernels: {kernels_cell(mine)}{tail}"]
+
+
 def kept_why(lad: dict) -> list[str]:
     lines = []
     for r in lad["rungs"]:
@@ -206,6 +248,7 @@ def kept_why(lad: dict) -> list[str]:
             lines.append(f"  - took effect? {applied_cell(r)}")
         if (r.get("bench") or {}).get("status") == "n/a":  # the offline engine (bench, eval) cannot run it
             lines.append(f"  - bench and eval: n/a — {r['bench']['reason']}")
+        lines += kernels_line(r, lad)
         flips = (r.get("gate") or {}).get("flipped") or {}
         if flips.get("right_to_wrong") or flips.get("wrong_to_right"):
             lines.append(f"  - flipped right→wrong: {', '.join(flips.get('right_to_wrong') or []) or 'none'}; "

