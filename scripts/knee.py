@@ -192,10 +192,12 @@ def main(out: Path, csv_out: Path, logs: Path):
         ready_s = srv.ready_s
         print(f"knee: vllm serve ready on {srv.url} in {ready_s:.0f} s")
         prober = Prober(logs / "probes.log")
+        probing = time.monotonic()
         warm_up(prober, srv, entry["path"], k, slo, logs)
         before = vllm_compat.scrape(srv.metrics())
         rows, probes = sweep(prober, srv, entry["path"], k, slo, logs)
         after = vllm_compat.scrape(srv.metrics())
+        probing = time.monotonic() - probing
     measure_s = time.monotonic() - t0
     queries = after.get("vllm:prefix_cache_queries", 0) - before.get("vllm:prefix_cache_queries", 0)
     hits = after.get("vllm:prefix_cache_hits", 0) - before.get("vllm:prefix_cache_hits", 0)
@@ -222,6 +224,7 @@ def main(out: Path, csv_out: Path, logs: Path):
                   "arrivals": "poisson", "ignore_eos": True, "temperature": 0, "probe_seconds": k["probe_seconds"]},
         "server_ready_s": round(ready_s, 1),
         "wall_s": round(measure_s, 1),
+        "time": common.stage_time(ready_s, probing),  # start: the server's; measure: warm-up and probes
         "kv_cache_tokens": facts.get("kv_cache_tokens"),
         "max_concurrency": facts.get("max_concurrency"),
         "applied": {**facts, "received": vllm_compat.non_default_args(srv.log),
