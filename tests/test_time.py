@@ -5,6 +5,7 @@ import json
 import re
 
 import common
+import download
 import pytest
 import record
 import vllm_compat
@@ -114,3 +115,33 @@ def test_a_record_without_the_split_keeps_the_stage_seconds_lines(tmp_path):
     md = report.render(lad, tmp_path)
     time = md.split("## Time")[1]
     assert "measured engine time" in time and "0 baseline: " in time
+
+
+def built(tmp_path):
+    """A model folder the store would hold: two files and the marker finish() writes."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"a": 1}')
+    (folder / "model.safetensors").write_bytes(b"w" * 1000)
+    spec = {"source": "quantize", "from": "x"}
+    download.finish(folder, spec, {"id": "m", "revision": "r"})
+    return folder, spec
+
+
+def test_an_unchanged_model_folder_is_trusted_by_its_stamps_and_a_changed_file_is_hashed_again(tmp_path):
+    folder, spec = built(tmp_path)
+    assert download.verify("m", folder, spec)["id"] == "m"
+    weights = folder / "model.safetensors"
+    weights.write_bytes(b"x" * 1000)  # same size, new content: the mtime tells it apart
+    with pytest.raises(download.ModelError, match="model.safetensors is corrupt"):
+        download.verify("m", folder, spec)
+
+
+def test_a_marker_from_before_the_stamps_is_hashed_once_then_stamped(tmp_path):
+    folder, spec = built(tmp_path)
+    marker = folder / download.MARKER
+    info = json.loads(marker.read_text())
+    del info["stamps"]
+    marker.write_text(json.dumps(info))
+    assert download.verify("m", folder, spec)["sha256"] == info["sha256"]
+    assert set(json.loads(marker.read_text())["stamps"]) == {"config.json", "model.safetensors"}
