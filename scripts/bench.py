@@ -62,25 +62,32 @@ def job_of(sent: dict) -> dict:
 def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float,
                   warmup_repeats: int = 1, job: dict | None = None) -> tuple[list[dict], dict]:
     """`repeats` timed runs inside one engine (bench.mode engine), after `warmup_repeats` untimed ones: their
-    results and the engine's facts (with the warm-up passes' tok/s). `job`: job_of(the workload sent)."""
+    results and the engine's facts (with the warm-up passes' tok/s and the `timing` split of the worker's wall).
+    `job`: job_of(the workload sent)."""
+    spawned = time.time()
     proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats, "warmup_repeats": warmup_repeats,
                                         **(job or {})}, logs, env_knobs, timeout,
                              "vllm bench throughput (in-engine repeats)")
     text = proc.log.read_text(encoding="utf-8", errors="replace")
     return (vllm_compat.parse_output(text)[:repeats],
-            {**vllm_compat.engine_facts(proc.log), "warmup_output_tps": vllm_compat.warmup_passes(text)})
+            {**vllm_compat.engine_facts(proc.log), "warmup_output_tps": vllm_compat.warmup_passes(text),
+             "timing": vllm_compat.bench_timing(text, spawned)})
 
 
 def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float) -> tuple[list[dict], dict]:
-    """`vllm bench throughput` once per repeat, a fresh engine each (bench.mode cli): results and engine facts."""
-    runs, facts = [], {}
+    """`vllm bench throughput` once per repeat, a fresh engine each (bench.mode cli): results and engine facts
+    (`timing`: the timed passes, output tokens ÷ output tok/s, vs the rest of each process, counted as its start)."""
+    runs, facts, wall = [], {}, 0.0
     for r in range(repeats):
         log = logs / f"run{r + 1}.log"
+        t0 = time.monotonic()
         engine.run(engine.vllm_cli() + ["bench", "throughput"] + argv, log, engine.child_env(env_knobs),
                    timeout=timeout, what="vllm bench throughput")
+        wall += time.monotonic() - t0
         runs += vllm_compat.parse_output(log.read_text(encoding="utf-8", errors="replace"))[:1]
         facts = facts or vllm_compat.engine_facts(log)
-    return runs, facts
+    timed = sum(run.get("output_tokens", 0) / run["output_tps"] for run in runs if run.get("output_tps"))
+    return runs, {**facts, "timing": {"start_s": round(wall - timed, 2), "measure_s": round(timed, 2)}}
 
 
 def method(b: dict, mode: str) -> str:
@@ -103,7 +110,8 @@ def main(out: Path, logs: Path):
             "status": "n/a", "reason": na, "label": "offline engine cannot run it",
             "output_tps": None, "total_tps": None, "requests_per_s": None,
             "output_tps_ci95": None, "output_tps_runs": [], "noise_floor": b["noise_floor"], "repeats": 0,
-            "mode": b["mode"], "wall_s": 0, "provenance": common.provenance(params, cfg)})
+            "mode": b["mode"], "wall_s": 0, "time": common.stage_time(0, 0),
+            "provenance": common.provenance(params, cfg)})
         print(f"bench: n/a — {na}")
         return
     entry = common.model_entry(cfg["model"]["name"])
@@ -140,6 +148,7 @@ def main(out: Path, logs: Path):
         "max_concurrency": facts.get("max_concurrency"),
         "engine_init_s": facts.get("engine_init_s"),
         "wall_s": round(time.monotonic() - t0, 1),
+        "time": common.stage_time(facts["timing"]["start_s"], facts["timing"]["measure_s"]),
         "engine": facts,
         "summary": summ,
         "runs": runs,

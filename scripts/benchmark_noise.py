@@ -4,6 +4,7 @@ On the rung in params.yaml (the cpu profile by default) it measures:
   1. output tok/s of N timed repeats inside one engine (bench.mode engine): spread and 95 % interval width;
   2. the same with a fresh engine per repeat (bench.mode cli): the start-to-start noise on top;
   3. the knee found by the bracket-then-bisect search vs a fixed 10-rate sweep: probes used, knee, time.
+Each also prints where its wall time went (starting engines, measuring, other), as the report's Time section does.
 Writes only under results/logs/benchmark/. Usage: python scripts/benchmark_noise.py [--repeats 5]
 """
 from __future__ import annotations
@@ -29,6 +30,14 @@ def spread(name: str, values: list[float]) -> None:
           f"95 % interval {lo:.1f}–{hi:.1f} (±{s['rel_halfwidth'] * 100:.1f} %)")
 
 
+def split(name: str, wall: float, timing: dict) -> None:
+    """Where `wall` seconds went, in the words of the report's Time section."""
+    start, measure = timing.get("start_s") or 0.0, timing.get("measure_s") or 0.0
+    other = max(wall - start - measure, 0.0)
+    print(f"   time {name}: {wall:.0f} s = starting engines {start:.0f} s ({start / wall:.0%}), measuring "
+          f"{measure:.0f} s ({measure / wall:.0%}), other {other:.0f} s ({other / wall:.0%})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
@@ -44,16 +53,19 @@ def main():
     print(f"rung: {cfg['model']['name']}, {b['num_prompts']} prompts, {workload.describe(sent)['text']}")
 
     t0 = time.monotonic()
-    runs, _ = bench.run_in_engine(argv, args.repeats, logs / "in-engine", cfg["env"], 1800, job=bench.job_of(sent))
+    runs, facts = bench.run_in_engine(argv, args.repeats, logs / "in-engine", cfg["env"], 1800,
+                                      job=bench.job_of(sent))
     spread(f"1. {args.repeats} repeats in one engine ({time.monotonic() - t0:.0f} s)", [r["output_tps"] for r in runs])
+    split("1", time.monotonic() - t0, facts["timing"])
 
     t0 = time.monotonic()
     if sent.get("prompts"):
         print("2. skipped: `vllm bench throughput` (a fresh engine each) takes no prompts file")
     else:
-        runs, _ = bench.run_cli(argv, args.repeats, logs / "cli", cfg["env"], 1800)
+        runs, facts = bench.run_cli(argv, args.repeats, logs / "cli", cfg["env"], 1800)
         spread(f"2. {args.repeats} runs, a fresh engine each ({time.monotonic() - t0:.0f} s)",
                [r["output_tps"] for r in runs])
+        split("2", time.monotonic() - t0, facts["timing"])
 
     rates = [float(x) for x in args.sweep_rates.split(",")]
     for label, over in (("3a. search", {"mode": "search"}),
@@ -61,13 +73,17 @@ def main():
         kk = {**k, **over}
         out = logs / over["mode"]
         prober = knee.Prober(out / "probes.log")
+        began = time.monotonic()
         with engine.Server(entry["path"], cfg["engine"], cfg["env"], out / "server.log") as srv:
+            warming = time.monotonic()
             knee.warm_up(prober, srv, entry["path"], kk, slo, out)
             t0 = time.monotonic()
             rows, probes = knee.sweep(prober, srv, entry["path"], kk, slo, out)
+            probed = time.monotonic()
         res = stats.knee_result(probes, rates if over["mode"] == "sweep" else None)
         print(f"{label}: knee {res['knee_rps']} req/s (first break {res['first_fail_rps']}), {res['probes']} probes, "
-              f"{time.monotonic() - t0:.0f} s of probing")
+              f"{probed - t0:.0f} s of probing")
+        split(label.split(".")[0], time.monotonic() - began, {"start_s": srv.ready_s, "measure_s": probed - warming})
 
 
 if __name__ == "__main__":

@@ -264,3 +264,27 @@ def stage_start(check: bool = True) -> dict:
     os.chdir(ROOT)
     handle_signals()
     return load_params(check=check)
+
+
+# ---------------------------------------------------------------- where a stage's wall time went
+_IMPORTED = time.monotonic()
+
+
+def process_seconds() -> float:
+    """Seconds since this process started, its imports included: /proc/self/stat where there is one, else
+    since this module was imported (which misses the imports before it)."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        started = int(stat[stat.rindex(")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+        return float(Path("/proc/uptime").read_text().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
+
+
+def stage_time(start_s: float | None, measure_s: float | None) -> dict:
+    """A stage's wall time so far (process start to its result file), split: `start_s` starting the engine (up to
+    ready), `measure_s` timed traffic or generation (warm-up passes included), `other_s` the rest (imports before,
+    teardown after). record.time_split adds a rung's DVC overhead on top."""
+    wall, start, measure = process_seconds(), start_s or 0.0, measure_s or 0.0
+    return {"wall_s": round(wall, 1), "start_s": round(start, 1), "measure_s": round(measure, 1),
+            "other_s": round(max(wall - start - measure, 0.0), 1)}

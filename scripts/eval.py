@@ -33,11 +33,13 @@ def worker(job_path: str) -> None:
     from vllm import LLM, SamplingParams
     job = common.read_json(job_path)
     llm = LLM(model=job["model"], **job["engine"])
+    ready_at = time.time()  # wall clock: the stage splits its wall time at the worker's engine ready
     sp = SamplingParams(temperature=job["temperature"], seed=job["seed"], max_tokens=job["max_tokens"])
     t0 = time.monotonic()
     outs = llm.chat(job["conversations"], sp, use_tqdm=False)
     gen_s = time.monotonic() - t0
     common.write_json(job["out"], {"texts": [o.outputs[0].text for o in outs], "generate_s": gen_s,
+                                   "ready_at": ready_at,
                                    "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)})
 
 
@@ -56,7 +58,7 @@ def main(which: str, out: Path) -> None:
           else vllm_compat.offline_unsupported(cfg["engine"]))
     if na:
         result.update(status="n/a", reason=na, label="dummy weights" if dummy else "offline engine cannot run it",
-                      overall=None, by_category={})
+                      overall=None, by_category={}, time=common.stage_time(0, 0))
         common.write_text(out / "eval_items.jsonl", "")
         common.write_text(out / "logs" / "eval" / "skipped.txt", result["reason"] + "\n")  # a declared output
         common.write_json(out / "eval.json", result)
@@ -67,7 +69,7 @@ def main(which: str, out: Path) -> None:
     job = {"model": entry["path"], "engine": engine.llm_kwargs(cfg["engine"]), "conversations": conversations(items),
            "temperature": ev["temperature"], "seed": ev["seed"], "max_tokens": ev["max_tokens"],
            "out": str(logs / "texts.json")}
-    t0 = time.monotonic()
+    t0, spawned = time.monotonic(), time.time()
     engine.run_worker(__file__, job, logs, cfg["env"], ev["timeout_s"], f"eval[{which}] engine")
     wall = time.monotonic() - t0
     gen = common.read_json(logs / "texts.json")
@@ -77,7 +79,8 @@ def main(which: str, out: Path) -> None:
                         ensure_ascii=False) for s, it, t in zip(summary.pop("items"), items, gen["texts"])]
     common.write_text(out / "eval_items.jsonl", "\n".join(lines) + "\n")
     result.update(status="ok", model_id=entry["id"], **summary, wall_s=round(wall, 1),
-                  generate_s=round(gen["generate_s"], 2), output_tokens=gen["output_tokens"], engine=facts)
+                  generate_s=round(gen["generate_s"], 2), output_tokens=gen["output_tokens"], engine=facts,
+                  time=common.stage_time(gen["ready_at"] - spawned, gen["generate_s"]))
     common.write_json(out / "eval.json", result)
     cats = ", ".join(f"{c} {v['correct']}/{v['n']}" for c, v in result["by_category"].items())
     print(f"eval[{which}]: {result['correct']}/{result['n']} = {result['overall']:.3f} ({cats}); {wall:.0f} s")

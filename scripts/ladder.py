@@ -236,6 +236,7 @@ class Driver:
         }
         lad["cost_usd"] = round(lad["engine_seconds"] / 3600 * self.eff["cost"]["gpu_price_per_hour"], 4)
         capacity.annotate(lad, self.eff["capacity"])  # GPUs per instance, per-GPU figures, the capacity plan
+        record.annotate_time(lad)  # per rung: start / measure / other / DVC overhead; GPU-minutes and cost
         common.write_json(self.out, lad)
 
     def interrupt(self) -> None:

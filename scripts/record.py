@@ -36,6 +36,8 @@ class RungRecord(TypedDict, total=False):
     bench: dict              # results/bench.json, whole
     knee: dict               # results/knee.json, whole
     stage_seconds: dict
+    stage_time: dict         # per engine stage that ran: its result's `time` (common.stage_time)
+    time: dict               # time_split: start / measure / other / DVC overhead of `seconds`
     applied: list[dict]      # decide.applied_check (+ decide.target_check with a target card)
     target: dict             # the target card's conversion the engine ran with (common.target_engine), if any
     roofline: dict | None
@@ -69,6 +71,7 @@ class LadderRecord(TypedDict, total=False):
     wall_seconds: float
     cost_usd: float
     capacity: dict           # capacity.plan: fleets for `capacity.peak_rps`, cost per 1 M tokens, GPUs saved
+    time: dict               # time_totals: GPU-minutes, the share spent starting engines, cost
 
 
 def _summary(path: Path) -> dict:
@@ -88,8 +91,12 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
     rec.update(status="ok", model=ev.get("model"), eval=ev, gate=gate, bench=bench, knee=knee,
                stage_seconds={"eval": ev.get("wall_s") or 0, "bench": bench.get("wall_s") or 0,
                               "knee": knee.get("wall_s") or 0})  # knee includes the server start
+    rec["stage_time"] = {s: r["time"] for s, r in (("eval", ev), ("bench", bench), ("knee", knee)) if r.get("time")}
     if rec["role"] == decide.BASELINE:  # rung 0 also measured the gate's reference eval
-        rec["stage_seconds"]["eval_baseline"] = common.read_json(res / "baseline" / "eval.json").get("wall_s") or 0
+        ref_eval = common.read_json(res / "baseline" / "eval.json")
+        rec["stage_seconds"]["eval_baseline"] = ref_eval.get("wall_s") or 0
+        if ref_eval.get("time"):
+            rec["stage_time"]["eval_baseline"] = ref_eval["time"]
     target = target_of(res)
     facts = {**(bench.get("engine") or {}), **(knee.get("applied") or {}), "target": target}
     rec["applied"] = decide.applied_check(rec["change"], facts, models) if rec["change"] else []
@@ -210,3 +217,84 @@ def confirm_summary(runs: list[dict]) -> dict:
 def _knee(k: dict) -> dict:
     return {x: k.get(x) for x in ("knee_rps", "first_fail_rps", "mid_rps", "half_width_rps", "status", "probes",
                                   "non_monotonic", "confirmed")}
+
+
+# ---------------------------------------------------------------- where the time went
+SPLIT = ("start_s", "measure_s", "other_s", "dvc_s")
+
+
+def _estimate(stage: str, rec: RungRecord, wall: float, num_prompts: int | None = None) -> dict:
+    """A stage's split from the fields records had before stages wrote `time`: the knee's server start, eval's
+    generation, bench's passes (output tokens ÷ tok/s of each timed repeat and warm-up pass; `num_prompts` from the
+    settings where the record has no runs); the rest of its wall counted as start (imports and engine construction
+    dominate it). A stage none of these fields says more of (eval_baseline): all of it other."""
+    r = rec.get(stage) or {}
+    out_len = (r.get("applied_shape") or {}).get("output_len")
+    if stage == "knee" and r.get("server_ready_s") is not None:
+        start = r["server_ready_s"]
+        return {"wall_s": wall, "start_s": start, "measure_s": max(wall - start, 0.0), "other_s": 0.0}
+    if stage == "eval" and r.get("generate_s") is not None:
+        measure = r["generate_s"]
+    elif stage == "bench" and r.get("runs"):
+        shape = r.get("shape") or {}
+        per_pass = (shape.get("num_prompts") or 0) * (shape.get("output_len") or 0)
+        measure = (sum(x.get("output_tokens", 0) / x["output_tps"] for x in r["runs"] if x.get("output_tps"))
+                   + sum(per_pass / t for t in r.get("warmup_output_tps") or [] if t))
+    elif stage == "bench" and r.get("output_tps_runs") and num_prompts and out_len:
+        measure = sum(num_prompts * out_len / t for t in r["output_tps_runs"] if t)
+    else:
+        return {"wall_s": wall, "start_s": 0.0, "measure_s": 0.0, "other_s": wall}
+    measure = min(measure, wall)
+    return {"wall_s": wall, "start_s": wall - measure, "measure_s": measure, "other_s": 0.0}
+
+
+def time_split(rec: RungRecord, num_prompts: int | None = None) -> dict:
+    """Where a rung's experiment wall time (`seconds`, its `dvc exp run`) went: summed over the engine stages
+    that ran (not those DVC restored), `start_s` starting engines, `measure_s` timed traffic and generation,
+    `other_s` the stages' imports and teardown; `dvc_s` the rest: DVC itself and the small stages (fingerprint,
+    download, gate). `estimated`: some stage predates the stages' own split (_estimate). A rung that did not run
+    to the end has no split: all of its time is `other_s`."""
+    seconds = rec.get("seconds") or 0.0
+    out = {"seconds": seconds, "gpus": rec.get("gpus") or 1, **dict.fromkeys(SPLIT, 0.0), "estimated": False}
+    if rec.get("status") != "ok":
+        out["other_s"] = seconds
+        return out
+    reused, recorded = set(rec.get("reused") or []), rec.get("stage_time") or {}
+    ran = 0.0
+    for stage, wall in (rec.get("stage_seconds") or {}).items():
+        if stage in reused:  # restored from the run-cache: it cost this experiment nothing but DVC's time
+            continue
+        t = recorded.get(stage)
+        if not t:
+            t, out["estimated"] = _estimate(stage, rec, wall, num_prompts), True
+        for k in ("start_s", "measure_s", "other_s"):
+            out[k] += t[k]
+        ran += t["wall_s"]
+    out["dvc_s"] = max(seconds - ran, 0.0)
+    return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def time_totals(rungs: list[RungRecord], price_per_hour: float, unit: str = "GPU") -> dict:
+    """The ladder's time, each rung's weighted by the GPUs it held (`gpus`, 1 on a CPU box): device-minutes, the
+    share of them each part of time_split took (`start` is the time spent starting engines), and their cost."""
+    splits = [r["time"] for r in rungs if r.get("time")]
+    total = sum(t["seconds"] * t["gpus"] for t in splits)
+    sums = {k: sum(t[k] * t["gpus"] for t in splits) for k in SPLIT}
+    return {"unit": unit, "minutes": round(total / 60, 1),
+            **{f"{k[:-2]}_minutes": round(v / 60, 1) for k, v in sums.items()},
+            **{f"{k[:-2]}_share": round(v / total, 3) if total else None for k, v in sums.items()},
+            "price_per_hour": price_per_hour, "cost_usd": round(total / 3600 * price_per_hour, 2),
+            "estimated": any(t["estimated"] for t in splits)}
+
+
+def annotate_time(lad: LadderRecord) -> LadderRecord:
+    """Fill time_split into every rung that ran and time_totals into the record (after capacity.annotate, which
+    sets each rung's GPUs). The ladder driver calls it on every save."""
+    num_prompts = (((lad.get("settings") or {}).get("bench")) or {}).get("num_prompts")
+    for r in lad["rungs"]:
+        if r.get("seconds") is not None:
+            r["time"] = time_split(r, num_prompts)
+    price = float(((lad.get("settings") or {}).get("cost") or {}).get("gpu_price_per_hour") or 0)
+    unit = "GPU" if (lad.get("environment") or {}).get("device") == "gpu" else "CPU"
+    lad["time"] = time_totals(lad["rungs"], price, unit)
+    return lad

@@ -456,6 +456,51 @@ def plots(lad: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def time_lines(lad: dict) -> list[str]:
+    """Where the ladder's time went, as the record has it (record.annotate_time): per rung starting engines,
+    measuring, the stages' other time, DVC overhead; in total device-minutes, the share spent starting, cost."""
+    tot = lad.get("time")
+    if not tot:  # a record from before the split: the stages' wall times only
+        return ["- measured engine time (eval + bench + knee stages): "
+                f"{lad.get('engine_seconds', 0) / 60:.1f} min; "
+                f"ladder wall time {lad.get('wall_seconds', 0) / 60:.1f} min",
+                *[f"- {r['index']} {r['name']}: "
+                  + ", ".join(f"{s} {v:.0f} s" for s, v in (r.get("stage_seconds") or {}).items())
+                  for r in lad["rungs"] if r.get("stage_seconds")]]
+    unit = tot["unit"]
+    rows = []
+    for r in lad["rungs"]:
+        t = r.get("time")
+        if not t:
+            continue
+        split = r.get("status") == "ok" and t["seconds"]
+        cells = {k: f"{t[k]:.0f} s ({t[k] / t['seconds']:.0%})" if split else "—"
+                 for k in ("start_s", "measure_s", "other_s", "dvc_s")}
+        rows.append({"rung": f"{r['index']} {r['name']}", "wall": f"{t['seconds']:.0f} s", f"{unit}s": t["gpus"],
+                     "starting engines": cells["start_s"], "measuring": cells["measure_s"],
+                     "other (imports, teardown)": cells["other_s"], "DVC overhead": cells["dvc_s"],
+                     f"{unit}-minutes": f"{t['seconds'] * t['gpus'] / 60:.1f}"
+                     + ("" if split else f" ({r.get('status')}: not split)")})
+    cost = (f" ≈ **${tot['cost_usd']:.2f}** at ${tot['price_per_hour']:.2f} per {unit}-hour" if tot["price_per_hour"]
+            else " (no price: cost.gpu_price_per_hour is 0)")
+    share = f"{tot['start_share']:.0%}" if tot["start_share"] is not None else "—"
+    lines = [f"**{tot['minutes']:.1f} {unit}-minutes**{cost}; **{share}** of them spent starting engines "
+             f"({tot['start_minutes']:.1f} min), {tot['measure_minutes']:.1f} min measuring, "
+             f"{tot['other_minutes']:.1f} min in the stages' imports and teardown, "
+             f"{tot['dvc_minutes']:.1f} min of DVC overhead; "
+             f"ladder wall time {lad.get('wall_seconds', 0) / 60:.1f} min.",
+             ""]
+    if rows:
+        lines += [tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False), ""]
+    lines.append(f"Starting engines: process start to engine ready (bench and eval: the engine's process with its "
+                 f"imports; knee: `vllm serve` until healthy); measuring: warm-up passes, timed repeats, knee probes, "
+                 f"eval generation; DVC overhead: the rung's `dvc exp run` minus its engine stages (DVC, fingerprint, "
+                 f"download, gate); stages DVC restored cost nothing. {unit}-minutes: wall × {unit}s held."
+                 + (" Some splits are estimated from a record older than the stages' own split." if tot["estimated"]
+                    else ""))
+    return lines
+
+
 def render(lad: dict, out: Path) -> str:
     plural = len(lad["rungs"])
     md = [f"# Before → after: vLLM serving ladder ({lad['profile']} profile)", "",
@@ -466,12 +511,7 @@ def render(lad: dict, out: Path) -> str:
           "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
           "## Capacity plan", *capacity_lines(lad), "",
           "## Plots", "![knee curves](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
-          "## Time", "- measured engine time (eval + bench + knee stages): "
-          f"{lad.get('engine_seconds', 0) / 60:.1f} min; "
-          f"ladder wall time {lad.get('wall_seconds', 0) / 60:.1f} min",
-          *[f"- {r['index']} {r['name']}: "
-            + ", ".join(f"{s} {v:.0f} s" for s, v in (r.get("stage_seconds") or {}).items())
-            for r in lad["rungs"] if r.get("stage_seconds")], ""]
+          "## Time", *time_lines(lad), ""]
     return "\n".join(md)
 
 

@@ -30,6 +30,7 @@ import math
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families  # a vLLM dependency
@@ -148,6 +149,8 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, promp
                  prequeue_requests=False):
         from vllm import LLM
         llm = LLM.from_engine_args(engine_args)
+        print(f"[timing] engine ready at {time.time():.3f}", flush=True)  # the stage splits its wall time
+        t0 = time.monotonic()
         kw = dict(n=n, disable_detokenize=disable_detokenize, do_profile=False, prequeue_requests=prequeue_requests,
                   enable_lora=engine_args.enable_lora)
         if warmup_requests:
@@ -166,6 +169,7 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, promp
             p = sum(len(o.prompt_token_ids or []) for o in outputs)
             o = sum(len(c.token_ids) for out in outputs for c in out.outputs if c is not None)
             print(_result_block(len(requests), elapsed, p, o, f"[repeat {r + 1}/{repeats}] "), flush=True)
+        print(f"[timing] warm-up and timed passes took {time.monotonic() - t0:.3f} s", flush=True)
         return elapsed, outputs
 
     throughput.run_vllm = run_vllm  # the only change to vLLM's flow: the timed part runs `repeats` times
@@ -180,6 +184,18 @@ _WARMUP_PASS = re.compile(r"Warm-up pass \d+/\d+ \(untimed\): ([\d.]+) output to
 def warmup_passes(text: str) -> list[float]:
     """Output tok/s of the untimed warm-up passes (kept as evidence of how slow a cold pass is)."""
     return [float(m) for m in _WARMUP_PASS.findall(text)]
+
+
+_READY_AT = re.compile(r"^\[timing\] engine ready at ([\d.]+)$", re.M)
+_PASSES_S = re.compile(r"^\[timing\] warm-up and timed passes took ([\d.]+) s$", re.M)
+
+
+def bench_timing(text: str, spawned: float) -> dict:
+    """From run_throughput's `[timing]` lines: `start_s` (the worker's spawn at wall clock `spawned` to its
+    engine ready, imports included) and `measure_s` (warm-up passes + timed repeats); None where not printed."""
+    ready, passes = _READY_AT.search(text), _PASSES_S.search(text)
+    return {"start_s": round(float(ready.group(1)) - spawned, 2) if ready else None,
+            "measure_s": float(passes.group(1)) if passes else None}
 
 
 _THROUGHPUT = re.compile(r"Throughput: ([\d.]+) requests/s, ([\d.]+) total tokens/s, ([\d.]+) output tokens/s")

@@ -1,0 +1,147 @@
+"""Where the ladder's time goes: each stage's split (common.stage_time), a rung's split with its DVC overhead
+(record.time_split), the ladder's GPU-minutes, start share and cost (record.time_totals), and the report's Time
+section rendered from a synthetic ladder record."""
+import json
+import re
+
+import common
+import download
+import pytest
+import record
+import vllm_compat
+from conftest import FIXTURES
+
+import report
+
+
+def stage(wall, start, measure):
+    return {"wall_s": wall, "start_s": start, "measure_s": measure, "other_s": wall - start - measure}
+
+
+def rung(index, name, seconds, gpus=None, status="ok", reused=(), **stage_time):
+    return {"index": index, "name": name, "status": status, "seconds": seconds, "gpus": gpus, "reused": list(reused),
+            "stage_seconds": {s: t["wall_s"] for s, t in stage_time.items()}, "stage_time": stage_time}
+
+
+def ladder(*rungs, device="gpu", price=4.0):
+    return {"profile": "gpu-shape", "environment": {"device": device}, "wall_seconds": 700.0,
+            "settings": {"cost": {"gpu_price_per_hour": price}, "bench": {"num_prompts": 32}}, "rungs": list(rungs)}
+
+
+def test_stage_time_puts_what_is_not_start_or_measure_in_other():
+    t = common.stage_time(0.0, 0.0)
+    assert t["wall_s"] > 0 and t["other_s"] == t["wall_s"]  # this process has run for a while: imports at least
+    big = common.stage_time(1e6, 0.0)  # a start longer than the process: other is never negative
+    assert big["other_s"] == 0.0 and big["start_s"] == 1e6
+
+
+def test_process_seconds_count_from_the_process_start_not_from_a_later_call():
+    a = common.process_seconds()
+    b = common.process_seconds()
+    assert 0 < a <= b
+
+
+def test_bench_timing_reads_the_lines_run_throughput_prints():
+    log = ("INFO 11-30 12:00:00 [llm.py:1] loading\n[timing] engine ready at 1000.500\nWarm-up pass 1/1 (untimed): "
+           "10.0 output tokens/s\n[timing] warm-up and timed passes took 12.250 s\n")
+    assert vllm_compat.bench_timing(log, spawned=990.0) == {"start_s": 10.5, "measure_s": 12.25}
+    assert vllm_compat.bench_timing("no timing here", spawned=990.0) == {"start_s": None, "measure_s": None}
+
+
+def test_rung_split_sums_its_stages_and_the_rest_is_dvc_overhead():
+    r = rung(0, "baseline", 300.0, eval=stage(40, 25, 10), bench=stage(80, 30, 45), knee=stage(120, 35, 80),
+             eval_baseline=stage(40, 25, 10))
+    t = record.time_split(r)
+    assert (t["start_s"], t["measure_s"], t["other_s"]) == (115.0, 145.0, 20.0)
+    assert t["dvc_s"] == 300.0 - 280.0 and t["gpus"] == 1 and not t["estimated"]
+
+
+def test_stages_dvc_restored_cost_the_rung_nothing_but_dvc_time():
+    r = rung(1, "fp8-kv", 210.0, reused=["download", "eval_baseline", "bench"], eval=stage(40, 25, 10),
+             bench=stage(80, 30, 45), knee=stage(120, 35, 80))
+    r["stage_seconds"]["eval_baseline"] = 40
+    t = record.time_split(r)
+    assert t["start_s"] == 60.0 and t["measure_s"] == 90.0 and t["dvc_s"] == 210.0 - 160.0
+
+
+def test_a_rung_that_failed_is_not_split():
+    t = record.time_split(rung(2, "awq", 95.0, status="failed"))
+    assert t["other_s"] == 95.0 and t["start_s"] == t["measure_s"] == t["dvc_s"] == 0
+
+
+def test_an_older_record_is_split_from_the_knee_server_start_and_marked_estimated():
+    r = rung(0, "baseline", 100.0)
+    r["stage_seconds"] = {"knee": 90.0}
+    r["knee"] = {"server_ready_s": 30.0, "wall_s": 90.0}
+    t = record.time_split(r)
+    assert t["estimated"] and t["start_s"] == 30.0 and t["measure_s"] == 60.0 and t["dvc_s"] == 10.0
+
+
+def test_totals_weigh_each_rung_by_its_gpus_and_price_them():
+    one = rung(0, "baseline", 600.0, gpus=1, knee=stage(540, 300, 200))
+    two = rung(1, "tp2", 300.0, gpus=2, knee=stage(240, 60, 150))
+    lad = record.annotate_time(ladder(one, two))
+    tot = lad["time"]
+    assert tot["unit"] == "GPU" and tot["minutes"] == (600 + 2 * 300) / 60
+    assert tot["start_minutes"] == (300 + 2 * 60) / 60
+    assert tot["start_share"] == pytest.approx((300 + 120) / 1200, abs=1e-3)
+    assert tot["dvc_minutes"] == (60 + 2 * 60) / 60
+    assert tot["cost_usd"] == pytest.approx(1200 / 3600 * 4.0, abs=0.01)
+    assert one["time"]["dvc_s"] == 60.0 and two["time"]["gpus"] == 2
+
+
+def test_time_section_shows_each_rung_its_split_and_the_totals():
+    lad = record.annotate_time(ladder(rung(0, "baseline", 600.0, gpus=1, knee=stage(540, 300, 200)),
+                                      rung(1, "tp2", 300.0, gpus=2, knee=stage(240, 60, 150)),
+                                      rung(2, "awq", 90.0, gpus=1, status="failed")))
+    md = "\n".join(report.time_lines(lad))
+    assert md.startswith("**21.5 GPU-minutes** ≈ **$1.43** at $4.00 per GPU-hour; **33%** of them spent starting")
+    row = {m.group(1): m.group(0) for m in re.finditer(r"^\| (\d \w+)\s*\|.*$", md, re.M)}
+    assert set(row) == {"0 baseline", "1 tp2", "2 awq"}
+    cells = [c.strip() for c in row["1 tp2"].split("|")]
+    assert cells[2:9] == ["300 s", "2", "60 s (20%)", "150 s (50%)", "30 s (10%)", "60 s (20%)", "10.0"]
+    assert "not split" in row["2 awq"] and "estimated" not in md
+
+
+def test_time_section_on_a_cpu_box_counts_cpu_minutes_and_says_there_is_no_price():
+    lad = record.annotate_time(ladder(rung(0, "baseline", 120.0, knee=stage(100, 20, 70)), device="cpu", price=0))
+    md = "\n".join(report.time_lines(lad))
+    assert md.startswith("**2.0 CPU-minutes** (no price: cost.gpu_price_per_hour is 0); **17%**")
+    assert "CPU-minutes: wall × CPUs held" in md
+
+
+def test_a_record_without_the_split_keeps_the_stage_seconds_lines(tmp_path):
+    lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
+    md = report.render(lad, tmp_path)
+    time = md.split("## Time")[1]
+    assert "measured engine time" in time and "0 baseline: " in time
+
+
+def built(tmp_path):
+    """A model folder the store would hold: two files and the marker finish() writes."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"a": 1}')
+    (folder / "model.safetensors").write_bytes(b"w" * 1000)
+    spec = {"source": "quantize", "from": "x"}
+    download.finish(folder, spec, {"id": "m", "revision": "r"})
+    return folder, spec
+
+
+def test_an_unchanged_model_folder_is_trusted_by_its_stamps_and_a_changed_file_is_hashed_again(tmp_path):
+    folder, spec = built(tmp_path)
+    assert download.verify("m", folder, spec)["id"] == "m"
+    weights = folder / "model.safetensors"
+    weights.write_bytes(b"x" * 1000)  # same size, new content: the mtime tells it apart
+    with pytest.raises(download.ModelError, match="model.safetensors is corrupt"):
+        download.verify("m", folder, spec)
+
+
+def test_a_marker_from_before_the_stamps_is_hashed_once_then_stamped(tmp_path):
+    folder, spec = built(tmp_path)
+    marker = folder / download.MARKER
+    info = json.loads(marker.read_text())
+    del info["stamps"]
+    marker.write_text(json.dumps(info))
+    assert download.verify("m", folder, spec)["sha256"] == info["sha256"]
+    assert set(json.loads(marker.read_text())["stamps"]) == {"config.json", "model.safetensors"}
