@@ -65,7 +65,8 @@ def compare(base: dict, cur: dict, g: dict, floor: dict | None = None) -> dict:
         if v["drop_beyond_noise"] <= g[key]:
             continue
         text = (f"{name} fell {v['baseline']:.3f} → {v['rung']:.3f} ({v['right_to_wrong']} right→wrong, "
-                f"{v['noise_flips']} of them within the floor, {v['wrong_to_right']} wrong→right: "
+                f"{min(v['noise_flips'], v['right_to_wrong'])} of them within the floor, "
+                f"{v['wrong_to_right']} wrong→right: "
                 f"−{v['drop_beyond_noise']:.3f} beyond noise > gate.{key} {g[key]}); "
                 f"McNemar: {v['evidence']} (p={v['p_value']})")
         if fails(v, g[key]):
