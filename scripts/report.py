@@ -225,6 +225,8 @@ def gate_power_lines(lad: dict) -> list[str]:
                          f"floor {v['noise_flips']}); {base}: **cannot judge**")
             continue
         judge = "" if v["can_detect_threshold"] else f": **cannot judge** a drop of {g['max_category_drop']}"
+        if round(v["baseline"] * v["n"]) < v["detectable_flips"]:  # too few right to lose: no regression can show
+            judge += f" (fewer right than the {v['detectable_flips']} flips a regression needs)"
         lines.append(f"- {c}: this set can detect a drop of ≥ {v['detectable_drop']:.2f} "
                      f"({v['detectable_flips']} of {v['n']} items, floor {v['noise_flips']} included); {base}{judge}")
     return lines + [""]

@@ -69,4 +69,8 @@ def test_the_report_says_what_drop_each_category_can_detect_and_lists_flips_per_
                and x.endswith("**cannot judge** a drop of 0.25") for x in lines)
     assert report.flip_lines(result) == ["  - math: flipped right→wrong: math-0; wrong→right: none",
                                          "  - zh: flipped right→wrong: none; wrong→right: zh-25"]
+    few = {f"f-{i}": {"id": f"f-{i}", "category": "format", "correct": i < 4} for i in range(28)}
+    lad = {"rungs": [{"gate": gate.evaluate(ev, ev, lambda: few, lambda: few, g)}]}
+    assert report.gate_power_lines(lad)[4].endswith("rung 0 4/28 right (fewer right than the 6 flips a regression "
+                                                    "needs)")
     assert report.gate_power_lines({"rungs": [{"gate": {"gated": False}}]}) == []  # dummy weights: nothing to say
