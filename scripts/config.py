@@ -10,6 +10,7 @@ naming the field, the value and what is allowed. Pydantic's own text never reach
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import types
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import annotated_types as at
+import stats
 import yaml
 from pydantic import (
     AfterValidator,
@@ -276,15 +278,19 @@ class Knee(Section):
     # sweep: the fixed rates; search: start, bracket and stop rules (each required by its mode, below)
     rates: Annotated[list[PosNum], AfterValidator(_increasing)] | None = F(
         "an increasing list of request rates > 0", None)
-    start_rate: PosNum | None = F("a request rate > 0", None)
+    start_rate: PosNum | None = F("a request rate > 0 (the search's start where the bench measured no req/s)", None)
+    start_fraction: OpenUnit = F("a number in (0, 1): the search starts at this share of the bench's req/s", 0.5)
     max_rate: PosNum | None = F("a request rate > 0", None)
     min_rate: PosNum | None = F("a request rate > 0 or null", None)
-    rel_tol: OpenUnit | None = F("a number in (0, 1)", None)
+    rel_tol: OpenUnit | None = F("a number in (0, 1): the widest bracket, relative to its midpoint", None)
     max_probes: PosInt | None = F("an integer > 0", None)
     probe_seconds: PosNum = F("a number > 0")
-    repeats: PosInt = F("an integer > 0 (runs per probed rate; medians decide)", 1)
+    ramp_fraction: Annotated[Num, at.Ge(0), at.Lt(0.5)] = F(
+        "a fraction in [0, 0.5): the first arrivals of a probe, left out of its percentiles", 0.1)
     min_prompts: PosNum = F("a number > 0")
     max_prompts: PosNum = F("a number > 0")
+    batch1_requests: Annotated[int, at.Ge(0)] = F(
+        "an integer >= 0: requests sent one at a time after the sweep, for the roofline's batch-1 TPOT", 3)
     backlog_ratio: Annotated[Num, at.Gt(0), at.Le(1)] = F("a number in (0, 1]")
     start_timeout_s: PosNum = F("a number of seconds > 0", 900)
     probe_timeout_s: PosNum = F("a number of seconds > 0", 600)
@@ -300,8 +306,11 @@ class Knee(Section):
 
 
 class Slo(Section):
-    p99_ttft_ms: PosNum = F("a number of milliseconds > 0")
-    p99_tpot_ms: PosNum = F("a number of milliseconds > 0")
+    """The serving budget: TTFT and TPOT at `percentile` (p99 by default; a p95/p90 SLO needs fewer requests
+    per knee probe: stats.tail_requests)."""
+    percentile: Literal[90, 95, 99] = F("90, 95 or 99", 99)
+    ttft_ms: PosNum = F("a number of milliseconds > 0")
+    tpot_ms: PosNum = F("a number of milliseconds > 0")
 
 
 class Gate(Section):
@@ -309,6 +318,12 @@ class Gate(Section):
     max_category_drop: Annotated[Num, at.Ge(0), at.Le(1)] = F("a fraction in [0, 1]")
     alpha: OpenUnit = F("a number in (0, 1)")
     min_items: PosInt = F("an integer > 0")
+
+
+class Confirm(Section):
+    """The confirm step: baseline and final kept stack re-measured back to back at the end of the ladder."""
+    pairs: Annotated[int, at.Ge(0)] = F("an integer >= 0 (0: no confirm step)", 1)
+    round: Annotated[int, at.Ge(0)] = F("an integer >= 0 (set by the ladder: 0 for rungs, k for confirm pair k)", 0)
 
 
 class Cost(Section):
@@ -338,9 +353,11 @@ class Params(Section):
     knee: Knee
     slo: Slo
     gate: Gate
+    confirm: Confirm = Confirm()
     cost: Cost = Cost()
     capacity: Capacity
     roofline: Roofline = Roofline()
+
 
 
 # ---------------------------------------------------------------- ladder.yaml
@@ -484,7 +501,8 @@ def validate(params: dict) -> dict:
 
 
 def _across_sections(params: dict) -> list[str]:
-    """What spans sections: a prompts file needs the in-engine bench; a fixed shape must fit max_model_len."""
+    """What spans sections: a prompts file needs the in-engine bench; a fixed shape must fit max_model_len; a
+    knee probe must hold enough requests for the SLO's percentile."""
     w, errs = params["workload"], []
     if w["kind"] == "file" and params["bench"]["mode"] == "cli":
         errs.append("bench.mode: 'cli' runs `vllm bench throughput`, whose datasets take no prompts file; "
@@ -496,6 +514,13 @@ def _across_sections(params: dict) -> list[str]:
             if isinstance(limit, int) and total > limit:
                 errs.append(f"workload: {total} tokens per request (prefix + input + output) exceed "
                             f"{which}.max_model_len {limit}")
+    k, slo = params["knee"], params["slo"]
+    tail = stats.tail_requests(slo["percentile"])
+    need = math.ceil(tail / (1 - k["ramp_fraction"]))
+    if k["max_prompts"] < need:  # a probe capped below its percentile's needs would read the maximum as the p99
+        errs.append(f"knee.max_prompts: {k['max_prompts']:g} is below the {need} requests a probe needs for "
+                    f"slo.percentile {slo['percentile']} (at least {tail} counted after knee.ramp_fraction "
+                    f"{k['ramp_fraction']:g}); raise it or declare a lower slo.percentile")
     return errs
 
 

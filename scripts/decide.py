@@ -8,8 +8,8 @@ import capacity
 import stats
 
 # The verdicts a rung record can carry (record.RungRecord.verdict); the report prints them as they are.
-BASELINE, KEPT, REVERTED, NOT_CHOSEN, FAILED, INTERRUPTED, SKIPPED = (
-    "baseline", "kept", "reverted", "not chosen", "failed", "interrupted", "skipped")
+BASELINE, KEPT, REVERTED, NOT_CHOSEN, FAILED, INTERRUPTED, SKIPPED, CONFIRM = (
+    "baseline", "kept", "reverted", "not chosen", "failed", "interrupted", "skipped", "confirm")
 
 
 RULE = ("a rung is kept only when it is significantly better than the last kept rung: its knee (req/s at the SLO) "

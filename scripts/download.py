@@ -57,11 +57,12 @@ def verify(name: str, folder: Path, spec: dict) -> dict | None:
         path = folder / rel
         if not path.exists():
             raise ModelError(f"download.catalog.{name}: file {path} is missing; "
-                             f"delete {folder} and re-run the download stage")
+                             f"delete {folder} and re-run the download stage, or `make unpack-models` again")
         got = common.sha256_file(path)
         if got != want:
             raise ModelError(f"download.catalog.{name}: file {path} is corrupt (sha256 {got[:16]}…, expected "
-                             f"{want[:16]}…); delete {folder} and re-run the download stage")
+                             f"{want[:16]}…); delete {folder} and re-run the download stage, "
+                             f"or `make unpack-models` again")
     return info
 
 
@@ -77,7 +78,10 @@ def from_pypi_gguf(name: str, spec: dict, folder: Path) -> dict:
     pkg = spec["package"].split("==")[0].replace("-", "_")
     found = importlib.util.find_spec(pkg)  # find, never import: the package's own deps (llama.cpp) are not installed
     if not found or not found.submodule_search_locations:
-        raise ModelError(f"download.catalog.{name}.package: {spec['package']} is not installed; run `make setup`")
+        raise ModelError(f"download.catalog.{name}.package: {spec['package']} is not installed and "
+                         f"{folder.parent / name} holds no verified build of it; run `make setup`, or on a box "
+                         f"without a registry `make unpack-models ARCHIVE=…` (README: Moving models to an "
+                         f"air-gapped box)")
     gguf = Path(found.submodule_search_locations[0], spec["gguf"])
     if not gguf.exists():
         raise ModelError(f"download.catalog.{name}.gguf: {gguf} not found in {spec['package']}")
@@ -245,12 +249,16 @@ def provide(name: str, catalog: dict, store: Path, done: dict) -> dict:
     return entry
 
 
+def store_path(cfg: dict) -> Path:
+    """download.store as a path: `~` expanded, relative to the repo root."""
+    store = Path(os.path.expanduser(cfg["store"]))
+    return store if store.is_absolute() else common.ROOT / store
+
+
 def main(out: Path):
     params = common.stage_start(check=False)  # this stage needs only its own section: validated on its own
     cfg = config.section(params, "download")
-    store = Path(os.path.expanduser(cfg["store"]))
-    if not store.is_absolute():
-        store = common.ROOT / store
+    store = store_path(cfg)
     done: dict = {}
     for name in cfg["fetch"]:
         provide(name, cfg["catalog"], store, done)

@@ -30,18 +30,34 @@ def _version(*names):
 
 
 def gpus() -> list[dict]:
-    """One entry per GPU. The UUID tells two units of the same model apart: their numbers differ, so a
-    measurement from one must never be restored from the run-cache on the other."""
+    """One entry per GPU this process may use (CUDA_VISIBLE_DEVICES honoured: two ladders side by side on one
+    box each see, measure and record their own GPU). The UUID tells two units of the same model apart: their
+    numbers differ, so a measurement from one must never be restored from the run-cache on the other."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,uuid",
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version,uuid",
                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return []
     if out.returncode != 0:
         return []
     rows = [[c.strip() for c in line.split(",")] for line in out.stdout.strip().splitlines() if line.strip()]
-    return [{"name": r[0], "memory_mib": int(float(r[1])), "driver": r[2], "uuid": r[3] if len(r) > 3 else None}
-            for r in rows if len(r) >= 3]
+    found = [{"index": r[0], "name": r[1], "memory_mib": int(float(r[2])), "driver": r[3],
+              "uuid": r[4] if len(r) > 4 else None} for r in rows if len(r) >= 4]
+    return visible(found, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def visible(found: list[dict], cuda_visible: str | None) -> list[dict]:
+    """The GPUs CUDA_VISIBLE_DEVICES lets this process see, in its order (indices or UUIDs, as CUDA reads it:
+    up to the first entry that names no GPU). Unset: all of them."""
+    if cuda_visible is None:
+        return found
+    out = []
+    for want in (w.strip() for w in cuda_visible.split(",") if w.strip()):
+        hit = next((g for g in found if want == g["index"] or (g["uuid"] and g["uuid"].startswith(want))), None)
+        if hit is None:
+            break
+        out.append(hit)
+    return out
 
 
 def host_id() -> str:

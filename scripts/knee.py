@@ -1,8 +1,11 @@
 """Stage `knee`: `vllm serve` with the rung's knobs, then `vllm bench serve` probes over offered request rates.
 
-The knee is the highest offered rate whose p99 TTFT and p99 TPOT meet the SLO with no failed request and no
-backlog. knee.mode `search` doubles the rate until the SLO breaks, then bisects to knee.rel_tol; `sweep` probes
-the fixed knee.rates. One server serves every probe (after a warm-up) and is stopped by PID in every outcome.
+The knee is the highest offered rate whose TTFT and TPOT at the SLO's percentile (slo.percentile, ramp-up
+arrivals left out, enough requests counted for that percentile) meet the SLO with no failed request and no
+backlog. knee.mode `search` starts from the bench's measured req/s (× knee.start_fraction), doubles or halves
+until the SLO breaks, bisects until the bracket is at most knee.rel_tol wide, then probes both boundaries once
+more with fresh draws (a disagreeing repeat moves the bracket and is flagged); `sweep` probes the fixed
+knee.rates. One server serves every probe (after a warm-up) and is stopped by PID in every outcome.
 Writes results/knee.csv (one row per probe), results/knee.json; each probe's vLLM JSON and the sweep so far
 stay in results/logs/knee/ even when the stage fails midway.
 
@@ -13,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -26,12 +28,25 @@ import workload
 
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
-COLUMNS = (["offered_rps", "num_prompts", "repeats", "achieved_rps", "output_tps", "goodput_rps", "completed", "failed",
-            "backlog", "duration_s"] + [f"p{p}_{m}_ms" for m in METRICS for p in PCTS] + ["passed", "why"])
+COLUMNS = (["offered_rps", "num_prompts", "seed", "achieved_rps", "output_tps", "goodput_rps", "completed", "failed",
+            "counted", "needed", "ramp_skipped", "slo_ttft_ms", "slo_tpot_ms", "window_arrivals", "window_completions",
+            "window_allowance", "backlog", "duration_s"] + [f"p{p}_{m}_ms" for m in METRICS for p in PCTS]
+           + ["passed", "why"])
 
 
-def prompts_for(rate: float, k: dict) -> int:
-    return int(min(max(round(rate * k["probe_seconds"]), k["min_prompts"]), k["max_prompts"]))
+def prompts_for(rate: float, k: dict, slo: dict) -> int:
+    return stats.probe_prompts(rate, k["probe_seconds"], slo["percentile"], k["ramp_fraction"], k["min_prompts"],
+                               k["max_prompts"])
+
+
+def start_rate(k: dict, bench: dict | None) -> tuple[float, str]:
+    """Where the search starts: a fraction of the offline throughput the bench measured on this rung (the knee
+    at an SLO sits below it), else knee.start_rate. Two significant digits: probe rates stay readable."""
+    est = (bench or {}).get("requests_per_s") if (bench or {}).get("status") == "ok" else None
+    if not est:
+        return k["start_rate"], f"knee.start_rate {k['start_rate']:g} req/s (no bench estimate)"
+    r = min(max(float(f"{est * k['start_fraction']:.2g}"), k["min_rate"] or 0), k["max_rate"])
+    return r, f"{k['start_fraction']:g} × the bench's {est:.3g} req/s"
 
 
 def probe_args(url: str, model_path: str, k: dict, slo: dict, rate: float, n: int, out_dir, name: str,
@@ -44,8 +59,9 @@ def probe_args(url: str, model_path: str, k: dict, slo: dict, rate: float, n: in
         "--base-url", url, "--model", model_path, *vllm_compat.dataset_flags(w, "serve", w.get("prompts")),
         "--num-prompts", str(n), "--request-rate", str(rate), "--seed", str(seed), "--ignore-eos", "--temperature", "0",
         "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", ",".join(map(str, PCTS)),
-        "--goodput", f"ttft:{slo['p99_ttft_ms']}", f"tpot:{slo['p99_tpot_ms']}",
-        "--save-result", "--result-dir", str(out_dir), "--result-filename", name, "--disable-tqdm"]
+        "--goodput", f"ttft:{slo['ttft_ms']}", f"tpot:{slo['tpot_ms']}",
+        "--save-result", "--save-detailed", "--result-dir", str(out_dir), "--result-filename", name,
+        "--disable-tqdm"]
 
 
 class Prober:
@@ -78,7 +94,9 @@ class Prober:
             raise engine.EngineError(what, f"{type(e).__name__}: {e}", self.log) from e
 
 
-def row_from(result: dict, rate: float, n: int, k: dict, slo: dict) -> dict:
+def row_from(result: dict, reqs: list[dict], rate: float, n: int, k: dict, slo: dict) -> dict:
+    """One probe's row: vLLM's own summary figures, and the SLO's percentile over the requests that count
+    (stats.tail_stats: ramp-up left out, backlog judged inside the arrival window)."""
     row = {"offered_rps": rate, "num_prompts": n, "achieved_rps": result.get("request_throughput"),
            "output_tps": result.get("output_throughput"), "goodput_rps": result.get("request_goodput"),
            "completed": result.get("completed"), "failed": result.get("failed", n - (result.get("completed") or 0)),
@@ -86,27 +104,23 @@ def row_from(result: dict, rate: float, n: int, k: dict, slo: dict) -> dict:
     for m in METRICS:
         for p in PCTS:
             row[f"p{p}_{m}_ms"] = result.get(f"p{p}_{m}_ms")
-    # completions falling behind arrivals = a growing queue, whose latency is backlog, not service time.
-    # A probe that keeps up still takes one request's drain (p50 E2E) after the last arrival.
-    e2e = (row["p50_e2el_ms"] or 0) / 1000
-    expected = n / (n / rate + e2e)
-    row["backlog"] = bool(row["achieved_rps"] is not None and row["achieved_rps"] < k["backlog_ratio"] * expected)
+    tail = stats.tail_stats(reqs, slo["percentile"], k["ramp_fraction"], k["backlog_ratio"])
+    row.update({"slo_ttft_ms": tail["ttft_ms"], "slo_tpot_ms": tail["tpot_ms"],
+                **{x: tail[x] for x in ("counted", "needed", "ramp_skipped", "window_arrivals", "window_completions",
+                                        "window_allowance", "backlog")}})
     row["passed"], row["why"] = stats.probe_passes(row, slo)
     return row
 
 
-def merge_repeats(results: list[dict]) -> dict:
-    """Repeated probes at one rate: the median of each latency/throughput figure, failures summed."""
-    if len(results) == 1:
-        return results[0]
-    out = {}
-    for key in results[0]:
-        vals = [r.get(key) for r in results]
-        if key in ("failed", "completed"):
-            out[key] = sum(v or 0 for v in vals)
-        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
-            out[key] = statistics.median(vals)
-    return out
+def slim(path: Path) -> tuple[dict, list[dict]]:
+    """Read a probe's detailed result and rewrite it without the per-token lists and generated texts (megabytes
+    per probe), keeping per request what the row was computed from."""
+    result = common.read_json(path)
+    reqs = vllm_compat.serve_requests(result)
+    for key in ("input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors"):
+        result.pop(key, None)
+    common.write_json(path, {**result, "requests": reqs})
+    return result, reqs
 
 
 def write_csv(path, rows):
@@ -129,13 +143,15 @@ def _import_quietly() -> None:
 def warm_up(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> None:
     """A short burst before any timed probe, so first-request costs are not read as latency."""
     rate = k["start_rate"] or 1  # sweep mode may set no start rate
-    prober(probe_args(srv.url, model_path, k, slo, rate, max(4, k["min_prompts"] // 2), logs, "warmup.json", seed=0),
+    prober(probe_args(srv.url, model_path, k, slo, rate, max(4, int(k["min_prompts"]) // 2), logs, "warmup.json",
+                      seed=0),
            k["probe_timeout_s"], "vllm bench serve (warm-up)")
 
 
 def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict,
           logs) -> tuple[list[dict], list[tuple[float, bool]]]:
-    """Probe rates (search or fixed sweep) against a running server; every probe is logged as it finishes."""
+    """Probe rates (search or fixed sweep) against a running server; every probe is logged as it finishes.
+    Each probe draws its own workload (seed = its number; 0 was the warm-up's)."""
     rows: list[dict] = []
     probes: list[tuple[float, bool]] = []
     while True:
@@ -145,45 +161,62 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
             rate = stats.next_rate(probes, k["start_rate"], k["max_rate"], k["rel_tol"], k["max_probes"], k["min_rate"])
         if rate is None:
             return rows, probes
-        n, repeats, results = prompts_for(rate, k), k["repeats"], []
-        for rep in range(repeats):
-            name = f"probe-{len(probes) + 1:02d}-{rate:g}rps" + (f"-r{rep + 1}" if repeats > 1 else "") + ".json"
-            try:
-                seed = sum(r["repeats"] for r in rows) + rep + 1  # 0 was the warm-up's
-                prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
-                       f"vllm bench serve at {rate:g} req/s")
-            finally:  # `vllm bench serve` exits 0 with every request failed when the server is gone: ask it
-                if not srv.alive():
-                    raise engine.EngineError("vllm serve", f"died during the knee sweep at {rate:g} req/s after "
-                                             f"{len(rows)} probes: {srv.proc.error_line()}", srv.log)
-            results.append(common.read_json(logs / name))
-        row = row_from(merge_repeats(results), rate, n, k, slo)
-        row["repeats"] = repeats
+        n, seed = prompts_for(rate, k, slo), len(probes) + 1
+        name = f"probe-{seed:02d}-{rate:g}rps.json"
+        try:
+            prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
+                   f"vllm bench serve at {rate:g} req/s")
+        finally:  # `vllm bench serve` exits 0 with every request failed when the server is gone: ask it
+            if not srv.alive():
+                raise engine.EngineError("vllm serve", f"died during the knee sweep at {rate:g} req/s after "
+                                         f"{len(rows)} probes: {srv.proc.error_line()}", srv.log)
+        row = row_from(*slim(logs / name), rate, n, k, slo)
+        row["seed"] = seed
         rows.append(row)
         probes.append((rate, row["passed"]))
+        p = f"p{slo['percentile']:g}"
+        line = (f"{rate:g} req/s x{n} ({row['counted']} counted): {p} TTFT {row['slo_ttft_ms'] or 0:.0f} ms, "
+                f"{p} TPOT {row['slo_tpot_ms'] or 0:.1f} ms, achieved {row['achieved_rps'] or 0:.2f} req/s, "
+                f"failed {row['failed']} -> {'pass' if row['passed'] else 'FAIL: ' + row['why']}")
         with open(logs / "sweep.log", "a") as f:  # the sweep so far survives a failure later in the stage
-            f.write(f"{rate:g} req/s x{n}: p99 TTFT {row['p99_ttft_ms']:.0f} ms, p99 TPOT {row['p99_tpot_ms']:.1f} ms, "
-                    f"achieved {row['achieved_rps']:.2f} req/s, failed {row['failed']} -> "
-                    f"{'pass' if row['passed'] else 'FAIL: ' + row['why']}\n")
+            f.write(line + "\n")
         write_csv(logs / "partial.csv", rows)
-        print(f"knee: {rate:g} req/s -> {'pass' if row['passed'] else 'fail'} "
-              f"(p99 TTFT {row['p99_ttft_ms']:.0f} ms, p99 TPOT {row['p99_tpot_ms']:.1f} ms)")
+        print(f"knee: {line}")
 
 
-def method(k: dict) -> str:
+def batch1(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> dict | None:
+    """A true batch-1 decode for the roofline: `knee.batch1_requests` requests one at a time (--max-concurrency 1),
+    after the sweep, so its TPOT is one sequence's, not that of the ~20-30 a low-rate probe keeps in flight."""
+    n = k["batch1_requests"]
+    if not n:
+        return None
+    argv = probe_args(srv.url, model_path, k, slo, float("inf"), n, logs, "batch1.json", seed=10_000)
+    prober(argv + ["--max-concurrency", "1"], k["probe_timeout_s"], "vllm bench serve (batch 1)")
+    result, _ = slim(logs / "batch1.json")
+    return {"requests": n, "tpot_ms": result.get("p50_tpot_ms"), "ttft_ms": result.get("p50_ttft_ms")}
+
+
+def method(k: dict, slo: dict, started: str) -> str:
     """How the knee was found, in the words the report prints."""
-    how = (f"double from {k['start_rate']} req/s until the SLO breaks, then bisect to {k['rel_tol'] * 100:.0f} % "
+    p = f"p{slo['percentile']:g}"
+    how = (f"search from {started}: double or halve until the SLO breaks, bisect until the bracket is at most "
+           f"{k['rel_tol'] * 100:.0f} % of its midpoint wide, then both boundaries probed again with fresh draws "
            f"(at most {k['max_probes']} probes)" if k["mode"] == "search" else f"a sweep over {k['rates']} req/s")
-    return (f"`vllm serve` + `vllm bench serve`, Poisson arrivals, ~{k['probe_seconds']} s of traffic per probe "
-            f"({k['repeats']} run(s) per rate), knee by {how}; each probe its own seed: a fresh draw of the workload")
+    return (f"`vllm serve` + `vllm bench serve`, Poisson arrivals, ~{k['probe_seconds']} s of traffic per probe and "
+            f"at least {stats.tail_requests(slo['percentile'])} requests counted for a {p} (the first "
+            f"{k['ramp_fraction']:.0%} of arrivals left out as ramp-up; backlog = completions short of arrivals in "
+            f"the second half of the arrival window by more than {1 - k['backlog_ratio']:.0%} of them and than "
+            f"their Poisson noise); knee by {how}; each "
+            "probe its own seed: a fresh draw of the workload")
 
 
-def main(out: Path, csv_out: Path, logs: Path):
+def main(out: Path, csv_out: Path, logs: Path, bench_json: Path):
     params = common.stage_start()
     cfg, k, slo = common.rung_config(params), params["knee"], params["slo"]
     entry = common.model_entry(cfg["model"]["name"])
     sent, input_len = workload.prepare(params["workload"], entry["path"], logs)
-    k = {**k, "workload": sent}
+    first, started = start_rate(k, common.read_json(bench_json) if bench_json.exists() else None)
+    k = {**k, "workload": sent, "start_rate": first}
     t0 = time.monotonic()
     importing = threading.Thread(target=_import_quietly, daemon=True)
     importing.start()  # the prober's imports overlap the server's start-up
@@ -195,7 +228,8 @@ def main(out: Path, csv_out: Path, logs: Path):
         warm_up(prober, srv, entry["path"], k, slo, logs)
         before = vllm_compat.scrape(srv.metrics())
         rows, probes = sweep(prober, srv, entry["path"], k, slo, logs)
-        after = vllm_compat.scrape(srv.metrics())
+        after = vllm_compat.scrape(srv.metrics())  # before the batch-1 probe: hit rates are the sweep's
+        one = batch1(prober, srv, entry["path"], k, slo, logs)
     measure_s = time.monotonic() - t0
     queries = after.get("vllm:prefix_cache_queries", 0) - before.get("vllm:prefix_cache_queries", 0)
     hits = after.get("vllm:prefix_cache_hits", 0) - before.get("vllm:prefix_cache_hits", 0)
@@ -203,17 +237,22 @@ def main(out: Path, csv_out: Path, logs: Path):
     caching = str(after.get("cache_config", {}).get("enable_prefix_caching",
                                                     facts.get("enable_prefix_caching"))) == "True"
     hit_rate = hits / queries if queries else (0.0 if not caching else None)  # caching off: nothing can hit
-    result = stats.knee_result(probes, k["rates"] if k["mode"] == "sweep" else None)
+    result = stats.knee_result(probes, k["rates"] if k["mode"] == "sweep" else None,
+                               k["rel_tol"] if k["mode"] == "search" else None)
     at = next((r for r in rows if r["offered_rps"] == result["knee_rps"]), None)
     write_csv(csv_out, rows)
     common.write_json(out, {
         **result,
         "slo": slo,
         "mode": k["mode"],
-        "method": method(k),
+        "method": method(k, slo, started),
+        "start_rate": first,
+        "requests_sent": sum(r["num_prompts"] for r in rows),
         "goodput_at_knee_rps": at and at["goodput_rps"],
-        "p99_ttft_ms_at_knee": at and at["p99_ttft_ms"],
-        "p99_tpot_ms_at_knee": at and at["p99_tpot_ms"],
+        "ttft_ms_at_knee": at and at["slo_ttft_ms"],
+        "tpot_ms_at_knee": at and at["slo_tpot_ms"],
+        "counted_at_knee": at and at["counted"],
+        "batch1": one,
         "output_tps_at_knee": at and at["output_tps"],
         "workload": desc,
         "shape": {"input_len": sent.get("prompt_tokens_mean", input_len), "output_len": sent["output_len"],
@@ -232,7 +271,9 @@ def main(out: Path, csv_out: Path, logs: Path):
         "provenance": common.provenance(params, cfg),
     })
     # only the status's own numbers exist (a sweep whose every rate passed has no first break): format that one
-    where = {"inside": lambda: f"knee {result['knee_rps']:g} req/s (first break {result['first_fail_rps']:g})",
+    where = {"inside": lambda: (f"knee {result['mid_rps']:.3g} ± {result['half_width_rps']:.2g} req/s (passes at "
+                                f"{result['knee_rps']:g}, breaks at {result['first_fail_rps']:g}"
+                                + ("; a repeat disagreed" if result["non_monotonic"] else "") + ")"),
              "below": lambda: f"SLO broken at every rate down to {result['first_fail_rps']:g} req/s",
              "above": lambda: f"SLO met up to {result['last_pass_rps']:g} req/s, the top of the range",
              }[result["status"]]()
@@ -243,6 +284,6 @@ if __name__ == "__main__":
     # hard_exit: triton's bindings, imported by vLLM's bench code, print hundreds of "nanobind: leaked function"
     # lines at interpreter teardown. Every child is stopped and every file closed by then.
     args = common.paths(__doc__.split("\n")[0], knee="results/knee.json", csv="results/knee.csv",
-                        logs="results/logs/knee")
+                        logs="results/logs/knee", bench="results/bench.json")
     common.run_stage(main, (common.ParamsError, engine.EngineError, vllm_compat.VllmCompatError,
-                            workload.WorkloadError), args.knee, args.csv, args.logs, hard_exit=True)
+                            workload.WorkloadError), args.knee, args.csv, args.logs, args.bench, hard_exit=True)

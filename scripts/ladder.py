@@ -6,7 +6,7 @@ reads the gate and the measurements and keeps or reverts it; a rung that fails (
 OOM, timeout) is recorded with the engine's own error and the ladder goes on. Finished rungs are saved to
 report/ladder.json as they finish; a re-run restores them from DVC's run-cache instead of re-measuring.
 
-  python scripts/ladder.py [--profile cpu|gpu|gpu-shape] [--check] [--rungs N] [--ladder FILE]
+  python scripts/ladder.py [--profile cpu|gpu|gpu-small|gpu-shape] [--check] [--rungs N] [--ladder FILE]
                            [--model NAME|FOLDER|ORG/NAME@REV] [--quant-model ...] [--workload KIND|FILE]
 """
 from __future__ import annotations
@@ -66,19 +66,20 @@ class Driver:
         self.t0 = time.monotonic()
         self.started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         self.final_exp = None
+        self.confirm: dict | None = None
         self.dvc: subprocess.Popen | None = None
 
     # -- one experiment
     def run_exp(self, index: int, name: str, cfg_flat: dict, role: str, change: dict | None, base: dict | None,
-                note: str = "") -> dict:
+                note: str = "", into: list | None = None, round_: int = 0) -> dict:
         exp = f"{self.profile}-{index}-{name}"
-        sets = {**self.overrides, **cfg_flat}
+        sets = {**self.overrides, **cfg_flat, "confirm.round": round_}
         # `++key=value`: Hydra's set-or-add, so a knob params.yaml does not list yet (hf_overrides, say) works too
         cmd = (["dvc", "exp", "run", "-n", exp]
                + [a for k, v in sets.items() for a in ("-S", f"++{k}={hydra(v)}")] + TARGETS)
         rec = {"index": index, "name": name, "exp": exp, "role": role, "change": change or {}, "note": note,
                "base": base["exp"] if base else None, "knobs": cfg_flat, "status": "running"}
-        self.records.append(rec)
+        (self.records if into is None else into).append(rec)
         self.save()
         LOGS.mkdir(parents=True, exist_ok=True)
         log = LOGS / f"{exp}.log"
@@ -109,6 +110,30 @@ class Driver:
             return rec
         self.collect(rec, base)
         return rec
+
+    def confirm_step(self) -> None:
+        """Baseline and final kept stack re-measured back to back (fresh engines, bench and knee; `confirm.pairs`
+        pairs, interleaved), so the headline compares two measurements minutes apart on one machine, not rung 0
+        with a stack measured an hour later."""
+        pairs = self.eff["confirm"]["pairs"]
+        final = next((r for r in self.records if r.get("exp") == self.final_exp), None)
+        base = self.records[0] if self.records else None
+        if not pairs or not final or not base or final is base:
+            self.confirm = {"pairs": 0, "why": "no confirm step: " + (
+                "confirm.pairs is 0" if not pairs else "nothing was kept, the final stack is the baseline")}
+            return
+        recs: list[dict] = []
+        self.confirm = {"pairs": pairs, "runs": recs}
+        for k in range(1, pairs + 1):
+            for which, src in (("baseline", base), ("final", final)):
+                self.progress(f"confirm {k}/{pairs}: {which}")
+                rec = self.run_exp(len(self.plan.rungs) + 1, f"confirm-{k}-{which}", src["knobs"], decide.CONFIRM,
+                                   None, None, f"re-measures {src['exp']}", into=recs, round_=k)
+                rec["of"] = src["exp"]
+                self.save()
+        self.confirm.update(record.confirm_summary(recs))
+        self.save()
+        print(f"  -> confirm: {self.confirm['summary']}", flush=True)
 
     def collect(self, rec: dict, base: dict | None) -> None:
         baseline = self.records[0] if self.records and self.records[0].get("status") == "ok" else None
@@ -194,7 +219,8 @@ class Driver:
         """report/ladder.json, rewritten after every rung so an interruption loses nothing finished."""
         fp = common.RESULTS / "fingerprint.json"
         ev_file = common.ROOT / self.eff["eval"]["file"]
-        measured = sum(sum((r.get("stage_seconds") or {}).values()) for r in self.records)
+        confirm_runs = (self.confirm or {}).get("runs") or []
+        measured = sum(sum((r.get("stage_seconds") or {}).values()) for r in self.records + confirm_runs)
         lad = {
             "profile": self.profile, "started": self.started,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z") if final else None,
@@ -204,7 +230,7 @@ class Driver:
             "settings": {k: self.eff[k] for k in ("workload", "bench", "knee", "eval", "gate", "cost", "capacity")},
             "eval_file": self.eff["eval"]["file"], "eval_sha256": common.sha256_file(ev_file),
             "eval_n": sum(1 for ln in open(ev_file, encoding="utf-8") if ln.strip()),
-            "final_exp": self.final_exp, "rungs": self.records,
+            "final_exp": self.final_exp, "rungs": self.records, "confirm": self.confirm,
             "engine_seconds": round(measured, 1), "wall_seconds": round(time.monotonic() - self.t0, 1),
         }
         lad["cost_usd"] = round(lad["engine_seconds"] / 3600 * self.eff["cost"]["gpu_price_per_hour"], 4)
@@ -259,9 +285,11 @@ def main() -> int:
     common.handle_signals()
     try:
         rc = drv.run()
+        if rc == 0:
+            drv.confirm_step()
     except KeyboardInterrupt:
         drv.interrupt()
-        for r in drv.records:
+        for r in drv.records + ((drv.confirm or {}).get("runs") or []):
             if r["status"] == "running":
                 r["status"], r["verdict"] = decide.INTERRUPTED, decide.INTERRUPTED
                 r["decision"] = "interrupted: re-run `make ladder` to resume here"

@@ -249,6 +249,28 @@ def plan(params: dict, lad: dict, profile: str) -> list[dict]:
     return out
 
 
+WAVES = 4  # bench prompts per concurrent sequence, at least
+
+
+def wave_error(params: dict, rungs: list[dict]) -> str | None:
+    """The bench sends `num_prompts` equal requests at once; they run in waves of max_num_seqs. With few waves a
+    rung that raises max_num_seqs wins by running one wave fewer (200 prompts: two waves at 128, one at 256 was
+    most of a +25 % 'gain' on the H200), so every config the ladder tries must run at least WAVES of them."""
+    tried = [(params["baseline"]["engine"].get("max_num_seqs"), "rung 0")]
+    for i, rung in enumerate(rungs, 1):
+        if rung.get("skip"):
+            continue
+        for change in rung_changes(rung) + [rung.get("fallback") or {}]:
+            tried.append((change.get("engine.max_num_seqs"), f"rung {i} {rung['name']!r}"))
+    top, where = max(((v, w) for v, w in tried if isinstance(v, int)), default=(None, None))
+    need = WAVES * top if top else 0
+    if params["bench"]["num_prompts"] < need:
+        return (f"bench.num_prompts: {params['bench']['num_prompts']} is below {WAVES} × the largest "
+                f"engine.max_num_seqs this ladder tries ({top}, {where}) = {need}: fewer prompts run in so few waves "
+                "that a rung changing max_num_seqs is judged on its wave count; raise bench.num_prompts")
+    return None
+
+
 @dataclass
 class Plan:
     """Everything `make ladder` needs to know before it starts: worked out once, passed to the driver."""
@@ -280,6 +302,8 @@ def resolve(params: dict, lad: dict, profile: str, defaults: dict | None, gpus: 
     eff = common.validate(effective_params(params, lad, profile, defaults, extra))  # defaults filled from here on
     wl.check(eff)
     rungs = plan(eff, lad, profile)[:limit]
+    if err := wave_error(eff, rungs):
+        raise common.ParamsError(err)
     return Plan(profile=profile, params=eff, overrides={**profile_overrides(lad, profile, defaults), **extra},
                 rungs=rungs, objective=lad["objective"], gpus=gpus)
 

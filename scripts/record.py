@@ -122,7 +122,7 @@ def compare(base: RungRecord, rec: RungRecord) -> dict:
 
 
 def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:
-    """Batch-1 decode floor from the model's shapes and the GPU's bandwidth, vs the TPOT at the lowest probed rate."""
+    """Batch-1 decode floor from the model's shapes and the GPU's bandwidth, vs the knee stage's batch-1 TPOT."""
     fp = common.read_json(common.RESULTS / "fingerprint.json")
     gpu = (fp.get("gpus") or [{}])[0].get("name")
     bw = stats.bandwidth_gbs(gpu, params["roofline"]["bandwidth_gbs"])
@@ -135,8 +135,44 @@ def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:
     shape = (rec.get("knee") or {}).get("shape") or {}
     context = (shape.get("input_len") or 0) + (shape.get("output_len") or 0) // 2  # mean context while decoding
     floor = stats.tpot_floor_ms(cfg, bw, weight_bits=bits, kv_bytes=kv, context_tokens=context)
+    one = (rec.get("knee") or {}).get("batch1") or {}
     rows = sorted((rec.get("knee") or {}).get("rows") or [], key=lambda r: r["offered_rps"])
-    low = rows[0]["p50_tpot_ms"] if rows else None
+    # the batch-1 probe where there is one; else (older records) the lowest probed rate, which is not batch 1
+    low, at = (one["tpot_ms"], "batch 1") if one.get("tpot_ms") else (
+        (rows[0]["p50_tpot_ms"], f"p50 at {rows[0]['offered_rps']:g} req/s") if rows else (None, None))
     return {"gpu": gpu, "bandwidth_gbs": bw, "weight_bits": round(bits, 3), "context_tokens": context,
-            "tpot_floor_ms": round(floor, 2),
+            "tpot_floor_ms": round(floor, 2), "tpot_measured_at": at,
             "tpot_low_load_ms": low, "pct_of_floor": round(floor / low, 3) if low else None}
+
+
+def confirm_summary(runs: list[dict]) -> dict:
+    """The confirm step's result: baseline and final stack, each re-measured in every pair (their bench repeats
+    pooled, the last pair's knee), compared in like units by `compare`. This is where the headline comes from."""
+    ok = [r for r in runs if r.get("status") == "ok"]
+    sides = {w: [r for r in ok if r["name"].endswith(f"-{w}")] for w in ("baseline", "final")}
+    if not sides["baseline"] or not sides["final"] or len(ok) < len(runs):
+        bad = next((r for r in runs if r.get("status") != "ok"), None)
+        return {"summary": "confirm step incomplete" + (f": {bad['name']} {bad['status']}" if bad else ""),
+                "delta": None}
+
+    def pooled(recs: list[dict]) -> dict:
+        last = recs[-1]
+        runs_ = [x for r in recs for x in (r["bench"].get("output_tps_runs") or [])]
+        return {"knobs": last["knobs"], "knee": last["knee"], "exp": [r["exp"] for r in recs],
+                "bench": {**last["bench"], "output_tps_runs": runs_,
+                          "output_tps": stats.summarize(runs_)["median"] if runs_ else last["bench"].get("output_tps")}}
+    b, f = pooled(sides["baseline"]), pooled(sides["final"])
+    d = compare(b, f)
+    bt, ft = b["bench"].get("output_tps"), f["bench"].get("output_tps")
+    tps = (f"{bt:.0f} → {ft:.0f} output tok/s ({ft / bt:.2f}×, Δ {d['output_tps']['rel'] * 100:+.1f} % "
+           f"[{d['output_tps']['ci95'][0] * 100:+.1f}, {d['output_tps']['ci95'][1] * 100:+.1f}])"
+           if bt and ft and d["output_tps"].get("ci95") else "output tok/s n/a")
+    return {"baseline": {"output_tps": bt, "output_tps_runs": b["bench"]["output_tps_runs"], "knee": _knee(b["knee"])},
+            "final": {"output_tps": ft, "output_tps_runs": f["bench"]["output_tps_runs"], "knee": _knee(f["knee"])},
+            "delta": d, "speedup": ft / bt if bt and ft else None,
+            "summary": f"{tps}; knee {d['knee_rps']['why']} ({d['knee_rps']['verdict']})"}
+
+
+def _knee(k: dict) -> dict:
+    return {x: k.get(x) for x in ("knee_rps", "first_fail_rps", "mid_rps", "half_width_rps", "status", "probes",
+                                  "non_monotonic", "confirmed")}

@@ -69,6 +69,7 @@ def delta_cell(r):
 
 
 def knee_cell(r):
+    """The knee as its bracket: midpoint ± half-width, the confirmed pass and failure, and any flag."""
     k = r.get("knee") or {}
     if not k:
         return "—"
@@ -76,7 +77,19 @@ def knee_cell(r):
         return f"< {fmt(k.get('first_fail_rps'), 'g')} (SLO never met)"
     if k.get("status") == "above":
         return f"≥ {fmt(k.get('knee_rps'), 'g')} (SLO met at top of range)"
-    return f"{k['knee_rps']:g} (breaks at {k['first_fail_rps']:g})"
+    if k.get("mid_rps") is None:  # a record from before the bracket was reported as midpoint ± half-width
+        return f"{k['knee_rps']:g} (breaks at {k['first_fail_rps']:g})"
+    flags = [f for f, on in (("a repeat disagreed", k.get("non_monotonic")),
+                             ("wider than knee.rel_tol", not k.get("resolved"))) if on]
+    return (f"{k['mid_rps']:.3g} ± {k['half_width_rps']:.2g} (passes {k['knee_rps']:g}, breaks "
+            f"{k['first_fail_rps']:g}; {k.get('probes')} probes)" + (f" ⚠ {', '.join(flags)}" if flags else ""))
+
+
+def slo_text(slo: dict) -> str:
+    """The SLO as the report states it (records from before slo.percentile spelled p99 into the keys)."""
+    p = slo.get("percentile", 99)
+    ttft, tpot = slo.get("ttft_ms", slo.get("p99_ttft_ms")), slo.get("tpot_ms", slo.get("p99_tpot_ms"))
+    return f"p{p:g} TTFT ≤ {ttft:g} ms, p{p:g} TPOT ≤ {tpot:g} ms"
 
 
 VERDICT_CELL = {"baseline": "baseline", "kept": "**kept**", "reverted": "reverted", "not chosen": "not chosen",
@@ -115,7 +128,8 @@ def roof_cell(r):
     rf = r.get("roofline") or {}
     if not rf.get("tpot_floor_ms") or not rf.get("tpot_low_load_ms"):
         return "—"
-    return f"{rf['tpot_floor_ms']:.1f} / {rf['tpot_low_load_ms']:.1f} ms ({rf['pct_of_floor'] * 100:.0f} %)"
+    at = "" if rf.get("tpot_measured_at", "batch 1") == "batch 1" else f" ({rf.get('tpot_measured_at') or 'low load'})"
+    return f"{rf['tpot_floor_ms']:.1f} / {rf['tpot_low_load_ms']:.1f} ms{at} ({rf['pct_of_floor'] * 100:.0f} %)"
 
 
 def gpus_cell(r):
@@ -140,7 +154,7 @@ def table(lad: dict) -> str:
                      "Δ vs base": delta_cell(r),
                      "speedup vs baseline": fmt((r.get("speedup") or None), ".2f") + "×" if r.get("speedup") else "—",
                      "knee req/s @ SLO": knee_cell(r), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(r),
-                     "roofline: TPOT floor / low-load p50": roof_cell(r),
+                     "roofline: TPOT floor / batch-1 TPOT": roof_cell(r),
                      "kept?": kept_cell(r), "measured": measured_cell(r)})
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
 
@@ -153,27 +167,74 @@ def headline(lad: dict) -> str:
         return "No baseline was measured: no headline."
     kept = [r["name"] for r in lad["rungs"] if r.get("kept") and r.get("role") != "baseline"]
     bt, ft = base["bench"]["output_tps"], final["bench"].get("output_tps")
-    if ft is None:  # a final stack the offline bench cannot run (data parallel): its knee is the figure
+    conf = lad.get("confirm") or {}
+    if conf.get("delta"):  # the confirm step measured both back to back: the headline is that pair
+        tps = f"{conf['summary']} (confirm step: baseline and final re-measured back to back, {conf['pairs']} pair(s))"
+    elif ft is None:  # a final stack the offline bench cannot run (data parallel): its knee is the figure
         tps = f"{bt:.0f} output tok/s → n/a ({final['bench'].get('label') or final['bench'].get('reason')})"
     else:
-        tps = f"{bt:.0f} output tok/s → {ft:.0f} tok/s ({ft / bt:.2f}×)"
+        tps = (f"{bt:.0f} output tok/s → {ft:.0f} tok/s ({ft / bt:.2f}×; rung 0 and the final rung as the ladder "
+               f"measured them: {conf.get('why') or conf.get('summary') or 'no confirm step'})")
     acc = (f"acc {base['eval']['overall']:.3f} → {final['eval']['overall']:.3f} "
            f"({(final['eval']['overall'] - base['eval']['overall']) * 100:+.1f} pts)"
            if base["eval"].get("status") == "ok" and final["eval"].get("status") == "ok" else
            f"accuracy n/a ({na_label(final if final['eval'].get('status') != 'ok' else base)})")
     k = final.get("knee") or {}
     slo = lad["slo"]
-    at_knee = (f"p99 TTFT {fmt(k.get('p99_ttft_ms_at_knee'), '.0f')} ms / "
-               f"TPOT {fmt(k.get('p99_tpot_ms_at_knee'), '.1f')} ms "
-               f"at {fmt(k.get('knee_rps'), 'g')} req/s (SLO {slo['p99_ttft_ms']} / {slo['p99_tpot_ms']} ms)"
+    p = f"p{slo.get('percentile', 99):g}"
+    at_knee = (f"{p} TTFT {fmt(k.get('ttft_ms_at_knee', k.get('p99_ttft_ms_at_knee')), '.0f')} ms / "
+               f"TPOT {fmt(k.get('tpot_ms_at_knee', k.get('p99_tpot_ms_at_knee')), '.1f')} ms "
+               f"at {fmt(k.get('knee_rps'), 'g')} req/s (SLO {slo_text(slo)})"
                if k.get("knee_rps") is not None
-               else f"no rate met the SLO ({slo['p99_ttft_ms']} / {slo['p99_tpot_ms']} ms)")
+               else f"no rate met the SLO ({slo_text(slo)})")
     minutes = lad.get("engine_seconds", 0) / 60
     cost = lad.get("cost_usd")
     return (f"**{base['model']} {tps} with "
             f"{' + '.join(kept) or 'nothing kept'}; {acc}; {at_knee}; "
             f"{minutes:.1f} {'GPU' if lad['environment'].get('device') == 'gpu' else 'CPU'}-minutes measured"
             + (f" ≈ ${cost:.2f}" if cost else "") + ".**")
+
+
+def kernels_text(facts: dict | None) -> str | None:
+    """What one engine said it ran (vllm_compat.engine_facts): attention backend, weight kernels, KV cache dtype;
+    None where its log named none of them."""
+    facts = facts or {}
+    attn = facts.get("attention_backend")
+    if attn and facts.get("flash_attn_version"):
+        attn += f" (FA{facts['flash_attn_version']})"
+    weights = (", ".join(facts.get("kernels") or []) or
+               (None if "quantization" not in facts else
+                f"{facts['quantization']} (kernel not logged)" if facts["quantization"] else "unquantized"))
+    kv = facts.get("kv_cache_dtype_logged") or facts.get("kv_cache_dtype")
+    if not (attn or weights or kv):
+        return None
+    return f"attention {attn or 'not logged'}, weights {weights or 'not logged'}, KV {kv or 'not logged'}"
+
+
+def stage_kernels(r) -> dict:
+    """stage -> the kernels its engine ran (eval: the gate's flips come from it; bench; knee)."""
+    per = {stage: kernels_text((r.get(stage) or {}).get(key))
+           for stage, key in (("eval", "engine"), ("bench", "engine"), ("knee", "applied"))}
+    return {stage: text for stage, text in per.items() if text}
+
+
+def kernels_cell(per: dict) -> str:
+    if len(set(per.values())) == 1:
+        return f"{next(iter(per.values()))} ({', '.join(per)})"
+    return "; ".join(f"{stage}: {text}" for stage, text in per.items())
+
+
+def kernels_line(r, lad: dict) -> list[str]:
+    """A rung's kernels beside its flips, and its base's where they differ: a GPU-only regression is attributable."""
+    mine = stage_kernels(r)
+    if not mine:
+        return []
+    base = next((b for b in lad["rungs"] if b.get("exp") and b.get("exp") == r.get("base")), None)
+    theirs = stage_kernels(base) if base else {}
+    tail = ("" if not theirs else
+            f"; same as its base ({base['index']} {base['name']})" if set(theirs.values()) == set(mine.values()) else
+            f"; its base ({base['index']} {base['name']}): {kernels_cell(theirs)}")
+    return [f"  - kernels: {kernels_cell(mine)}{tail}"]
 
 
 def kept_why(lad: dict) -> list[str]:
@@ -187,6 +248,7 @@ def kept_why(lad: dict) -> list[str]:
             lines.append(f"  - took effect? {applied_cell(r)}")
         if (r.get("bench") or {}).get("status") == "n/a":  # the offline engine (bench, eval) cannot run it
             lines.append(f"  - bench and eval: n/a — {r['bench']['reason']}")
+        lines += kernels_line(r, lad)
         lines += flip_lines(r.get("gate") or {})
     return lines
 
@@ -261,7 +323,7 @@ def header(lad: dict) -> list[str]:
         f"transformers {env.get('transformers')}, Python {env.get('python')}; git {str(lad.get('git_commit'))[:12]}",
         "- **Models**: " + "; ".join(f"{n}: {m.get('id')} @ {str(m.get('revision'))[:12]}"
                                      for n, m in lad.get("models", {}).items()),
-        f"- **SLO**: p99 TTFT ≤ {slo['p99_ttft_ms']} ms and p99 TPOT ≤ {slo['p99_tpot_ms']} ms, no failed request",
+        f"- **SLO**: {slo_text(slo)}, no failed request, no backlog",
         f"- **Workload** (bench and knee alike): {w['text']}",
         f"- **Shared prefix?** {w['shared_prefix']}",
         f"- **Throughput**: {(base.get('bench') or {}).get('method') or 'not recorded'}",
@@ -296,8 +358,8 @@ def capacity_lines(lad: dict) -> list[str]:
         return ["No capacity plan in this record."]
     slo = lad["slo"]
     gpu = cap["unit"] == "GPU"
-    lines = [f"Serving a peak of **{cap['peak_rps']:g} req/s** of the knee workload at the SLO (p99 TTFT ≤ "
-             f"{slo['p99_ttft_ms']} ms, TPOT ≤ {slo['p99_tpot_ms']} ms), each instance held to "
+    lines = [f"Serving a peak of **{cap['peak_rps']:g} req/s** of the knee workload at the SLO ({slo_text(slo)}), "
+             "each instance held to "
              f"{(1 - cap['headroom']) * 100:.0f} % of its knee (headroom {cap['headroom']:g})"
              + (f", at ${cap['price_per_gpu_hour']:.2f} per GPU-hour." if cap["price_per_gpu_hour"] else
                 "; no price (cost.gpu_price_per_hour is 0): instances only, no cost.")
@@ -347,10 +409,13 @@ def plots(lad: dict, out: Path) -> None:
             continue
         df = pd.DataFrame(rows).sort_values("offered_rps")
         style = "-" if r.get("kept") or r.get("role") == "baseline" else ":"
-        for ax, col in zip(axes, ("p99_ttft_ms", "p99_tpot_ms")):
+        for ax, m in zip(axes, ("ttft", "tpot")):
+            col = f"slo_{m}_ms" if f"slo_{m}_ms" in df else f"p99_{m}_ms"  # older records: vLLM's p99
             ax.plot(df["offered_rps"], df[col], style, marker="o", ms=3, label=f"{r['index']} {r['name']}")
-    for ax, key, name in zip(axes, ("p99_ttft_ms", "p99_tpot_ms"), ("p99 TTFT", "p99 TPOT")):
-        ax.axhline(slo[key], color="red", lw=1, ls="--", label=f"SLO {slo[key]} ms")
+    p = f"p{slo.get('percentile', 99):g}"
+    for ax, m in zip(axes, ("ttft", "tpot")):
+        name, budget = f"{p} {m.upper()}", slo.get(f"{m}_ms", slo.get(f"p99_{m}_ms"))
+        ax.axhline(budget, color="red", lw=1, ls="--", label=f"SLO {budget:g} ms")
         ax.set(xlabel="offered request rate (req/s)", ylabel=f"{name} (ms)", title=f"{name} vs offered rate",
                yscale="log")
         ax.grid(alpha=0.3)

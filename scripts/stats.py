@@ -128,32 +128,115 @@ def paired_verdict(n_items: int, b: int, c: int, alpha: float, min_items: int) -
 
 
 # ---------------------------------------------------------------- knee search
+def tail_requests(percentile: float, beyond: int = 3) -> int:
+    """Requests a probe must complete (ramp-up excluded) for its `percentile` to rest on `beyond` requests
+    above it rather than on the maximum: p99 -> 300, p95 -> 60, p90 -> 30."""
+    return math.ceil(round(beyond / (1 - percentile / 100), 6))
+
+
+def probe_prompts(rate: float, seconds: float, percentile: float, ramp_fraction: float, lo: int, hi: int) -> int:
+    """Requests one probe sends: `seconds` of arrivals at `rate`, but never fewer than its percentile needs once
+    the ramp-up share is dropped, within [lo, hi]."""
+    need = math.ceil(tail_requests(percentile) / (1 - ramp_fraction))
+    return int(min(max(round(rate * seconds), need, lo), hi))
+
+
+def _pct(values: list[float], p: float) -> float | None:
+    """numpy's default (linear) percentile, as `vllm bench serve` computes its own."""
+    if not values:
+        return None
+    v = sorted(values)
+    x = (len(v) - 1) * p / 100
+    i = int(x)
+    return v[i] + (v[min(i + 1, len(v) - 1)] - v[i]) * (x - i)
+
+
+def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlog_ratio: float) -> dict:
+    """A probe's SLO figures from its requests ({start, ttft, tpot, end, ok}, seconds; vllm_compat.requests).
+
+    - The first `ramp_fraction` of arrivals meet an empty server: their latencies are left out of the percentile.
+    - Backlog: in the second half of the arrival window, a server that keeps up completes about as many requests
+      as arrive (steady state); a growing queue completes fewer. Counted inside the window, so the drain after
+      the last arrival (which end-to-end latency would smuggle in) does not hide it."""
+    reqs = sorted(reqs, key=lambda r: r["start"])
+    skip = int(len(reqs) * ramp_fraction)
+    kept = [r for r in reqs[skip:] if r["ok"]]
+    t0, t1 = (reqs[0]["start"], reqs[-1]["start"]) if reqs else (0.0, 0.0)
+    mid = (t0 + t1) / 2
+    arrived = sum(1 for r in reqs if r["start"] >= mid)
+    done = sum(1 for r in reqs if r["ok"] and mid <= r["end"] <= t1)
+    # Even a server that keeps up completes in the window the arrivals of one latency earlier: the two counts
+    # differ by two independent Poisson counts of ~rate x latency each. A shortfall is backlog only beyond that
+    # noise (z = 2.33, 1 % one-sided) and beyond (1 - backlog_ratio) of the arrivals. The latency is a low one
+    # (p10): a growing queue inflates the median, which would widen the allowance exactly when it should not.
+    lat = _pct([r["end"] - r["start"] for r in kept], 10) or 0.0
+    rate = arrived / (t1 - mid) if t1 > mid else 0.0
+    allow = max((1 - backlog_ratio) * arrived, 2.33 * math.sqrt(2 * rate * lat))
+    return {"percentile": percentile, "counted": len(kept), "ramp_skipped": skip,
+            "needed": tail_requests(percentile),
+            "ttft_ms": _ms(_pct([r["ttft"] for r in kept], percentile)),
+            "tpot_ms": _ms(_pct([r["tpot"] for r in kept if r["tpot"] is not None], percentile)),
+            "window_arrivals": arrived, "window_completions": done, "window_allowance": round(allow, 1),
+            "backlog": bool(arrived and arrived - done > allow)}
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else v * 1000
+
+
 def probe_passes(row: dict, slo: dict) -> tuple[bool, str]:
-    """A probe meets the SLO when p99 TTFT and p99 TPOT are within budget, nothing failed and no backlog grew."""
-    why = []
+    """A probe meets the SLO when its TTFT and TPOT at the SLO's percentile are within budget, nothing failed,
+    no backlog grew and it counted enough requests for that percentile."""
+    why, p = [], f"p{slo['percentile']:g}"
     if row.get("failed", 0):
         why.append(f"{row['failed']} failed requests")
     if row.get("backlog"):
         why.append("backlog (completions fell behind arrivals)")
-    if row.get("p99_ttft_ms") is None or row["p99_ttft_ms"] > slo["p99_ttft_ms"]:
-        why.append(f"p99 TTFT {row.get('p99_ttft_ms')} ms > {slo['p99_ttft_ms']} ms")
-    if row.get("p99_tpot_ms") is None or row["p99_tpot_ms"] > slo["p99_tpot_ms"]:
-        why.append(f"p99 TPOT {row.get('p99_tpot_ms')} ms > {slo['p99_tpot_ms']} ms")
+    if row.get("counted") is not None and row.get("needed") and row["counted"] < row["needed"]:
+        why.append(f"{row['counted']} requests counted, a {p} needs {row['needed']}")
+    for m in ("ttft", "tpot"):
+        v = row.get(f"slo_{m}_ms")
+        if v is None or v > slo[f"{m}_ms"]:
+            why.append(f"{p} {m.upper()} {_g(v) if v is not None else None} ms > {slo[f'{m}_ms']:g} ms")
     return (not why), "; ".join(why)
+
+
+def rate_verdicts(probes: list[tuple[float, bool]]) -> dict[float, bool]:
+    """One verdict per probed rate: it passes only when every probe of it passed (a repeat can only fail it)."""
+    out: dict[float, bool] = {}
+    for r, ok in probes:
+        out[r] = out.get(r, True) and ok
+    return out
+
+
+def mixed_rates(probes: list[tuple[float, bool]]) -> list[float]:
+    """Rates probed more than once with different outcomes: the SLO boundary is noisy there."""
+    seen: dict[float, set] = {}
+    for r, ok in probes:
+        seen.setdefault(r, set()).add(ok)
+    return sorted(r for r, v in seen.items() if len(v) > 1)
 
 
 def bracket(probes: list[tuple[float, bool]]) -> tuple[float | None, float | None]:
     """(last pass, first fail): the lowest failing rate and the highest passing rate below it."""
-    fails = [r for r, ok in probes if not ok]
+    verdicts = rate_verdicts(probes)
+    fails = [r for r, ok in verdicts.items() if not ok]
     first_fail = min(fails) if fails else None
-    passes = [r for r, ok in probes if ok and (first_fail is None or r < first_fail)]
+    passes = [r for r, ok in verdicts.items() if ok and (first_fail is None or r < first_fail)]
     return (max(passes) if passes else None), first_fail
 
 
+def width(lo: float, hi: float) -> float:
+    """A bracket's width relative to its midpoint: 0.2 = the knee known to +/- 10 %."""
+    return (hi - lo) / ((hi + lo) / 2)
+
+
 def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, rel_tol: float,
-              max_probes: int, min_rate: float | None = None) -> float | None:
+              max_probes: int, min_rate: float | None = None, confirm: bool = True) -> float | None:
     """The next rate to probe, or None when done: double from `start` until the SLO breaks (or `max_rate`
-    passes), halve while even the lowest rate fails (down to `min_rate`), then bisect to `rel_tol`."""
+    passes), halve while even the lowest rate fails (down to `min_rate`), bisect until the bracket is at most
+    `rel_tol` wide (relative to its midpoint), then (`confirm`) probe each boundary once more with a fresh draw.
+    A boundary whose repeat disagrees moves the bracket (a rate passes only if every probe of it passed)."""
     if len(probes) >= max_probes:
         return None
     if not probes:
@@ -164,9 +247,12 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
         return None if lo >= max_rate else min(lo * 2, max_rate)
     if lo is None:                                  # everything failed so far: go down
         return None if hi <= min_rate else max(hi / 2, min_rate)
-    if (hi - lo) / lo <= rel_tol:
-        return None
-    return round((lo + hi) / 2, 6)
+    if width(lo, hi) > rel_tol:
+        return round((lo + hi) / 2, 3)
+    if confirm:
+        count = {r: sum(1 for x, _ in probes if x == r) for r in (lo, hi)}
+        return next((r for r in (lo, hi) if count[r] < 2), None)
+    return None
 
 
 def sweep_next(probes: list[tuple[float, bool]], rates: list[float]) -> float | None:
@@ -174,14 +260,26 @@ def sweep_next(probes: list[tuple[float, bool]], rates: list[float]) -> float | 
     return next((r for r in rates if r not in done), None)
 
 
-def knee_result(probes: list[tuple[float, bool]], rates_tried: list[float] | None = None) -> dict:
+def knee_result(probes: list[tuple[float, bool]], rates_tried: list[float] | None = None,
+                rel_tol: float | None = None) -> dict:
+    """The knee: its bracket [last pass, first fail), midpoint +/- half-width, and whether it is trustworthy:
+    `resolved` (bracket no wider than `rel_tol`), `confirmed` (both boundaries probed twice, agreeing),
+    `non_monotonic` (a rate above the first failure passed, or a repeat disagreed)."""
     lo, hi = bracket(probes)
     tried = sorted(rates_tried or [r for r, _ in probes])
     status = "inside" if lo is not None and hi is not None else ("below" if lo is None else "above")
-    noisy = hi is not None and any(ok and r > hi for r, ok in probes)
+    mixed = mixed_rates(probes)
+    noisy = bool(mixed) or (hi is not None and any(ok and r > hi for r, ok in probes))
+    inside = status == "inside"
+    twice = inside and all(sum(1 for x, _ in probes if x == r) >= 2 for r in (lo, hi))
     return {"knee_rps": lo, "last_pass_rps": lo, "first_fail_rps": hi, "status": status,
-            "bracket_rps": (hi - lo) if lo is not None and hi is not None else None,
-            "non_monotonic": noisy, "probes": len(probes),
+            "bracket_rps": (hi - lo) if inside else None,
+            "mid_rps": (lo + hi) / 2 if inside else None,
+            "half_width_rps": (hi - lo) / 2 if inside else None,
+            "rel_width": width(lo, hi) if inside else None,
+            "resolved": bool(inside and rel_tol is not None and width(lo, hi) <= rel_tol + 1e-9),
+            "confirmed": bool(twice and lo not in mixed and hi not in mixed),
+            "non_monotonic": noisy, "mixed_rates": mixed, "probes": len(probes),
             "range_rps": [tried[0], tried[-1]] if tried else None}
 
 

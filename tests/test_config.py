@@ -43,13 +43,14 @@ def test_an_unknown_key_is_refused_naming_it_and_the_keys_allowed():
 def test_every_bad_field_is_reported_at_once_in_our_words():
     p = copy.deepcopy(RAW)
     p["bench"].update(mode="turbo", timeout_s=True)
-    p["knee"]["repeats"] = 0
+    p["knee"]["ramp_fraction"] = 0.5
     p["download"]["catalog"]["smollm2-135m-w4a16"]["group_size"] = "32"
     lines = errors_of(p).splitlines()[1:]
     assert lines == ["  download.catalog.smollm2-135m-w4a16.group_size: '32' is not allowed; expected an integer > 0",
                      "  bench.mode: 'turbo' is not allowed; expected engine or cli",
                      "  bench.timeout_s: True is not allowed; expected a number of seconds > 0",
-                     "  knee.repeats: 0 is not allowed; expected an integer > 0 (runs per probed rate; medians decide)"]
+                     "  knee.ramp_fraction: 0.5 is not allowed; expected a fraction in [0, 0.5): the first arrivals "
+                     "of a probe, left out of its percentiles"]
     assert not any(w in "\n".join(lines) for w in ("pydantic", "Input should", "validation error"))
 
 
@@ -59,22 +60,32 @@ def test_defaults_are_filled_from_the_model():
         del p["bench"][key]
     for key in ("timeout_s", "temperature", "seed"):
         del p["eval"][key]
-    for key in ("repeats", "start_timeout_s", "probe_timeout_s"):
+    for key in ("ramp_fraction", "start_fraction", "start_timeout_s", "probe_timeout_s"):
         del p["knee"][key]
     del p["cost"], p["roofline"]
     out = config.validate(p)
     assert out["bench"]["timeout_s"] == 1800 and out["bench"]["warmups"] == 0 and out["bench"]["mode"] == "engine"
     assert out["eval"]["timeout_s"] == 1800 and out["eval"]["temperature"] == 0 and out["eval"]["seed"] == 0
-    assert (out["knee"]["repeats"], out["knee"]["start_timeout_s"], out["knee"]["probe_timeout_s"]) == (1, 900, 600)
+    assert (out["knee"]["ramp_fraction"], out["knee"]["start_fraction"], out["knee"]["start_timeout_s"],
+            out["knee"]["probe_timeout_s"]) == (0.1, 0.5, 900, 600)
     assert out["knee"]["min_rate"] is None
     assert out["cost"] == {"gpu_price_per_hour": 0.0} and out["roofline"] == {"bandwidth_gbs": {}}
     assert out["download"]["catalog"]["qwen2.5-7b-shape"]["awq"] is False
     assert "timeout_s" not in p["bench"]  # the caller's dict is left as it was
 
 
+def test_a_knee_probe_too_small_for_the_slos_percentile_is_refused():
+    p = copy.deepcopy(RAW)
+    p["slo"]["percentile"], p["knee"]["max_prompts"] = 99, 200
+    assert ("knee.max_prompts: 200 is below the 334 requests a probe needs for slo.percentile 99 (at least 300 "
+            "counted after knee.ramp_fraction 0.1); raise it or declare a lower slo.percentile") in errors_of(p)
+    p["slo"]["percentile"] = 95
+    config.validate(p)  # 67 needed
+
+
 def test_values_keep_their_yaml_types():
     out = config.validate(copy.deepcopy(RAW))
-    assert out["slo"]["p99_ttft_ms"] == 1000 and isinstance(out["slo"]["p99_ttft_ms"], int)
+    assert out["slo"]["ttft_ms"] == 1000 and isinstance(out["slo"]["ttft_ms"], int)
     assert out["engine"] == RAW["engine"] and out["env"] == RAW["env"]
     assert out["download"]["catalog"]["smollm2-135m-w4a16"]["from"] == "smollm2-135m"
 
@@ -128,7 +139,7 @@ def test_every_key_a_ladder_profile_sets_is_a_params_key():
 
 def test_the_shipped_ladder_validates_with_its_defaults_filled():
     lad = config.load_ladder(ROOT / "ladder.yaml")
-    assert lad["objective"] == "knee_rps" and set(lad["profiles"]) == {"cpu", "gpu", "gpu-shape"}
+    assert lad["objective"] == "knee_rps" and set(lad["profiles"]) == {"cpu", "gpu", "gpu-small", "gpu-shape"}
     rung = lad["profiles"]["cpu"]["rungs"][0]
     assert rung["fallback"] is None and rung["when"] is None and rung["note"]
     two = next(r for r in lad["profiles"]["gpu"]["rungs"] if r["name"] == "second-gpu")

@@ -39,13 +39,18 @@ def test_repro_runs_every_stage_and_writes_the_results(project):
     rows = list(csv.DictReader(open(project.path / "results/knee.csv")))
     assert len(rows) == knee["probes"] >= 2
     assert {"offered_rps", "achieved_rps", "p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms", "p50_ttft_ms",
-            "p90_tpot_ms", "goodput_rps", "failed", "passed"} <= set(rows[0])
+            "p90_tpot_ms", "goodput_rps", "failed", "passed", "slo_ttft_ms", "slo_tpot_ms", "counted", "needed",
+            "window_arrivals", "window_completions", "backlog"} <= set(rows[0])
+    # each probe's SLO percentile rests on the requests it needs, ramp-up left out
+    assert all(int(r["counted"]) >= int(r["needed"]) == 30 and int(r["ramp_skipped"]) > 0 for r in rows)
+    assert knee["start_rate"] > 0 and "the bench's" in knee["method"]  # the search started from the bench
     assert knee["slo"] == params["slo"]
     lo, hi = knee["range_rps"]
     if knee["status"] == "inside":
         assert lo <= knee["knee_rps"] < knee["first_fail_rps"] <= hi
-        assert knee["p99_ttft_ms_at_knee"] <= params["slo"]["p99_ttft_ms"]
-        assert knee["p99_tpot_ms_at_knee"] <= params["slo"]["p99_tpot_ms"]
+        assert knee["ttft_ms_at_knee"] <= params["slo"]["ttft_ms"]
+        assert knee["tpot_ms_at_knee"] <= params["slo"]["tpot_ms"]
+        assert knee["mid_rps"] == (knee["knee_rps"] + knee["first_fail_rps"]) / 2
     elif knee["status"] == "below":
         assert knee["knee_rps"] is None and knee["first_fail_rps"] == lo
     else:
@@ -80,13 +85,13 @@ def test_a_second_repro_does_no_work(project):
 
 
 def test_editing_only_the_slo_reruns_knee_and_nothing_else(project):
-    old = project.params()["slo"]["p99_ttft_ms"]
-    project.set_params(slo__p99_ttft_ms=old + 250)
+    old = project.params()["slo"]["ttft_ms"]
+    project.set_params(slo__ttft_ms=old + 250)
     p = project.dvc("repro", *TARGETS)
     assert "Running stage 'knee'" in p.stdout
     for stage in ("eval_baseline", "eval", "bench", "gate"):
         assert f"Stage '{stage}' didn't change, skipping" in p.stdout
-    assert project.read_json("results/knee.json")["slo"]["p99_ttft_ms"] == old + 250
+    assert project.read_json("results/knee.json")["slo"]["ttft_ms"] == old + 250
     project.commit("slo")
     assert not wait_no_vllm()
 
@@ -123,8 +128,8 @@ def test_bad_params_are_refused_before_any_engine_starts(project):
                 and "argument --max-num-seqs: invalid int value: 'lots'" in p.stdout + p.stderr)
         assert "Running stage 'eval" not in p.stdout and not wait_no_vllm(5)
         (project.path / "params.yaml").write_text(original)
-        project.set_params(slo__p99_tpot_ms=0)
+        project.set_params(slo__tpot_ms=0)
         p = project.dvc("repro", *TARGETS, check=False)
-        assert "slo.p99_tpot_ms: 0 is not allowed; expected a number of milliseconds > 0" in p.stdout + p.stderr
+        assert "slo.tpot_ms: 0 is not allowed; expected a number of milliseconds > 0" in p.stdout + p.stderr
     finally:
         (project.path / "params.yaml").write_text(original)

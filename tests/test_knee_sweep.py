@@ -9,11 +9,11 @@ import knee
 # the knee section as the stage gets it: validated, the model's defaults filled (timeouts, min_rate), and the
 # workload the stage adds (workload.prepare)
 K = {**config.Knee.model_validate({
-    "mode": "search", "start_rate": 4, "max_rate": 256, "rel_tol": 0.1, "max_probes": 7, "probe_seconds": 10,
+    "mode": "search", "start_rate": 4, "max_rate": 256, "rel_tol": 0.2, "max_probes": 10, "probe_seconds": 10,
     "min_prompts": 8, "max_prompts": 400, "backlog_ratio": 0.8}).model_dump(),
     "workload": {"kind": "random", "input_len": 64, "output_len": 64}}
-SLO = {"p99_ttft_ms": 500, "p99_tpot_ms": 50}
-CAPACITY = 23.0  # req/s where the synthetic server's p99 TTFT crosses the SLO
+SLO = {"percentile": 99, "ttft_ms": 500, "tpot_ms": 50}
+CAPACITY = 23.0  # req/s where the synthetic server's TTFT crosses the SLO
 
 
 class FakeServer:
@@ -24,18 +24,25 @@ class FakeServer:
 
 
 class FakeProber:
+    """Writes what `vllm bench serve --save-detailed` writes: summary figures and per-request lists."""
+
     def __init__(self):
         self.calls = []
 
     def __call__(self, argv, timeout, what):
         a = {f: argv[i + 1] for i, f in enumerate(argv[:-1]) if f.startswith("--")}  # flag -> the token after it
         rate, n = float(a["--request-rate"]), int(a["--num-prompts"])
-        self.calls.append({"rate": rate, "seed": a["--seed"], "what": what})
-        ttft = 100 * (1 + 4 * (rate / CAPACITY) ** 8)  # flat, then a wall: 500 ms at CAPACITY
+        self.calls.append({"rate": rate, "n": n, "seed": a["--seed"], "what": what,
+                           "detailed": "--save-detailed" in argv, "concurrency": a.get("--max-concurrency")})
+        ttft = 0.1 * (1 + 4 * (rate / CAPACITY) ** 8)  # flat, then a wall: 500 ms at CAPACITY
         result = {"completed": n, "failed": 0, "request_throughput": rate * 0.97, "output_throughput": rate * 60,
-                  "request_goodput": rate, "duration": n / rate}
+                  "request_goodput": rate, "duration": n / rate,
+                  "start_times": [1000 + i / rate for i in range(n)], "ttfts": [ttft] * n,
+                  "itls": [[0.02] * 63] * n, "output_lens": [64] * n, "errors": [""] * n,
+                  "generated_texts": ["x"] * n}
         for p in (50, 90, 99):
-            result.update({f"p{p}_ttft_ms": ttft, f"p{p}_tpot_ms": 20.0, f"p{p}_itl_ms": 20.0, f"p{p}_e2el_ms": 1400.0})
+            result.update({f"p{p}_ttft_ms": ttft * 1000, f"p{p}_tpot_ms": 20.0, f"p{p}_itl_ms": 20.0,
+                           f"p{p}_e2el_ms": 1400.0})
         out = a["--result-dir"] + "/" + a["--result-filename"]
         with open(out, "w") as f:
             json.dump(result, f)
@@ -45,17 +52,31 @@ def test_search_brackets_the_synthetic_knee_and_every_call_has_its_own_seed(tmp_
     prober, srv = FakeProber(), FakeServer()
     knee.warm_up(prober, srv, "model", K, SLO, tmp_path)
     rows, probes = knee.sweep(prober, srv, "model", K, SLO, tmp_path)
-    lo, hi = max(r for r, ok in probes if ok), min(r for r, ok in probes if not ok)
-    assert lo <= CAPACITY < hi and (hi - lo) / lo <= K["rel_tol"]
+    res = knee.stats.knee_result(probes, rel_tol=K["rel_tol"])
+    lo, hi = res["last_pass_rps"], res["first_fail_rps"]
+    assert lo <= CAPACITY < hi and res["resolved"] and res["confirmed"]
     assert len(rows) == len(probes) <= K["max_probes"]
     seeds = [c["seed"] for c in prober.calls]
-    assert len(seeds) == len(set(seeds)) == len(probes) + 1  # warm-up + probes, no seed twice
+    assert len(seeds) == len(set(seeds)) == len(probes) + 1  # warm-up + probes, no seed twice (repeats included)
     assert len((tmp_path / "sweep.log").read_text().splitlines()) == len(probes)  # each probe logged as it ends
+    # every probe holds enough requests for a p99 (300 counted after the 10 % ramp-up), however low its rate
+    assert all(c["n"] >= 334 and c["detailed"] for c in prober.calls[1:])
+    assert all(r["counted"] >= 300 and r["needed"] == 300 for r in rows)
+    slim = json.loads((tmp_path / "probe-01-4rps.json").read_text())  # the per-token lists are not kept
+    assert "itls" not in slim and "generated_texts" not in slim and len(slim["requests"]) == rows[0]["num_prompts"]
 
 
-def test_repeated_probes_at_one_rate_use_distinct_seeds_too(tmp_path):
+def test_the_search_starts_from_the_bench_estimate_and_falls_back_to_start_rate():
+    assert knee.start_rate(K, {"status": "ok", "requests_per_s": 30.01})[0] == 15
+    assert knee.start_rate(K, {"status": "n/a"})[0] == 4
+    assert knee.start_rate(K, None)[0] == 4
+    assert knee.start_rate({**K, "max_rate": 10}, {"status": "ok", "requests_per_s": 300})[0] == 10
+
+
+def test_the_batch1_probe_sends_one_request_at_a_time_with_its_own_seed(tmp_path):
     prober = FakeProber()
-    rows, _ = knee.sweep(prober, FakeServer(), "model", {**K, "mode": "sweep", "rates": [4, 8], "repeats": 3}, SLO,
-                         tmp_path)
-    assert [r["repeats"] for r in rows] == [3, 3]
-    assert sorted(int(c["seed"]) for c in prober.calls) == [1, 2, 3, 4, 5, 6]
+    one = knee.batch1(prober, FakeServer(), "model", K, SLO, tmp_path)
+    call = prober.calls[-1]
+    assert one["requests"] == 3 and one["tpot_ms"] == 20.0
+    assert call["n"] == 3 and call["concurrency"] == "1" and call["seed"] == "10000"
+    assert knee.batch1(prober, FakeServer(), "model", {**K, "batch1_requests": 0}, SLO, tmp_path) is None

@@ -38,9 +38,10 @@ def test_the_shipped_params_and_every_profile_are_valid():
     (lambda p: p["engine"].update(**{"Max-Seqs": 4}), "engine.Max-Seqs: unknown knob; engine knobs are vLLM engine"),
     (lambda p: p["model"].update(name="llama-70b"),
      "model.name: 'llama-70b' is not a model the download stage provides"),
-    (lambda p: p["slo"].update(p99_ttft_ms=0),
-     "slo.p99_ttft_ms: 0 is not allowed; expected a number of milliseconds > 0"),
-    (lambda p: p["slo"].update(p99_tpot_ms=-5), "slo.p99_tpot_ms: -5 is not allowed"),
+    (lambda p: p["slo"].update(ttft_ms=0),
+     "slo.ttft_ms: 0 is not allowed; expected a number of milliseconds > 0"),
+    (lambda p: p["slo"].update(tpot_ms=-5), "slo.tpot_ms: -5 is not allowed"),
+    (lambda p: p["slo"].update(percentile=50), "slo.percentile: 50 is not allowed; expected 90, 95 or 99"),
     (lambda p: p["env"].update(HF_TOKEN="x"), "env.HF_TOKEN: unknown knob"),
     (lambda p: p["env"].update(VLLM_API_TOKEN="x"), "env.VLLM_API_TOKEN: secrets do not belong in params.yaml"),
     (lambda p: p["knee"].update(rates=[4, 2], mode="sweep"),
@@ -109,7 +110,7 @@ def test_candidates_expand_one_knob_and_fallbacks_are_checked():
 
 def test_switching_profiles_resets_keys_of_other_profiles_to_the_committed_defaults():
     gpu = planning.profile_overrides(LADDER, "gpu", PARAMS)
-    assert gpu["baseline.model.name"] == "qwen2.5-7b-instruct" and gpu["bench.num_prompts"] == 200
+    assert gpu["baseline.model.name"] == "qwen2.5-7b-instruct" and gpu["bench.num_prompts"] == 1024
     cpu = planning.profile_overrides(LADDER, "cpu", PARAMS)
     assert cpu["baseline.model.name"] == "smollm2-135m" and cpu["bench.num_prompts"] == PARAMS["bench"]["num_prompts"]
     assert set(cpu) == set(gpu) | set(planning.profile_overrides(LADDER, "gpu-shape", PARAMS))
@@ -160,3 +161,16 @@ def test_the_plan_counts_the_experiments_it_will_run():
                 {"name": "tp", "set": {"engine.tensor_parallel_size": 2}, "when": {"min_gpus": 2}})
     assert planning.resolve(PARAMS, lad, "cpu", PARAMS, gpus=0).experiments == 1 + 1 + 2
     assert planning.resolve(PARAMS, lad, "cpu", PARAMS, gpus=2).experiments == 1 + 1 + 2 + 1
+
+
+def test_a_bench_too_small_for_the_ladders_largest_max_num_seqs_is_refused():
+    p = copy.deepcopy(PARAMS)
+    p["bench"]["num_prompts"] = 32
+    rungs = [{"name": "spend-memory", "set": {"engine.max_num_seqs": 64}},
+             {"name": "batched", "candidates": [{"engine.max_num_batched_tokens": 1024}]}]
+    msg = planning.wave_error(p, rungs)
+    assert msg.startswith("bench.num_prompts: 32 is below 4 × the largest engine.max_num_seqs this ladder tries "
+                          "(64, rung 1 'spend-memory') = 256")
+    p["bench"]["num_prompts"] = 256
+    assert planning.wave_error(p, rungs) is None
+    assert planning.wave_error({**p, "bench": {"num_prompts": 64}}, []) is None  # rung 0's 16: 64 is enough

@@ -26,7 +26,9 @@ def test_cpu_report_has_every_rung_its_decision_and_the_headline(tmp_path):
     assert "baseline" in table["0 baseline"] and "1.00×" in table["0 baseline"]
     assert "knowledge −0.38" in table["1 w4a16"]
     headline = md.split("\n")[2]
-    assert headline.startswith("**smollm2-135m 402 output tok/s → 527 tok/s (1.31×)") and "p99 TTFT" in headline
+    assert headline.startswith("**smollm2-135m 402 output tok/s → 527 tok/s (1.31×")
+    assert "p99 TTFT" in headline
+    assert "no confirm step" in headline  # a record without one says its headline is rung 0 vs the final rung
     assert "## What I kept and why" in md and "quality gate failed: category knowledge collapsed" in md
     assert "took effect? engine.kv_cache_dtype: ✓" in md
     for png in ("knee.png", "rungs.png"):
@@ -74,3 +76,21 @@ def test_the_report_says_what_drop_each_category_can_detect_and_lists_flips_per_
     assert report.gate_power_lines(lad)[4].endswith("rung 0 4/28 right (fewer right than the 6 flips a regression "
                                                     "needs)")
     assert report.gate_power_lines({"rungs": [{"gate": {"gated": False}}]}) == []  # dummy weights: nothing to say
+
+
+def test_the_headline_comes_from_the_confirm_step_when_there_is_one(tmp_path):
+    import record
+    lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
+    base = lad["rungs"][0]
+    final = next(r for r in lad["rungs"] if r["exp"] == lad["final_exp"])
+
+    def again(src, which, runs):
+        return {**src, "name": f"confirm-1-{which}", "exp": f"cpu-9-confirm-1-{which}", "status": "ok",
+                "bench": {**src["bench"], "output_tps_runs": runs, "output_tps": runs[1]}}
+    runs = [again(base, "baseline", [400.0, 402.0, 404.0]), again(final, "final", [480.0, 482.0, 484.0])]
+    lad["confirm"] = {"pairs": 1, "runs": runs, **record.confirm_summary(runs)}
+    assert lad["confirm"]["speedup"] == 482 / 402 and lad["confirm"]["delta"]["output_tps"]["verdict"] == "better"
+    headline = report.render(lad, tmp_path).split("\n")[2]
+    assert "402 → 482 output tok/s (1.20×, Δ +19.9 %" in headline and "confirm step" in headline
+    broken = record.confirm_summary([runs[0], {**runs[1], "status": "failed"}])
+    assert broken["delta"] is None and "incomplete" in broken["summary"]

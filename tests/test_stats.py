@@ -65,21 +65,42 @@ def test_paired_verdict():
     assert stats.paired_verdict(3, 3, 0, 0.05, 5)[0] == "not enough evidence"  # too few items to say
 
 
-def search(true_knee, start=4.0, max_rate=256.0, tol=0.25, max_probes=7):
+def search(true_knee, start=4.0, max_rate=256.0, tol=0.2, max_probes=10, flaky=None):
     probes = []
     while (r := stats.next_rate(probes, start, max_rate, tol, max_probes)) is not None:
-        probes.append((r, r <= true_knee))  # synthetic latency curve: meets the SLO up to the knee
-    return probes, stats.knee_result(probes)
+        ok = r <= true_knee  # synthetic latency curve: meets the SLO up to the knee ...
+        if flaky is not None and r == flaky and any(x == r for x, _ in probes):
+            ok = not ok      # ... except a repeat at `flaky`, which disagrees with the first probe there
+        probes.append((r, ok))
+    return probes, stats.knee_result(probes, rel_tol=tol)
 
 
 @pytest.mark.parametrize("true_knee", [4.5, 5.0, 9.3, 13.7, 27.0, 37.0, 50.0, 63.0])
-def test_bisection_finds_the_knee_within_tolerance_in_at_most_7_probes(true_knee):
-    probes, res = search(true_knee)
-    assert len(probes) <= 7
-    assert res["status"] == "inside"
+def test_the_search_brackets_the_knee_to_20_percent_and_confirms_both_boundaries(true_knee):
+    probes, res = search(true_knee)  # from 4 req/s: up to 16x off, as a start from a stale estimate can be
+    assert len(probes) <= 10
+    assert res["status"] == "inside" and res["resolved"] and res["confirmed"] and not res["non_monotonic"]
     lo, hi = res["last_pass_rps"], res["first_fail_rps"]
     assert lo <= true_knee < hi
-    assert (hi - lo) / lo <= 0.25
+    assert (hi - lo) / ((hi + lo) / 2) <= 0.2 and res["half_width_rps"] == pytest.approx((hi - lo) / 2)
+    assert res["mid_rps"] == pytest.approx((hi + lo) / 2)
+    assert [r for r, _ in probes].count(lo) == 2 and [r for r, _ in probes].count(hi) == 2  # each boundary twice
+
+
+def test_a_boundary_whose_repeat_fails_moves_the_bracket_down_and_is_flagged():
+    clean, res0 = search(13.7)
+    lo = res0["last_pass_rps"]
+    probes, res = search(13.7, flaky=lo)  # the repeat at the last pass fails
+    assert res["non_monotonic"] and lo in res["mixed_rates"]
+    assert res["first_fail_rps"] == lo and res["last_pass_rps"] < lo  # a rate passes only if every probe of it did
+    assert res["status"] == "inside"
+
+
+def test_a_failure_boundary_whose_repeat_passes_is_flagged_not_trusted():
+    _, res0 = search(13.7)
+    hi = res0["first_fail_rps"]
+    _, res = search(13.7, flaky=hi)
+    assert res["first_fail_rps"] == hi and res["non_monotonic"] and not res["confirmed"]
 
 
 def test_knee_below_and_above_the_range_are_reported_as_such():
@@ -99,13 +120,48 @@ def test_sweep_mode_and_non_monotonic_flag():
     assert res["range_rps"] == [1, 8]
 
 
-def test_probe_passes_checks_slo_failures_and_backlog():
-    slo = {"p99_ttft_ms": 500, "p99_tpot_ms": 50}
-    row = {"p99_ttft_ms": 400, "p99_tpot_ms": 40, "failed": 0, "backlog": False}
+def test_a_percentile_rests_on_enough_requests():
+    assert [stats.tail_requests(p) for p in (99, 95, 90)] == [300, 60, 30]
+    # 10 s at 5 req/s is 50 requests, but a p99 needs 300 counted after the 10 % ramp-up: 334 are sent
+    assert stats.probe_prompts(5, 10, 99, 0.1, 16, 1000) == 334
+    assert stats.probe_prompts(50, 10, 90, 0.1, 16, 1000) == 500
+    assert stats.probe_prompts(5, 10, 99, 0.1, 16, 200) == 200  # capped (config refuses such a cap up front)
+
+
+def _reqs(n, rate, ttft, service, ramp_ttft=None):
+    """n requests arriving every 1/rate s; each takes `service` s after its first token (`ramp_ttft` for the
+    first 10 %: an empty server answers faster)."""
+    out = []
+    for i in range(n):
+        t = ramp_ttft if ramp_ttft is not None and i < n // 10 else ttft
+        out.append({"start": i / rate, "ttft": t, "tpot": 0.02, "end": i / rate + t + service, "ok": True})
+    return out
+
+
+def test_tail_stats_leave_out_the_ramp_up_and_read_the_percentile_of_the_rest():
+    reqs = _reqs(334, 10, ttft=0.4, service=1.0, ramp_ttft=0.05)
+    reqs[-1]["ttft"] = 5.0  # one slow request among 301 counted: the p99 is not the maximum
+    t = stats.tail_stats(reqs, 99, 0.1, 0.8)
+    assert t["ramp_skipped"] == 33 and t["counted"] == 301 and t["needed"] == 300
+    assert t["ttft_ms"] == pytest.approx(400) and t["tpot_ms"] == pytest.approx(20)
+    assert not t["backlog"]
+
+
+def test_a_growing_queue_is_backlog_even_when_p50_latency_hides_it():
+    # arrivals at 10 req/s, completions at 5 req/s: the queue grows through the whole window
+    reqs = [{"start": i / 10, "ttft": 0.1, "tpot": 0.02, "end": i / 5 + 1, "ok": True} for i in range(300)]
+    t = stats.tail_stats(reqs, 99, 0.1, 0.8)
+    assert t["backlog"] and t["window_completions"] < 0.8 * t["window_arrivals"]
+
+
+def test_probe_passes_checks_slo_failures_backlog_and_enough_requests():
+    slo = {"percentile": 99, "ttft_ms": 500, "tpot_ms": 50}
+    row = {"slo_ttft_ms": 400, "slo_tpot_ms": 40, "failed": 0, "backlog": False, "counted": 301, "needed": 300}
     assert stats.probe_passes(row, slo) == (True, "")
-    assert not stats.probe_passes({**row, "p99_ttft_ms": 501}, slo)[0]
+    assert "p99 TTFT 501 ms > 500 ms" in stats.probe_passes({**row, "slo_ttft_ms": 501}, slo)[1]
     assert "failed" in stats.probe_passes({**row, "failed": 2}, slo)[1]
     assert "backlog" in stats.probe_passes({**row, "backlog": True}, slo)[1]
+    assert "120 requests counted, a p99 needs 300" in stats.probe_passes({**row, "counted": 120}, slo)[1]
 
 
 def test_a_knee_moves_only_when_the_brackets_are_apart():
@@ -160,17 +216,6 @@ def test_weight_bits_count_scales_and_zero_points_for_every_quantization_format(
     assert stats.weight_bits({"quant_method": "fp8"}) == 8
 
 
-def test_repeated_probes_merge_to_medians_and_summed_failures():
-    import knee
-    runs = [{"p99_ttft_ms": 100.0, "p99_tpot_ms": 10.0, "failed": 0, "completed": 10, "request_throughput": 4.0},
-            {"p99_ttft_ms": 300.0, "p99_tpot_ms": 30.0, "failed": 1, "completed": 9, "request_throughput": 3.0},
-            {"p99_ttft_ms": 200.0, "p99_tpot_ms": 20.0, "failed": 0, "completed": 10, "request_throughput": 5.0}]
-    m = knee.merge_repeats(runs)
-    assert m["p99_ttft_ms"] == 200.0 and m["p99_tpot_ms"] == 20.0 and m["request_throughput"] == 4.0
-    assert m["failed"] == 1 and m["completed"] == 29
-    assert knee.merge_repeats(runs[:1]) is runs[0]
-
-
 def test_the_fingerprint_tells_machines_apart_without_exposing_their_ids():
     import fingerprint
     fp = fingerprint.fingerprint()
@@ -185,3 +230,14 @@ def test_a_start_to_start_floor_widens_an_interval_that_in_engine_repeats_make_t
     d = stats.delta(base, new, floor=0.02)
     assert d["verdict"] == "within noise" and "2% start-to-start floor" in d["why"]
     assert stats.delta(base, [500.0, 501.0, 499.0], floor=0.02)["verdict"] == "better"  # +19 % still shows
+
+
+def test_the_fingerprint_sees_only_the_gpus_cuda_visible_devices_allows():
+    import fingerprint
+    two = [{"index": "0", "name": "NVIDIA H200", "uuid": "GPU-d544f0c0-aaaa"},
+           {"index": "1", "name": "NVIDIA H200", "uuid": "GPU-42077730-bbbb"}]
+    assert fingerprint.visible(two, None) == two
+    assert fingerprint.visible(two, "1") == [two[1]]            # a ladder pinned to the second GPU records it alone
+    assert fingerprint.visible(two, "GPU-d544f0c0") == [two[0]]  # UUID prefixes, as CUDA accepts them
+    assert fingerprint.visible(two, "1,0") == [two[1], two[0]]
+    assert fingerprint.visible(two, "") == [] and fingerprint.visible(two, "0,7,1") == [two[0]]

@@ -43,6 +43,22 @@ def test_engine_facts_read_the_0_26_lines_too(tmp_path):
     assert facts["kernels"] == ["MacheteLinearKernel"]
 
 
+def test_engine_facts_say_where_a_gpu_engine_start_went(tmp_path):
+    """vLLM 0.26.0's lines (gpu_model_runner.py, compilation/monitor.py and backends.py format strings)."""
+    cold = ["(EngineCore_DP0 pid=1) INFO 11-30 09:00:05 [gpu_model_runner.py:5348] Model loading took 15.23 GiB memory "
+            "and 3.421000 seconds",
+            "(EngineCore_DP0 pid=1) INFO 11-30 09:00:30 [monitor.py:34] torch.compile took 24.51 s in total",
+            "(EngineCore_DP0 pid=1) INFO 11-30 09:00:40 [gpu_model_runner.py:6845] Graph capturing finished in 3 secs, "
+            "took 0.52 GiB"]
+    warm = [cold[0], "(EngineCore_DP0 pid=1) INFO 11-30 09:00:08 [backends.py:293] Directly load the compiled "
+            "graph(s) for compile range (1, 2048) from the cache, took 2.103 s", cold[1].replace("24.51", "2.60")]
+    for name, lines in (("cold", cold), ("warm", warm)):
+        (tmp_path / f"{name}.log").write_text("\n".join(lines) + "\n")
+    c, w = (vllm_compat.engine_facts(tmp_path / f"{n}.log") for n in ("cold", "warm"))
+    assert (c["model_load_s"], c["compile_s"], c["cuda_graphs_s"], c["compile_cache_hit"]) == (3.421, 24.51, 3.0, False)
+    assert w["compile_cache_hit"] is True and w["compile_s"] == 2.6
+
+
 def test_engine_facts_of_a_missing_log_are_empty(tmp_path):
     assert vllm_compat.engine_facts(tmp_path / "none.log") == {"kernels": []}
 
