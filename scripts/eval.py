@@ -2,6 +2,7 @@
 
   python scripts/eval.py            the rung in force (model/engine/env)  -> results/eval.json, eval_items.jsonl
   python scripts/eval.py baseline   rung 0 (baseline.*), the gate's reference -> results/baseline/...
+                                    (twice: the second pass, in reverse order, is the noise floor)
 
 The engine runs in a child process owned by engine.py (logs, timeout, clean stop); the child is this same
 file with --worker. Dummy weights (load_format: dummy) have no quality to measure, and knobs vLLM's offline engine
@@ -18,6 +19,15 @@ import common
 import engine
 import score
 import vllm_compat
+
+
+# The baseline's own noise, which the gate discounts: the same items again in the same engine, in reverse order, so
+# that each is batched with other items (vLLM's batch composition changes the numerics a rung's knob may also
+# change); two fresh engines in the same order give identical texts on CPU and would measure nothing.
+# vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1, 0.26 and 0.32) does not apply here: it swaps in Triton
+# kernels for CUDA, ROCm and XPU, leaving CPU GEMMs as they are; and rungs do not run with it, so the floor is
+# measured as they run.
+RECHECK = "rung 0 evaluated twice in one engine, the second time in reverse item order (other batches)"
 
 
 def conversations(items: list[dict]) -> list[list[dict]]:
@@ -38,9 +48,13 @@ def worker(job_path: str) -> None:
     t0 = time.monotonic()
     outs = llm.chat(job["conversations"], sp, use_tqdm=False)
     gen_s = time.monotonic() - t0
-    common.write_json(job["out"], {"texts": [o.outputs[0].text for o in outs], "generate_s": gen_s,
-                                   "ready_at": ready_at,
-                                   "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)})
+    result = {"texts": [o.outputs[0].text for o in outs], "generate_s": gen_s, "ready_at": ready_at,
+              "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
+    if job.get("recheck"):  # the same items again in reverse order: other batches, the texts back in item order
+        t0 = time.monotonic()
+        again = llm.chat(job["conversations"][::-1], sp, use_tqdm=False)
+        result.update(recheck_texts=[o.outputs[0].text for o in again][::-1], recheck_s=time.monotonic() - t0)
+    common.write_json(job["out"], result)
 
 
 def main(which: str, out: Path) -> None:
@@ -68,7 +82,7 @@ def main(which: str, out: Path) -> None:
     logs = out / "logs" / "eval"
     job = {"model": entry["path"], "engine": engine.llm_kwargs(cfg["engine"]), "conversations": conversations(items),
            "temperature": ev["temperature"], "seed": ev["seed"], "max_tokens": ev["max_tokens"],
-           "out": str(logs / "texts.json")}
+           "out": str(logs / "texts.json"), "recheck": which == "baseline"}
     t0, spawned = time.monotonic(), time.time()
     engine.run_worker(__file__, job, logs, cfg["env"], ev["timeout_s"], f"eval[{which}] engine")
     wall = time.monotonic() - t0
@@ -80,10 +94,15 @@ def main(which: str, out: Path) -> None:
     common.write_text(out / "eval_items.jsonl", "\n".join(lines) + "\n")
     result.update(status="ok", model_id=entry["id"], **summary, wall_s=round(wall, 1),
                   generate_s=round(gen["generate_s"], 2), output_tokens=gen["output_tokens"], engine=facts,
-                  time=common.stage_time(gen["ready_at"] - spawned, gen["generate_s"]))
+                  time=common.stage_time(gen["ready_at"] - spawned, gen["generate_s"] + gen.get("recheck_s", 0)))
+    if "recheck_texts" in gen:
+        result["nondeterminism"] = {**score.flips(items, gen["texts"], gen["recheck_texts"]), "method": RECHECK,
+                                    "recheck_s": round(gen["recheck_s"], 2)}
     common.write_json(out / "eval.json", result)
     cats = ", ".join(f"{c} {v['correct']}/{v['n']}" for c, v in result["by_category"].items())
-    print(f"eval[{which}]: {result['correct']}/{result['n']} = {result['overall']:.3f} ({cats}); {wall:.0f} s")
+    noise = (f"; nondeterminism floor {result['nondeterminism']['flips']} item(s)"
+             if "nondeterminism" in result else "")
+    print(f"eval[{which}]: {result['correct']}/{result['n']} = {result['overall']:.3f} ({cats}); {wall:.0f} s{noise}")
 
 
 if __name__ == "__main__":

@@ -296,11 +296,49 @@ def kept_why(lad: dict) -> list[str]:
         if (r.get("bench") or {}).get("status") == "n/a":  # the offline engine (bench, eval) cannot run it
             lines.append(f"  - bench and eval: n/a — {r['bench']['reason']}")
         lines += kernels_line(r, lad)
-        flips = (r.get("gate") or {}).get("flipped") or {}
-        if flips.get("right_to_wrong") or flips.get("wrong_to_right"):
-            lines.append(f"  - flipped right→wrong: {', '.join(flips.get('right_to_wrong') or []) or 'none'}; "
-                         f"wrong→right: {', '.join(flips.get('wrong_to_right') or []) or 'none'}")
+        lines += flip_lines(r.get("gate") or {})
     return lines
+
+
+def flip_lines(gate: dict) -> list[str]:
+    """The items a rung flipped against rung 0, per category where the gate recorded them (older records: all)."""
+    cats = {c: v["flipped"] for c, v in (gate.get("by_category") or {}).items() if v.get("flipped")}
+    groups = cats or {"": gate.get("flipped") or {}}
+    lines = []
+    for c, f in groups.items():
+        if f.get("right_to_wrong") or f.get("wrong_to_right"):
+            lines.append(f"  - {c + ': ' if c else ''}flipped right→wrong: "
+                         f"{', '.join(f.get('right_to_wrong') or []) or 'none'}; "
+                         f"wrong→right: {', '.join(f.get('wrong_to_right') or []) or 'none'}")
+    return lines
+
+
+def gate_power_lines(lad: dict) -> list[str]:
+    """What the quality gate can see, per category: the drop the eval set can detect and the eval's own noise,
+    as rung 0's gate recorded them (empty for records from before the gate recorded its power)."""
+    gate = next((r["gate"] for r in lad["rungs"] if (r.get("gate") or {}).get("gated")), {})
+    cats = {c: v for c, v in (gate.get("by_category") or {}).items() if "detectable_drop" in v}
+    if not cats:
+        return []
+    g = gate["thresholds"]
+    floor = gate.get("noise_floor")
+    lines = ["## What the quality gate can see", "",
+             f"Threshold: a category drop > {g['max_category_drop']} with McNemar p < {g['alpha']}; "
+             + ("nondeterminism floor (rung 0 evaluated twice): "
+                f"{sum(floor.values())} item(s) flipped by themselves." if floor is not None
+                else "nondeterminism floor: not measured."), ""]
+    for c, v in cats.items():
+        base = f"rung 0 {round(v['baseline'] * v['n'])}/{v['n']} right"
+        if v["detectable_flips"] is None:
+            lines.append(f"- {c}: this set cannot detect any drop at α {g['alpha']} ({v['n']} items, "
+                         f"floor {v['noise_flips']}); {base}: **cannot judge**")
+            continue
+        judge = "" if v["can_detect_threshold"] else f": **cannot judge** a drop of {g['max_category_drop']}"
+        if round(v["baseline"] * v["n"]) < v["detectable_flips"]:  # too few right to lose: no regression can show
+            judge += f" (fewer right than the {v['detectable_flips']} flips a regression needs)"
+        lines.append(f"- {c}: this set can detect a drop of ≥ {v['detectable_drop']:.2f} "
+                     f"({v['detectable_flips']} of {v['n']} items, floor {v['noise_flips']} included); {base}{judge}")
+    return lines + [""]
 
 
 def workload(lad: dict) -> dict:
@@ -509,7 +547,7 @@ def render(lad: dict, out: Path) -> str:
           "with a Welch 95 % interval (\"within noise\" where it includes zero). Knee: highest offered rate meeting "
           "the SLO, with the first rate that broke it.", "",
           "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
-          "## Capacity plan", *capacity_lines(lad), "",
+          *gate_power_lines(lad), "## Capacity plan", *capacity_lines(lad), "",
           "## Plots", "![knee curves](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
           "## Time", *time_lines(lad), ""]
     return "\n".join(md)

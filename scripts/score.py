@@ -123,3 +123,11 @@ def summarize(items: list[dict], texts: list[str]) -> dict:
         "by_category": {c: {"n": len(v), "correct": sum(v), "acc": sum(v) / len(v)} for c, v in sorted(by_cat.items())},
         "items": per_item,
     }
+
+
+def flips(items: list[dict], texts: list[str], again: list[str]) -> dict:
+    """Items whose correctness differs between two sets of replies to the same items: in all and per category."""
+    ids = [it["id"] for it, a, b in zip(items, texts, again, strict=True) if score_one(it, a) != score_one(it, b)]
+    cats = sorted({it["category"] for it in items})
+    return {"flips": len(ids), "items": ids,
+            "by_category": {c: sum(it["category"] == c and it["id"] in ids for it in items) for c in cats}}

@@ -102,6 +102,22 @@ def mcnemar_exact(b: int, c: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def detectable_flips(n_items: int, alpha: float, floor: int = 0) -> int | None:
+    """The fewest right->wrong flips (none the other way) among n_items that the gate can call a regression:
+    `floor` of them are discounted as the eval's own noise, and the exact McNemar p of the rest must be < alpha.
+    None when even all n_items flipping would not do. One-way p is 2 / 2**k, so at alpha 0.05 k is 6."""
+    for total in range(floor + 1, n_items + 1):
+        if mcnemar_exact(total - floor, 0) < alpha:
+            return total
+    return None
+
+
+def detectable_drop(n_items: int, alpha: float, floor: int = 0) -> float | None:
+    """The smallest accuracy drop (a fraction of n_items) the gate can tell from noise at alpha; None: none."""
+    k = detectable_flips(n_items, alpha, floor)
+    return None if k is None else k / n_items
+
+
 def paired_verdict(n_items: int, b: int, c: int, alpha: float, min_items: int) -> tuple[str, float]:
     p = mcnemar_exact(b, c)
     if n_items < min_items:

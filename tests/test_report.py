@@ -54,6 +54,30 @@ def test_restored_rows_say_so_and_where_they_were_measured():
     assert report.measured_cell({"status": "failed"}) == "—"
 
 
+def test_the_report_says_what_drop_each_category_can_detect_and_lists_flips_per_category():
+    import gate
+    g = {"max_overall_drop": 0.10, "max_category_drop": 0.25, "alpha": 0.05, "min_items": 5}
+    base = {f"{c}-{i}": {"id": f"{c}-{i}", "category": c, "correct": i < 20} for c in ("math", "zh") for i in range(28)}
+    cur = {**base, "math-0": {**base["math-0"], "correct": False}, "zh-25": {**base["zh-25"], "correct": True}}
+    ev = {"status": "ok", "nondeterminism": {"flips": 3, "by_category": {"math": 0, "zh": 3}, "method": "twice"}}
+    result = gate.evaluate(ev, ev, lambda: base, lambda: cur, g)
+    lad = {"rungs": [{"name": "baseline", "gate": gate.evaluate(ev, ev, lambda: base, lambda: base, g)},
+                     {"name": "r1", "gate": result}]}
+    lines = report.gate_power_lines(lad)
+    assert "3 item(s) flipped by themselves" in lines[2]
+    assert ("- math: this set can detect a drop of ≥ 0.21 (6 of 28 items, floor 0 included); rung 0 20/28 right"
+            in lines)
+    assert any(x.startswith("- zh: this set can detect a drop of ≥ 0.32 (9 of 28 items, floor 3 included)")
+               and x.endswith("**cannot judge** a drop of 0.25") for x in lines)
+    assert report.flip_lines(result) == ["  - math: flipped right→wrong: math-0; wrong→right: none",
+                                         "  - zh: flipped right→wrong: none; wrong→right: zh-25"]
+    few = {f"f-{i}": {"id": f"f-{i}", "category": "format", "correct": i < 4} for i in range(28)}
+    lad = {"rungs": [{"gate": gate.evaluate(ev, ev, lambda: few, lambda: few, g)}]}
+    assert report.gate_power_lines(lad)[4].endswith("rung 0 4/28 right (fewer right than the 6 flips a regression "
+                                                    "needs)")
+    assert report.gate_power_lines({"rungs": [{"gate": {"gated": False}}]}) == []  # dummy weights: nothing to say
+
+
 def test_the_headline_comes_from_the_confirm_step_when_there_is_one(tmp_path):
     import record
     lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())

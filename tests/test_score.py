@@ -22,6 +22,27 @@ def test_eval_set_covers_the_required_categories():
     assert {it["scoring"] for it in items} == set(score.SCORINGS)
 
 
+def test_every_category_can_detect_the_gates_category_drop():
+    """The set's power: a category drop at gate.max_category_drop is enough one-way flips for McNemar p < alpha."""
+    import stats
+    import yaml
+    g = yaml.safe_load((ROOT / "params.yaml").read_text())["gate"]
+    cats = {}
+    for it in score.load_items(str(EVAL)):
+        cats[it["category"]] = cats.get(it["category"], 0) + 1
+    for c, n in cats.items():
+        assert stats.detectable_drop(n, g["alpha"]) <= g["max_category_drop"], (c, n)
+
+
+def test_flips_counts_items_whose_correctness_differs_between_two_runs():
+    items = [{"id": "m1", "category": "math", "answer": "2", "scoring": "number"},
+             {"id": "m2", "category": "math", "answer": "3", "scoring": "number"},
+             {"id": "f1", "category": "format", "answer": "ok", "scoring": "exact"}]
+    f = score.flips(items, ["2", "3", "ok"], ["2", "three", "OK."])  # m2 right→wrong; f1 right both times
+    assert f == {"flips": 1, "items": ["m2"], "by_category": {"format": 0, "math": 1}}
+    assert score.flips(items, ["1", "1", "no"], ["2", "3", "ok"])["flips"] == 3
+
+
 def write(tmp_path, lines):
     p = tmp_path / "bad.jsonl"
     p.write_text("\n".join(lines) + "\n", encoding="utf-8")

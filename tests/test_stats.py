@@ -42,6 +42,21 @@ def test_mcnemar_exact():
     assert stats.mcnemar_exact(5, 5) == 1.0
 
 
+def test_detectable_flips_is_the_fewest_one_way_flips_mcnemar_calls_a_regression():
+    assert stats.detectable_flips(28, 0.05) == 6  # p = 2/2**6 = 0.031; five flips give 0.0625
+    assert stats.mcnemar_exact(5, 0) >= 0.05 > stats.mcnemar_exact(6, 0)
+    assert stats.detectable_flips(28, 0.01) == 8
+    assert stats.detectable_flips(28, 0.05, floor=2) == 8  # two flips are noise: six more are needed
+    assert stats.detectable_flips(5, 0.05) is None  # five items cannot reach p < 0.05 even if all flip
+    assert stats.detectable_flips(8, 0.05, floor=3) is None
+
+
+def test_detectable_drop_is_those_flips_as_a_fraction_of_the_category():
+    assert stats.detectable_drop(8, 0.05) == 0.75  # the old 8-item categories: a 0.25 drop was never evidence
+    assert stats.detectable_drop(24, 0.05) == 0.25 and stats.detectable_drop(28, 0.05) == pytest.approx(6 / 28)
+    assert stats.detectable_drop(4, 0.05) is None
+
+
 def test_paired_verdict():
     assert stats.paired_verdict(40, 8, 0, 0.05, 5) == ("regressed", pytest.approx(2 / 256))
     assert stats.paired_verdict(40, 0, 8, 0.05, 5)[0] == "improved"
