@@ -20,7 +20,6 @@ import engine
 import score
 import vllm_compat
 
-
 # The baseline's own noise, which the gate discounts: the same items again in the same engine, in reverse order, so
 # that each is batched with other items (vLLM's batch composition changes the numerics a rung's knob may also
 # change); two fresh engines in the same order give identical texts on CPU and would measure nothing.
