@@ -383,7 +383,8 @@ def header(lad: dict) -> list[str]:
         "speedup = output tok/s ÷ rung 0's",
     ]
     lines.append("- **Roofline**: batch-1 decode floor = bytes read per step (weights at their bit width + KV) ÷ the "
-                 "GPU's datasheet bandwidth, vs the p50 TPOT at the lowest probed rate (% of the floor reached); "
+                 "GPU's datasheet bandwidth, vs the p50 TPOT of the knee stage's batch-1 probe (`knee.batch1_requests` "
+                 "requests one at a time; older records: the lowest probed rate) (% of the floor reached); "
                  "n/a on CPU")
     return lines + target_lines(lad)
 
