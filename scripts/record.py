@@ -205,7 +205,7 @@ def confirm_summary(runs: list[dict]) -> dict:
     b, f = pooled(sides["baseline"]), pooled(sides["final"])
     d = compare(b, f)
     bt, ft = b["bench"].get("output_tps"), f["bench"].get("output_tps")
-    tps = (f"{bt:.0f} → {ft:.0f} output tok/s ({ft / bt:.2f}×, Δ {d['output_tps']['rel'] * 100:+.1f} % "
+    tps = (f"{bt:.0f} output tok/s → {ft:.0f} tok/s ({ft / bt:.2f}×, Δ {d['output_tps']['rel'] * 100:+.1f} % "
            f"[{d['output_tps']['ci95'][0] * 100:+.1f}, {d['output_tps']['ci95'][1] * 100:+.1f}])"
            if bt and ft and d["output_tps"].get("ci95") else "output tok/s n/a")
     return {"baseline": {"output_tps": bt, "output_tps_runs": b["bench"]["output_tps_runs"], "knee": _knee(b["knee"])},

@@ -91,6 +91,6 @@ def test_the_headline_comes_from_the_confirm_step_when_there_is_one(tmp_path):
     lad["confirm"] = {"pairs": 1, "runs": runs, **record.confirm_summary(runs)}
     assert lad["confirm"]["speedup"] == 482 / 402 and lad["confirm"]["delta"]["output_tps"]["verdict"] == "better"
     headline = report.render(lad, tmp_path).split("\n")[2]
-    assert "402 → 482 output tok/s (1.20×, Δ +19.9 %" in headline and "confirm step" in headline
+    assert "402 output tok/s → 482 tok/s (1.20×, Δ +19.9 %" in headline and "confirm step" in headline
     broken = record.confirm_summary([runs[0], {**runs[1], "status": "failed"}])
     assert broken["delta"] is None and "incomplete" in broken["summary"]
