@@ -118,3 +118,42 @@ def test_candidates_are_ranked_by_the_same_rule_in_like_units():
     # a candidate that would not be kept on its own is never chosen
     e, f = candidate("e", [400.0, 401.0, 399.0], 6.0), candidate("f", [300.0, 301.0, 299.0], 3.0)
     assert decide.choose([e, f], "knee_rps") is None
+
+
+def test_the_confirm_step_re_measures_baseline_then_final_fresh_and_skips_when_nothing_was_kept(monkeypatch):
+    """The driver's control flow (run_exp stands in for `dvc exp run`; the real path runs in the CI ladder)."""
+    import ladder
+    import record
+
+    class P:  # the plan fields the confirm step reads
+        profile, overrides, objective, rungs = "cpu", {}, "knee_rps", [{"name": "a"}, {"name": "b"}]
+        params = {"confirm": {"pairs": 2}}
+        baseline = {}
+        experiments = 3
+    drv = ladder.Driver.__new__(ladder.Driver)
+    drv.plan, drv.eff, drv.confirm, drv.t0, drv.out = P, P.params, None, 0.0, None
+    base = {"exp": "cpu-0-baseline", "knobs": {"engine.seed": 0}}
+    final = {"exp": "cpu-2-b", "knobs": {"engine.seed": 0, "engine.max_num_seqs": 32}}
+    drv.records, drv.final_exp = [base, final], "cpu-2-b"
+    calls = []
+
+    def run_exp(index, name, cfg, role, change, b, note="", into=None, round_=0):
+        calls.append((index, name, cfg, role, round_))
+        r = {"name": name, "exp": f"cpu-{index}-{name}", "status": "ok", "knobs": cfg}
+        into.append(r)
+        return r
+    monkeypatch.setattr(drv, "run_exp", run_exp)
+    monkeypatch.setattr(drv, "save", lambda final=False: None)
+    monkeypatch.setattr(drv, "progress", lambda label: None)
+    monkeypatch.setattr(record, "confirm_summary", lambda runs: {"summary": f"{len(runs)} runs", "delta": {}})
+    drv.confirm_step()
+    assert [(n, r, cfg) for _, n, cfg, _, r in calls] == [
+        ("confirm-1-baseline", 1, base["knobs"]), ("confirm-1-final", 1, final["knobs"]),
+        ("confirm-2-baseline", 2, base["knobs"]), ("confirm-2-final", 2, final["knobs"])]
+    assert all(role == decide.CONFIRM and i == 3 for i, _, _, role, _ in calls)
+    assert drv.confirm["summary"] == "4 runs" and [r["of"] for r in drv.confirm["runs"]][:2] == [base["exp"],
+                                                                                                final["exp"]]
+    calls.clear()
+    drv.final_exp = "cpu-0-baseline"
+    drv.confirm_step()
+    assert not calls and "nothing was kept" in drv.confirm["why"]
