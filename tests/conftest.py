@@ -136,8 +136,10 @@ def make_project(dest: Path) -> Project:
 
 
 # Small, fast settings for the engine tests: the pipeline is what is tested, not the CPU's speed.
+# The knee: at most 3 probes (start, one step, one bisection; each holds the p90's 34 requests) and one batch-1
+# request: the plumbing is what is tested; the knee's precision is tested on synthetic servers (test_knee_sweep).
 FAST = {"bench__repeats": 2, "bench__num_prompts": 16, "bench__warmups": 2, "knee__probe_seconds": 6,
-        "knee__min_prompts": 8, "knee__max_probes": 5, "knee__start_rate": 2}
+        "knee__min_prompts": 8, "knee__max_probes": 3, "knee__start_rate": 2, "knee__batch1_requests": 1}
 
 
 @pytest.fixture(scope="session")

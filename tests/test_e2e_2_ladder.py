@@ -20,7 +20,8 @@ pytestmark = pytest.mark.engine
 CI_LADDER = {
     "objective": "knee_rps",
     "groups": {},
-    "profiles": {"cpu": {"settings": {"knee.max_probes": 3, "bench.num_prompts": 64}, "rungs": [
+    "profiles": {"cpu": {"settings": {"knee.max_probes": 3, "knee.batch1_requests": 1, "bench.num_prompts": 64},
+                         "rungs": [
         {"name": "fp8-kv", "set": {"engine.kv_cache_dtype": "fp8"}, "note": "KV cache in fp8"},
         {"name": "placebo-seed", "set": {"engine.seed": 1}, "note": "a placebo: greedy decoding ignores the seed"},
         {"name": "broken-rope",
