@@ -10,7 +10,6 @@ naming the field, the value and what is allowed. Pydantic's own text never reach
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 import types
@@ -525,8 +524,7 @@ def _across_sections(params: dict) -> list[str]:
                 errs.append(f"workload: {total} tokens per request (prefix + input + output) exceed "
                             f"{which}.max_model_len {limit}")
     k, slo = params["knee"], params["slo"]
-    tail = stats.tail_requests(slo["percentile"])
-    need = math.ceil(tail / (1 - k["ramp_fraction"]))
+    tail, need = stats.tail_requests(slo["percentile"]), stats.probe_minimum(slo["percentile"], k["ramp_fraction"])
     if k["max_prompts"] < need:  # a probe capped below its percentile's needs would read the maximum as the p99
         errs.append(f"knee.max_prompts: {k['max_prompts']:g} is below the {need} requests a probe needs for "
                     f"slo.percentile {slo['percentile']} (at least {tail} counted after knee.ramp_fraction "

@@ -134,11 +134,15 @@ def tail_requests(percentile: float, beyond: int = 3) -> int:
     return math.ceil(round(beyond / (1 - percentile / 100), 6))
 
 
+def probe_minimum(percentile: float, ramp_fraction: float) -> int:
+    """Requests a probe must send so that `tail_requests` remain once the ramp-up share is dropped."""
+    return math.ceil(tail_requests(percentile) / (1 - ramp_fraction))
+
+
 def probe_prompts(rate: float, seconds: float, percentile: float, ramp_fraction: float, lo: int, hi: int) -> int:
     """Requests one probe sends: `seconds` of arrivals at `rate`, but never fewer than its percentile needs once
     the ramp-up share is dropped, within [lo, hi]."""
-    need = math.ceil(tail_requests(percentile) / (1 - ramp_fraction))
-    return int(min(max(round(rate * seconds), need, lo), hi))
+    return int(min(max(round(rate * seconds), probe_minimum(percentile, ramp_fraction), lo), hi))
 
 
 def _pct(values: list[float], p: float) -> float | None:
@@ -152,7 +156,7 @@ def _pct(values: list[float], p: float) -> float | None:
 
 
 def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlog_ratio: float) -> dict:
-    """A probe's SLO figures from its requests ({start, ttft, tpot, end, ok}, seconds; vllm_compat.requests).
+    """A probe's SLO figures from its requests ({start, ttft, tpot, end, ok}, seconds; vllm_compat.serve_requests).
 
     - The first `ramp_fraction` of arrivals meet an empty server: their latencies are left out of the percentile.
     - Backlog: in the second half of the arrival window, a server that keeps up completes about as many requests
