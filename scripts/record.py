@@ -121,15 +121,26 @@ def target_of(res: Path) -> dict | None:
     return None
 
 
-def kv_bytes_per_token(rec: RungRecord, models: dict) -> float | None:
-    """KV cache bytes per token on one GPU, from the model's shapes and the rung's KV dtype (None if unknown)."""
+def model_config(rec: RungRecord, models: dict) -> dict | None:
+    """The rung's model's config.json (its shapes), from the download stage's folder; None if there is none."""
     path = (models.get(rec.get("model")) or {}).get("path")
     if not path or not Path(path, "config.json").exists():
         return None
-    cfg = json.loads(Path(path, "config.json").read_text())
-    kv = 1 if str(rec["knobs"].get("engine.kv_cache_dtype", "auto")).startswith("fp8") else 2
+    return json.loads(Path(path, "config.json").read_text())
+
+
+def kv_bytes(rec: RungRecord) -> int:
+    """Bytes per KV element the rung's engine stores: 1 for an fp8 KV cache, else 2 (16-bit)."""
+    return 1 if str(rec["knobs"].get("engine.kv_cache_dtype", "auto")).startswith("fp8") else 2
+
+
+def kv_bytes_per_token(rec: RungRecord, models: dict) -> float | None:
+    """KV cache bytes per token on one GPU, from the model's shapes and the rung's KV dtype (None if unknown)."""
+    cfg = model_config(rec, models)
+    if cfg is None:
+        return None
     try:
-        return stats.kv_bytes_per_token(cfg, kv) / (rec["knobs"].get("engine.tensor_parallel_size") or 1)
+        return stats.kv_bytes_per_token(cfg, kv_bytes(rec)) / (rec["knobs"].get("engine.tensor_parallel_size") or 1)
     except KeyError:  # a config without the usual shape keys
         return None
 
@@ -161,12 +172,10 @@ def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:
     fp = common.read_json(common.RESULTS / "fingerprint.json")
     gpu = (fp.get("gpus") or [{}])[0].get("name")
     bw = stats.bandwidth_gbs(gpu, params["roofline"]["bandwidth_gbs"])
-    path = (models.get(rec.get("model")) or {}).get("path")
-    if not bw or not path or not Path(path, "config.json").exists():
+    cfg = model_config(rec, models) if bw else None
+    if cfg is None:
         return None
-    cfg = json.loads(Path(path, "config.json").read_text())
-    bits = stats.weight_bits(cfg.get("quantization_config"))
-    kv = 1 if str(rec["knobs"].get("engine.kv_cache_dtype", "auto")).startswith("fp8") else 2
+    bits, kv = stats.weight_bits(cfg.get("quantization_config")), kv_bytes(rec)
     shape = (rec.get("knee") or {}).get("shape") or {}
     context = (shape.get("input_len") or 0) + (shape.get("output_len") or 0) // 2  # mean context while decoding
     floor = stats.tpot_floor_ms(cfg, bw, weight_bits=bits, kv_bytes=kv, context_tokens=context)
