@@ -6,7 +6,8 @@ start costs more than the measurement; vllm_compat.run_throughput holds that wra
 `vllm bench throughput` once per repeat, each a fresh engine, so the spread also holds start-to-start noise.
 vLLM 0.26/0.32 ignore --input-len/--output-len for the random dataset, so the --random-* flags are used and
 the shape vLLM ran is checked against params. A prompts file (workload.kind file) is rendered with the model's
-chat template into results/logs/bench/ and sampled by vLLM's own CustomDataset.
+chat template into results/logs/bench/ and sampled by vLLM's own CustomDataset. A rung whose quality gate failed is
+not measured (status n/a, no engine started) unless gate.measure_failed: it is reverted whatever its speed.
 """
 from __future__ import annotations
 
@@ -100,19 +101,29 @@ def method(b: dict, mode: str) -> str:
             f"median with a 95 % t-interval; each Δ with a Welch 95 % interval{floor}")
 
 
-def main(out: Path, logs: Path):
+def write_na(out: Path, logs: Path, reason: str, label: str, params: dict, cfg: dict) -> None:
+    """A bench that measured nothing, and why: the record's null figures, and logs/skipped.txt (a declared output)."""
+    b = params["bench"]
+    common.write_text(logs / "skipped.txt", reason + "\n")
+    common.write_json(out, {
+        "status": "n/a", "reason": reason, "label": label,
+        "output_tps": None, "total_tps": None, "requests_per_s": None,
+        "output_tps_ci95": None, "output_tps_runs": [], "noise_floor": b["noise_floor"], "repeats": 0,
+        "mode": b["mode"], "wall_s": 0, "time": common.stage_time(0, 0),
+        "provenance": common.provenance(params, cfg)})
+    print(f"bench: n/a — {reason}")
+
+
+def main(out: Path, logs: Path, gate_json: Path):
     params = common.stage_start()
     cfg, b, w = common.engine_config(params), params["bench"], params["workload"]
+    failed = common.gate_failed(params, gate_json)
+    if failed:  # the rung is reverted whatever its speed: no engine started for it
+        write_na(out, logs, failed, common.GATE_FAILED, params, cfg)
+        return
     na = vllm_compat.offline_unsupported(cfg["engine"])
     if na:  # not a failure: the rung is judged by the knee, and the record says why there is no bench figure
-        common.write_text(logs / "skipped.txt", na + "\n")  # a declared output
-        common.write_json(out, {
-            "status": "n/a", "reason": na, "label": "offline engine cannot run it",
-            "output_tps": None, "total_tps": None, "requests_per_s": None,
-            "output_tps_ci95": None, "output_tps_runs": [], "noise_floor": b["noise_floor"], "repeats": 0,
-            "mode": b["mode"], "wall_s": 0, "time": common.stage_time(0, 0),
-            "provenance": common.provenance(params, cfg)})
-        print(f"bench: n/a — {na}")
+        write_na(out, logs, na, "offline engine cannot run it", params, cfg)
         return
     entry = common.model_entry(cfg["model"]["name"])
     mode, t0 = b["mode"], time.monotonic()
@@ -160,6 +171,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
         sys.exit(0)
-    args = common.paths(__doc__.split("\n")[0], bench="results/bench.json", logs="results/logs/bench")
+    args = common.paths(__doc__.split("\n")[0], bench="results/bench.json", logs="results/logs/bench",
+                        gate="results/gate.json")
     common.run_stage(main, (common.ParamsError, engine.EngineError, ShapeError, vllm_compat.VllmCompatError,
-                            workload.WorkloadError), args.bench, args.logs)
+                            workload.WorkloadError), args.bench, args.logs, args.gate)

@@ -67,6 +67,8 @@ def knee_plan(rec: dict | None, peak_rps: float, headroom: float, price_per_gpu_
     knee = rec.get("knee") or {}
     k, ff = knee.get("knee_rps"), knee.get("first_fail_rps")
     out = {"knee": which_knee(rec)}
+    if knee.get("status") == "n/a":
+        return {**out, "plan": NO_PLAN, "why": f"not measured: {knee.get('label') or knee.get('reason')}"}
     if k is None:
         return {**out, "plan": NO_PLAN, "why": "no knee: the SLO was met at no probed rate"}
     gpus = gpus_per_instance(rec.get("knobs") or {}) if on_gpu else None

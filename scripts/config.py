@@ -317,6 +317,9 @@ class Gate(Section):
     max_category_drop: Annotated[Num, at.Ge(0), at.Le(1)] = F("a fraction in [0, 1]")
     alpha: OpenUnit = F("a number in (0, 1)")
     min_items: PosInt = F("an integer > 0")
+    measure_failed: StrictBool = F(
+        "true or false: whether bench and knee still measure a rung whose gate failed (it is reverted either way)",
+        False)
 
 
 class Confirm(Section):

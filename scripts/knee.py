@@ -7,7 +7,8 @@ until the SLO breaks, bisects until the bracket is at most knee.rel_tol wide, th
 more with fresh draws (a disagreeing repeat moves the bracket and is flagged); `sweep` probes the fixed
 knee.rates. One server serves every probe (after a warm-up) and is stopped by PID in every outcome.
 Writes results/knee.csv (one row per probe), results/knee.json; each probe's vLLM JSON and the sweep so far
-stay in results/logs/knee/ even when the stage fails midway.
+stay in results/logs/knee/ even when the stage fails midway. A rung whose quality gate failed is not measured
+(status n/a, no server started) unless gate.measure_failed.
 
 Probes run `vllm bench serve`'s own code (its parser, its `main`) inside this process, imported once: on the
 H200 a fresh `vllm bench serve` per probe spent ~40 s of its ~49 s starting up, for ~7 s of traffic.
@@ -210,9 +211,31 @@ def method(k: dict, slo: dict, started: str) -> str:
             "probe its own seed: a fresh draw of the workload")
 
 
-def main(out: Path, csv_out: Path, logs: Path, bench_json: Path):
+def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, params: dict, cfg: dict) -> None:
+    """A knee that measured nothing, and why: every figure a measured knee has, null (stats.knee_result's keys
+    among them), an empty knee.csv (its header only: `dvc plots` still reads it) and logs/skipped.txt."""
+    common.write_text(logs / "skipped.txt", reason + "\n")
+    write_csv(csv_out, [])
+    common.write_json(out, {
+        "status": "n/a", "reason": reason, "label": label,
+        **dict.fromkeys(("knee_rps", "last_pass_rps", "first_fail_rps", "bracket_rps", "mid_rps", "half_width_rps",
+                         "rel_width", "range_rps", "start_rate", "goodput_at_knee_rps", "ttft_ms_at_knee",
+                         "tpot_ms_at_knee", "counted_at_knee", "batch1", "output_tps_at_knee", "kv_cache_tokens",
+                         "max_concurrency")),
+        "resolved": False, "confirmed": False, "non_monotonic": False, "mixed_rates": [], "probes": 0,
+        "slo": params["slo"], "mode": params["knee"]["mode"], "requests_sent": 0,
+        "server_ready_s": 0, "wall_s": 0, "time": common.stage_time(0, 0), "applied": {}, "rows": [],
+        "provenance": common.provenance(params, cfg)})
+    print(f"knee: n/a — {reason}")
+
+
+def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path):
     params = common.stage_start()
     cfg, k, slo = common.engine_config(params), params["knee"], params["slo"]
+    failed = common.gate_failed(params, gate_json)
+    if failed:  # the rung is reverted whatever its knee: no server started for it
+        write_na(out, csv_out, logs, failed, common.GATE_FAILED, params, cfg)
+        return
     entry = common.model_entry(cfg["model"]["name"])
     sent, input_len = workload.prepare(params["workload"], entry["path"], logs)
     first, started = start_rate(k, common.read_json(bench_json) if bench_json.exists() else None)
@@ -287,6 +310,7 @@ if __name__ == "__main__":
     # hard_exit: triton's bindings, imported by vLLM's bench code, print hundreds of "nanobind: leaked function"
     # lines at interpreter teardown. Every child is stopped and every file closed by then.
     args = common.paths(__doc__.split("\n")[0], knee="results/knee.json", csv="results/knee.csv",
-                        logs="results/logs/knee", bench="results/bench.json")
+                        logs="results/logs/knee", bench="results/bench.json", gate="results/gate.json")
     common.run_stage(main, (common.ParamsError, engine.EngineError, vllm_compat.VllmCompatError,
-                            workload.WorkloadError), args.knee, args.csv, args.logs, args.bench, hard_exit=True)
+                            workload.WorkloadError), args.knee, args.csv, args.logs, args.bench, args.gate,
+                     hard_exit=True)

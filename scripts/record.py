@@ -157,13 +157,18 @@ def compare(base: RungRecord, rec: RungRecord) -> dict:
     base_runs, runs = ((r.get("bench") or {}).get("output_tps_runs") or [] for r in (base, rec))
     floor = noise_floor(base, rec)
     if g == gb:
-        return {"output_tps": stats.delta(base_runs, runs, floor),
-                "knee_rps": stats.knee_delta(base["knee"], rec["knee"])}
-    d = {"output_tps": stats.delta(capacity.per_gpu_runs(base_runs, gb), capacity.per_gpu_runs(runs, g), floor),
-         "knee_rps": stats.knee_delta(capacity.per_gpu_knee(base["knee"], gb), capacity.per_gpu_knee(rec["knee"], g))}
-    for v in d.values():
-        v["why"] = f"per GPU, {g} vs {gb} GPUs per instance; {v['why']}"
-        v["per_gpu"] = [g, gb]
+        d = {"output_tps": stats.delta(base_runs, runs, floor),
+             "knee_rps": stats.knee_delta(base["knee"], rec["knee"])}
+    else:
+        d = {"output_tps": stats.delta(capacity.per_gpu_runs(base_runs, gb), capacity.per_gpu_runs(runs, g), floor),
+             "knee_rps": stats.knee_delta(capacity.per_gpu_knee(base["knee"], gb),
+                                          capacity.per_gpu_knee(rec["knee"], g))}
+        for v in d.values():
+            v["why"] = f"per GPU, {g} vs {gb} GPUs per instance; {v['why']}"
+            v["per_gpu"] = [g, gb]
+    skipped = [b for b in ((r.get("bench") or {}) for r in (base, rec)) if b.get("status") == "n/a"]
+    if skipped:  # a bench that measured nothing (gate failed, offline engine): say why, not "missing measurements"
+        d["output_tps"]["why"] = "not measured: " + "; ".join(b.get("label") or b.get("reason") for b in skipped)
     return d
 
 

@@ -44,10 +44,21 @@ def regress_cell(r):
     return "; ".join(bad) if bad else "none"
 
 
+def na_cell(res: dict) -> str:
+    """A bench or knee result that measured nothing (status n/a), as its stage labelled why."""
+    label = res.get("label") or res.get("reason")
+    return f"not measured: {label}" if label == common.GATE_FAILED else f"n/a ({label})"
+
+
+def gate_skipped(r) -> bool:
+    """Bench and knee measured nothing on this rung: its quality gate failed (gate.measure_failed false)."""
+    return all((r.get(s) or {}).get("label") == common.GATE_FAILED for s in ("bench", "knee"))
+
+
 def tps_cell(r):
     b = r.get("bench") or {}
     if b.get("status") == "n/a":
-        return f"n/a ({b.get('label') or b.get('reason')})"
+        return na_cell(b)
     if b.get("output_tps") is None:
         return "—"
     ci = b.get("output_tps_ci95")
@@ -73,6 +84,8 @@ def knee_cell(r):
     k = r.get("knee") or {}
     if not k:
         return "—"
+    if k.get("status") == "n/a":
+        return na_cell(k)
     if k.get("status") == "below":
         return f"< {fmt(k.get('first_fail_rps'), 'g')} (SLO never met)"
     if k.get("status") == "above":
@@ -188,6 +201,8 @@ def per_gpu_cell(r):
     pg = r.get("per_gpu")
     if not pg:
         return "—"
+    if gate_skipped(r):
+        return na_cell(r["knee"])
     knee = "—" if pg.get("knee_rps") is None else f"{pg['knee_rps']:g}–{fmt(pg.get('first_fail_rps'), 'g', '∞')}"
     return f"{fmt(pg.get('output_tps'), '.0f')} tok/s · knee {knee} req/s"
 
@@ -293,7 +308,9 @@ def kept_why(lad: dict) -> list[str]:
         lines.append(f"- **{r['name']}** ({change}): {kept_cell(r).replace('**', '')} — {r.get('decision', '')}")
         if r.get("applied"):
             lines.append(f"  - took effect? {applied_cell(r)}")
-        if (r.get("bench") or {}).get("status") == "n/a":  # the offline engine (bench, eval) cannot run it
+        if gate_skipped(r):  # reverted by the gate: no engine started to measure its speed
+            lines.append(f"  - bench and knee: not measured — {r['knee']['reason']}")
+        elif (r.get("bench") or {}).get("status") == "n/a":  # the offline engine (bench, eval) cannot run it
             lines.append(f"  - bench and eval: n/a — {r['bench']['reason']}")
         lines += kernels_line(r, lad)
         lines += flip_lines(r.get("gate") or {})
@@ -515,7 +532,9 @@ def time_lines(lad: dict) -> list[str]:
         split = r.get("status") == "ok" and t["seconds"]
         cells = {k: f"{t[k]:.0f} s ({t[k] / t['seconds']:.0%})" if split else "—"
                  for k in ("start_s", "measure_s", "other_s", "dvc_s")}
-        rows.append({"rung": f"{r['index']} {r['name']}", "wall": f"{t['seconds']:.0f} s", f"{unit}s": t["gpus"],
+        skipped = " (bench, knee: not measured, gate failed)" if gate_skipped(r) else ""
+        rows.append({"rung": f"{r['index']} {r['name']}{skipped}", "wall": f"{t['seconds']:.0f} s",
+                     f"{unit}s": t["gpus"],
                      "starting engines": cells["start_s"], "measuring": cells["measure_s"],
                      "other (imports, teardown)": cells["other_s"], "DVC overhead": cells["dvc_s"],
                      f"{unit}-minutes": f"{t['seconds'] * t['gpus'] / 60:.1f}"

@@ -69,7 +69,12 @@ def delta(base: list[float], new: list[float], floor: float = 0.0) -> dict:
 
 def knee_delta(base: dict, new: dict) -> dict:
     """Knee change vs base: 'better' / 'worse' only when the two search brackets are apart.
-    A knee that is lost (the SLO met at no rate) is 'worse'; one gained where the base had none is 'better'."""
+    A knee that is lost (the SLO met at no rate) is 'worse'; one gained where the base had none is 'better'; one
+    not measured (status n/a: its rung's gate failed) is 'unknown', never a lost knee."""
+    skipped = [k for k in (base, new) if k.get("status") == "n/a"]
+    if skipped:
+        return {"rel": None, "verdict": "unknown",
+                "why": "not measured: " + "; ".join(k.get("label") or k.get("reason") or "n/a" for k in skipped)}
     kb, kn = base.get("knee_rps"), new.get("knee_rps")
     if kb is None and kn is None:
         return {"rel": None, "verdict": "unknown", "why": "no knee on either side (SLO broken at every rate)"}
