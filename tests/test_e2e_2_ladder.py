@@ -113,6 +113,15 @@ def test_make_ladder_resumes_keeps_reverts_and_reports(project):
     br = by["broken-rope"]
     assert br["status"] == "ok" and br["kept"] is False and br["gate"]["keep"] is False
     assert br["decision"].startswith("quality gate failed")
+    # ... and no engine was started to measure its speed (gate.measure_failed is false): bench and knee are n/a,
+    # naming the gate, with nothing spent starting or measuring
+    for stage in ("bench", "knee"):
+        res = br[stage]
+        assert res["status"] == "n/a" and res["label"] == "gate failed", res
+        assert "quality gate failed (results/gate.json)" in res["reason"] and "gate.measure_failed" in res["reason"]
+        assert br["stage_time"][stage]["start_s"] == 0 and br["stage_time"][stage]["measure_s"] == 0
+    assert br["bench"]["output_tps"] is None and br["knee"]["knee_rps"] is None and br["knee"]["rows"] == []
+    assert br["delta"]["knee_rps"]["verdict"] == "unknown"  # not measured is not "knee lost"
     # the rung whose engine cannot start is recorded as failed with the engine's own error, and the ladder went on
     nk = by["no-kv-space"]
     assert nk["status"] == "failed" and nk["kept"] is False and "memory" in nk["error"].lower()
@@ -130,6 +139,7 @@ def test_make_ladder_resumes_keeps_reverts_and_reports(project):
     for row in ("| 0 baseline", "| 1 fp8-kv", "| 2 placebo-seed", "| 3 broken-rope", "| 4 no-kv-space"):
         assert row in md
     assert "failed → reverted" in md and "reverted" in md.split("| 3 broken-rope")[1].split("\n")[0]
+    assert "not measured: gate failed" in md.split("| 3 broken-rope")[1].split("\n")[0]
     assert "Rule: a rung is kept only when" in md
     # `make compare`: one row per rung, DVC's metrics beside the ladder's verdict
     cmp = project.run("python", "scripts/compare.py").stdout
