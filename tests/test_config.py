@@ -170,3 +170,13 @@ def test_a_bad_ladder_is_refused_with_a_clear_message(tmp_path):
         "ladder.yaml: profiles.gpu.rungs[1].set: 'fp8' is not allowed; expected a mapping of knob names to values"
     assert "profiles.cpu.rungs[1].sett: unknown key; allowed: name, set, candidates, fallback, note, when" in \
         ladder_error(tmp_path, lambda lad: lad["profiles"]["cpu"]["rungs"][0].update(sett={}))
+
+
+def test_gate_measure_failed_is_a_bool_off_by_default():
+    p = copy.deepcopy(RAW)
+    del p["gate"]["measure_failed"]
+    assert config.validate(p)["gate"]["measure_failed"] is False  # a failed rung's speed is not measured
+    p["gate"]["measure_failed"] = "yes"
+    assert errors_of(p).splitlines()[1:] == [
+        "  gate.measure_failed: 'yes' is not allowed; expected true or false: whether bench and knee still measure "
+        "a rung whose gate failed (it is reverted either way)"]
