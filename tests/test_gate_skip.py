@@ -14,9 +14,10 @@ import engine
 import knee
 import pytest
 import record
-import report
 import stats
 from conftest import FIXTURES
+
+import report
 
 FAILED = {"keep": False, "gated": True, "verdict": "fail",
           "reasons": ["category knowledge fell 0.880 → 0.500 (...); McNemar: regressed (p=0.0025)"]}
