@@ -2,6 +2,10 @@
 inputs: the engine config as it runs (env and target card included), the model's files, the eval set and its
 sampling (eval.reusable). Anything that can change an answer starts an engine."""
 import copy
+import json
+import shutil
+import subprocess
+import sys
 
 import common
 import eval as ev_stage
@@ -79,3 +83,37 @@ def test_no_usable_baseline_result_starts_an_engine():
     assert not ev_stage.reusable(mine, None)
     assert not ev_stage.reusable(mine, {**baseline_result(PARAMS), "status": "n/a"})
     assert not ev_stage.reusable(mine, {"status": "ok"})  # a result from before eval.json recorded its inputs
+
+
+def test_the_stage_copies_the_baselines_result_and_starts_nothing(tmp_path):
+    """`eval.py rung OUT BASELINE_DIR` on rung 0's inputs, in a copy of the repo: a model folder with no weights,
+    so an engine, had one started, would fail the stage."""
+    for d in ("scripts", "evals"):
+        shutil.copytree(ROOT / d, tmp_path / d)
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    name = PARAMS["model"]["name"]
+    entry = {"name": name, "path": str(tmp_path / "model"), "id": "no weights", "sha256": "c" * 64}
+    common.write_json(tmp_path / "results" / "models.json", {"models": {name: entry}})
+    base_dir = tmp_path / "ref"
+    items = "".join(json.dumps({"id": f"m{i}", "category": "math", "correct": i % 2 == 0, "output": str(i)}) + "\n"
+                    for i in range(3))
+    (base_dir / "logs").mkdir(parents=True)
+    (base_dir / "eval_items.jsonl").write_text(items)
+    facts = {"kernels": ["CPUWNA16LinearKernel"], "kv_cache_tokens": 1234}
+    base = {**baseline_result(PARAMS), "model": name, "n": 3, "correct": 2, "overall": 2 / 3, "by_category": {},
+            "inputs": inputs(PARAMS, entry=entry), "engine": facts, "wall_s": 70.0,
+            "time": {"wall_s": 75.0, "start_s": 50.0, "measure_s": 20.0, "other_s": 5.0},
+            "nondeterminism": {"flips": 0, "by_category": {}, "items": []}}
+    common.write_json(base_dir / "eval.json", base)
+    p = subprocess.run([sys.executable, "scripts/eval.py", "rung", "out", "ref"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "no engine started" in p.stdout
+    ev = common.read_json(tmp_path / "out" / "eval.json")
+    assert ev["reused_from"] == "eval_baseline" and ev["which"] == "rung" and "nondeterminism" not in ev
+    assert ev["engine"] == facts and ev["overall"] == base["overall"] and ev["inputs"] == base["inputs"]
+    assert ev["time"]["start_s"] == ev["time"]["measure_s"] == 0 and ev["wall_s"] == ev["time"]["wall_s"] < 70
+    assert (tmp_path / "out" / "eval_items.jsonl").read_text() == items
+    assert [f.name for f in (tmp_path / "out" / "logs" / "eval").iterdir()] == ["reused.txt"]
