@@ -1,8 +1,10 @@
 """Stage `eval` (and `eval_baseline`): the fixed eval set through `LLM.chat`, greedy, scored per category.
 
   python scripts/eval.py            the rung in force (model/engine/env)  -> results/eval.json, eval_items.jsonl
+                                    (run on rung 0's inputs: results/baseline's result copied, no engine started)
   python scripts/eval.py baseline   rung 0 (baseline.*), the gate's reference -> results/baseline/...
                                     (twice: the second pass, in reverse order, is the noise floor)
+  Arguments: [rung|baseline] [OUT_DIR] [BASELINE_DIR], as dvc.yaml passes them.
 
 The engine runs in a child process owned by engine.py (logs, timeout, clean stop); the child is this same
 file with --worker. Dummy weights (load_format: dummy) have no quality to measure, and knobs vLLM's offline engine
@@ -27,6 +29,34 @@ import vllm_compat
 # kernels for CUDA, ROCm and XPU, leaving CPU GEMMs as they are; and rungs do not run with it, so the floor is
 # measured as they run.
 RECHECK = "rung 0 evaluated twice in one engine, the second time in reverse item order (other batches)"
+
+
+def inputs(cfg: dict, ev: dict, entry: dict) -> dict:
+    """What decides an eval's answers (greedy): the engine config as it runs (common.engine_config: env and target
+    card included), the model's files, the eval set and its sampling. Recorded in eval.json; not timeout_s."""
+    return {"knobs": cfg, "model_sha256": entry.get("sha256"), "eval_sha256": common.sha256_file(ev["file"]),
+            **{k: ev[k] for k in ("temperature", "seed", "max_tokens")}}
+
+
+def reusable(mine: dict, base: dict | None) -> bool:
+    """The rung's answers are the baseline's when the baseline ran on exactly the same inputs: rung 0, whose
+    eval and eval_baseline stages would otherwise each start an engine to give the same texts."""
+    return bool(base) and base.get("status") == "ok" and base.get("inputs") == mine
+
+
+def reuse(base_dir: Path, base: dict, out: Path) -> None:
+    """This rung's result is the baseline's, copied: no engine starts, so its time is its own (imports) and its
+    engine facts are those of the engine that produced the answers."""
+    common.write_text(out / "eval_items.jsonl", (base_dir / "eval_items.jsonl").read_text(encoding="utf-8"))
+    result = {k: v for k, v in base.items() if k != "nondeterminism"}  # the recheck is the baseline's own
+    result.update(which="rung", reused_from="eval_baseline", time=common.stage_time(0, 0))
+    result["wall_s"] = result["time"]["wall_s"]  # this stage's own: the Time section counts the engine once
+    common.write_text(out / "logs" / "eval" / "reused.txt",
+                      f"no engine started: the same engine config, model and eval params as {base_dir}, whose "
+                      f"eval.json and eval_items.jsonl this rung's are\n")  # a declared output
+    common.write_json(out / "eval.json", result)
+    print(f"eval[rung]: {result['correct']}/{result['n']} = {result['overall']:.3f}, taken from {base_dir} "
+          f"(same engine config, model and eval params): no engine started")
 
 
 def conversations(items: list[dict]) -> list[list[dict]]:
@@ -56,7 +86,7 @@ def worker(job_path: str) -> None:
     common.write_json(job["out"], result)
 
 
-def main(which: str, out: Path) -> None:
+def main(which: str, out: Path, base_dir: Path) -> None:
     params = common.stage_start()
     cfg = common.engine_config(params, which)  # the target card applied, if any
     ev = params["eval"]
@@ -78,6 +108,12 @@ def main(which: str, out: Path) -> None:
         print(f"eval[{which}]: n/a — {result['reason']}")
         return
     entry = common.model_entry(cfg["model"]["name"])
+    mine = inputs(cfg, ev, entry)
+    base = (common.read_json(base_dir / "eval.json") if which == "rung" and (base_dir / "eval.json").exists()
+            and (base_dir / "eval_items.jsonl").exists() else None)
+    if reusable(mine, base):
+        reuse(base_dir, base, out)
+        return
     logs = out / "logs" / "eval"
     job = {"model": entry["path"], "engine": engine.llm_kwargs(cfg["engine"]), "conversations": conversations(items),
            "temperature": ev["temperature"], "seed": ev["seed"], "max_tokens": ev["max_tokens"],
@@ -91,7 +127,7 @@ def main(which: str, out: Path) -> None:
     lines = [json.dumps({**s, "prompt": it["prompt"], "answer": it["answer"], "scoring": it["scoring"], "output": t},
                         ensure_ascii=False) for s, it, t in zip(summary.pop("items"), items, gen["texts"])]
     common.write_text(out / "eval_items.jsonl", "\n".join(lines) + "\n")
-    result.update(status="ok", model_id=entry["id"], **summary, wall_s=round(wall, 1),
+    result.update(status="ok", model_id=entry["id"], inputs=mine, **summary, wall_s=round(wall, 1),
                   generate_s=round(gen["generate_s"], 2), output_tokens=gen["output_tokens"], engine=facts,
                   time=common.stage_time(gen["ready_at"] - spawned, gen["generate_s"] + gen.get("recheck_s", 0)))
     if "recheck_texts" in gen:
@@ -108,7 +144,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
         sys.exit(0)
-    args = common.paths(__doc__.split("\n")[0], which="rung", out="results")
+    args = common.paths(__doc__.split("\n")[0], which="rung", out="results", baseline="results/baseline")
     if args.which not in ("rung", "baseline"):
-        common.die(f"usage: eval.py [rung|baseline] [OUT_DIR], got {args.which!r}")
-    common.run_stage(main, (common.ParamsError, score.EvalFileError, engine.EngineError), args.which, args.out)
+        common.die(f"usage: eval.py [rung|baseline] [OUT_DIR] [BASELINE_DIR], got {args.which!r}")
+    common.run_stage(main, (common.ParamsError, score.EvalFileError, engine.EngineError), args.which, args.out,
+                     args.baseline)

@@ -67,11 +67,16 @@ def test_repro_runs_every_stage_and_writes_the_results(project):
     assert not wait_no_vllm(), "a vLLM process outlived the stages"
 
 
-def test_greedy_reruns_give_identical_texts(project):
-    """Rung 0 ran the same config twice in two engines (eval_baseline and eval): same texts, item by item."""
-    def outputs(rel):
-        return [json.loads(x)["output"] for x in (project.path / rel).read_text().splitlines()]
-    assert outputs("results/baseline/eval_items.jsonl") == outputs("results/eval_items.jsonl")
+def test_rung_0s_eval_takes_the_baselines_answers_and_starts_no_engine(project):
+    """Rung 0's eval runs on eval_baseline's inputs: it copies that result instead of starting a second engine."""
+    base, ev = project.read_json("results/baseline/eval.json"), project.read_json("results/eval.json")
+    # no engine: its log folder holds only the note (an engine run writes job.json and engine.log there)
+    assert [f.name for f in (project.path / "results/logs/eval").iterdir()] == ["reused.txt"]
+    assert ev["reused_from"] == "eval_baseline" and ev["which"] == "rung" and "nondeterminism" not in ev
+    assert ev["time"]["start_s"] == ev["time"]["measure_s"] == 0  # the engine's time is counted once, in the baseline
+    assert ev["engine"] == base["engine"] and ev["inputs"] == base["inputs"] and ev["overall"] == base["overall"]
+    items = (project.path / "results/eval_items.jsonl").read_text()
+    assert items == (project.path / "results/baseline/eval_items.jsonl").read_text() and items.strip()
 
 
 def test_a_second_repro_does_no_work(project):
