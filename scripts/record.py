@@ -98,7 +98,9 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
         if ref_eval.get("time"):
             rec["stage_time"]["eval_baseline"] = ref_eval["time"]
     target = target_of(res)
-    facts = {**(bench.get("engine") or {}), **(knee.get("applied") or {}), "target": target}
+    # the serving engines' evidence first; the eval engine's is the fallback (a rung the gate failed runs no other)
+    facts = {**(ev.get("engine") or {}), **(bench.get("engine") or {}), **(knee.get("applied") or {}),
+             "target": target}
     rec["applied"] = decide.applied_check(rec["change"], facts, models) if rec["change"] else []
     if target:  # every rung, rung 0 too: did the engine run inside the target card's memory?
         rec["target"] = target

@@ -89,7 +89,9 @@ def test_the_ladder_record_and_report_say_not_measured_for_a_rung_the_gate_faile
         rec.pop(key, None)
     run_stages(tmp_path, monkeypatch, rec["gate"])
     res = tmp_path / "results"
-    common.write_json(res / "eval.json", rec["eval"])
+    w4 = lad["models"]["smollm2-135m-w4a16"]["path"]  # its eval engine's evidence: the only engine it ran
+    common.write_json(res / "eval.json", {**rec["eval"], "engine": {"model_path": w4, "quantization":
+                                                                    "compressed-tensors", "kernels": ["CPUWNA16"]}})
     common.write_json(res / "models.json", {"models": lad["models"]})
     common.write_json(res / "fingerprint.json", {"gpus": []})
     monkeypatch.setattr(common, "RESULTS", res)
@@ -99,6 +101,8 @@ def test_the_ladder_record_and_report_say_not_measured_for_a_rung_the_gate_faile
     assert rec["delta"]["output_tps"]["verdict"] == "unknown"
     assert rec["delta"]["output_tps"]["why"] == "not measured: gate failed"
     assert rec["stage_time"]["bench"]["start_s"] == rec["stage_time"]["knee"]["start_s"] == 0
+    took = next(c for c in rec["applied"] if c["knob"] == "model.name")  # "took effect?" from the eval's engine
+    assert took["applied"] is True and took["observed"].startswith("served smollm2-135m-w4a16, quantization=compr")
     rec["kept"], rec["decision"] = decide.decide(rec, base, lad["objective"])
     rec["verdict"] = decide.verdict(rec)
     assert rec["kept"] is False and rec["verdict"] == "reverted"
