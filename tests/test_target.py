@@ -228,3 +228,37 @@ def test_the_report_shows_kv_capacity_the_emulated_card_and_both_floors(tmp_path
     assert "- **Inside the budget?** rung 0: ✓ (fits)" in md
     plain = json.loads((FIXTURES / "ladder_gpu_shape.json").read_text())
     assert "Emulated card" not in report.render(plain, tmp_path)
+
+
+# vLLM 0.26.0 on an H200 with its V2 model runner, the gpu-shape-4090 profile's fp8-KV rung (verbatim but the pid
+# prefix): no "Estimated CUDA graph memory" line, but the worker's own accounting after graph capture
+H200_V2_LOG = """\
+(EngineCore pid=10018) INFO 11-30 16:42:30 [model_runner.py:305] Model loading took 14.32 GiB and 1.538616 seconds
+(EngineCore pid=10018) INFO 11-30 16:42:35 [gpu_worker.py:560] Available KV cache memory: 6.31 GiB
+(EngineCore pid=10018) INFO 11-30 16:42:35 [kv_cache_utils.py:2177] GPU KV cache size: 236,416 tokens
+(EngineCore pid=10018) INFO 11-30 16:42:37 [model_runner.py:747] Graph capturing finished in 2 secs, took 0.37 GiB
+(EngineCore pid=10018) INFO 11-30 16:42:37 [gpu_worker.py:857] Free memory on device (139.29/139.8 GiB) on startup. \
+Desired GPU memory utilization is (0.15128, 21.15 GiB). Actual usage is 14.32 GiB for weight, 0.29 GiB for peak \
+activation, 0.22 GiB for non-torch memory, and 0.37 GiB for CUDAGraph memory. Replace gpu_memory_utilization config \
+with `--kv-cache-memory=6225330023` (5.8 GiB) to fit into requested memory, or `--kv-cache-memory=133074184704` \
+(123.93 GiB) to fully utilize gpu memory. Current kv cache memory in use is 6.31 GiB.
+"""
+
+
+def test_the_v2_runners_own_accounting_is_checked_whole(tmp_path):
+    (tmp_path / "engine.log").write_text(H200_V2_LOG)
+    facts = vllm_compat.engine_facts(tmp_path / "engine.log")
+    assert (facts["requested_gib"], facts["activation_gib"], facts["non_torch_gib"], facts["cudagraph_gib"]) == (
+        21.15, 0.29, 0.22, 0.37)
+    facts["cache_config"] = {"gpu_memory_utilization": str(FRACTION)}
+    c = decide.target_check(target(), facts, QWEN_KV_BYTES / 2)  # fp8 KV: 28 KiB a token
+    assert c["applied"] is True
+    assert c["observed"].startswith(
+        "vLLM's budget 21.15 GiB (the target's 21.24); it used weights 14.32 + activation peak 0.29 + non-torch 0.22 "
+        "+ CUDA graphs 0.37 + KV cache 6.31 GiB (236,416 KV tokens logged, 236,304 expected from 6.31 GiB) = 21.51 "
+        "GiB of the RTX 4090's 23.6 GiB")
+    # an engine that asked for the whole H200's 0.9, or that used more than the 4090 has, fails
+    whole = {**facts, "requested_gib": 125.82, "kv_cache_gib": 110.2}
+    assert decide.target_check(target(), whole, QWEN_KV_BYTES / 2)["applied"] is False
+    over = {**facts, "activation_gib": 2.5}  # 23.72 GiB used: an out-of-memory on the card itself
+    assert decide.target_check(target(), over, QWEN_KV_BYTES / 2)["applied"] is False
