@@ -29,9 +29,11 @@ import fingerprint
 import plan as planning
 import record
 import score
+import yaml
 
 LADDER_JSON = common.ROOT / "report" / "ladder.json"
 LOGS = common.ROOT / "results" / "logs" / "ladder"
+KNOB_SECTIONS = ("model", "engine", "env")  # what a rung's config (its knobs) sets whole
 TARGETS = ["gate", "bench", "knee"]  # everything a rung measures; `report` runs once at the end
 _REUSED = re.compile(r"(?:Restored stage '(\w+)' from run-cache|Stage '(\w+)' (?:didn't change|is cached))")
 
@@ -57,6 +59,13 @@ def hydra(v) -> str:
 
 
 # ---------------------------------------------------------------- running rungs
+def stale_knobs(workspace: dict, sets: dict) -> list[str]:
+    """The knobs (model.*, engine.*, env.*) in the workspace's params.yaml that this experiment's config does not
+    set: left there by an earlier rung (each `dvc exp run` leaves its params in the workspace), they would ride
+    along unseen (the CI ladder's confirm step once ran rung 0 with broken-rope's RoPE override)."""
+    return [f"{s}.{k}" for s in KNOB_SECTIONS for k in (workspace.get(s) or {}) if f"{s}.{k}" not in sets]
+
+
 class Driver:
     def __init__(self, plan: planning.Plan, out: Path = LADDER_JSON):
         self.plan, self.out = plan, out
@@ -75,9 +84,12 @@ class Driver:
                 note: str = "", into: list | None = None, round_: int = 0) -> dict:
         exp = f"{self.profile}-{index}-{name}"
         sets = {**self.overrides, **cfg_flat, "confirm.round": round_}
-        # `++key=value`: Hydra's set-or-add, so a knob params.yaml does not list yet (hf_overrides, say) works too
+        # `++key=value`: Hydra's set-or-add, so a knob params.yaml does not list yet (hf_overrides, say) works too;
+        # `~key`: a knob an earlier rung added stays in the workspace's params.yaml unless removed
+        stale = stale_knobs(yaml.safe_load((common.ROOT / "params.yaml").read_text()) or {}, sets)
         cmd = (["dvc", "exp", "run", "-n", exp]
-               + [a for k, v in sets.items() for a in ("-S", f"++{k}={hydra(v)}")] + TARGETS)
+               + [a for k, v in sets.items() for a in ("-S", f"++{k}={hydra(v)}")]
+               + [a for k in stale for a in ("-S", f"~{k}")] + TARGETS)
         rec = {"index": index, "name": name, "exp": exp, "role": role, "change": change or {}, "note": note,
                "base": base["exp"] if base else None, "knobs": cfg_flat, "status": "running"}
         (self.records if into is None else into).append(rec)

@@ -147,6 +147,10 @@ def test_make_ladder_resumes_keeps_reverts_and_reports(project):
     assert "failed" in cmp.split("| 4 no-kv-space")[1].split("\n")[0]
     assert "## What I kept and why" in md and "quality gate failed" in md
     assert md.count("**") >= 2 and "output tok/s →" in md  # the headline
+    # a kept stack is confirmed against rung 0 with exactly their knobs: nothing an earlier rung added (broken-rope's
+    # RoPE override) rides along, so both pass the gate and are measured
+    for r in (lad["confirm"] or {}).get("runs") or []:
+        assert r["status"] == "ok" and r["gate"]["verdict"] == "pass" and r["bench"]["status"] == "ok", r["name"]
     # the capacity plan, from rung 0's knee and the final stack's, each named with its bracket
     cap = lad["capacity"]
     assert cap["before"]["knee"]["exp"] == "cpu-0-baseline" and cap["after"]["knee"]["exp"] == lad["final_exp"]

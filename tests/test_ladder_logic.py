@@ -157,3 +157,14 @@ def test_the_confirm_step_re_measures_baseline_then_final_fresh_and_skips_when_n
     drv.final_exp = "cpu-0-baseline"
     drv.confirm_step()
     assert not calls and "nothing was kept" in drv.confirm["why"]
+
+
+def test_a_knob_an_earlier_rung_added_is_removed_from_the_next_experiment():
+    """Each `dvc exp run` leaves its params in the workspace: broken-rope's RoPE override must not ride along
+    into the confirm step's rung-0 run, nor may a knob the next run sets, or a non-knob section, be removed."""
+    import ladder
+    ws = {"model": {"name": "m"}, "engine": {"seed": 0, "hf_overrides": {"rope_parameters": {"rope_theta": 1.0}}},
+          "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_X": 1}, "bench": {"repeats": 3}}
+    sets = {"model.name": "m", "engine.seed": 0, "env.VLLM_CPU_KVCACHE_SPACE": 1, "knee.max_probes": 3}
+    assert ladder.stale_knobs(ws, sets) == ["engine.hf_overrides", "env.VLLM_X"]
+    assert ladder.stale_knobs(ws, {**sets, "engine.hf_overrides": {}, "env.VLLM_X": 1}) == []
