@@ -505,8 +505,9 @@ def plots(lad: dict, out: Path) -> None:
         ax2 = ax.twinx()
         ax2.plot(names, [a if a is not None else float("nan") for a in accs], "o-", color="tab:blue")
         ax2.set(ylabel="eval accuracy", ylim=(0, 1))
-    else:
-        ax.text(0.99, 0.97, f"accuracy n/a ({na_label(done[0])})", transform=ax.transAxes, ha="right", va="top")
+    else:  # no rung measured at all (rung 0 failed): the plot says so rather than the report failing
+        why = f"accuracy n/a ({na_label(done[0])})" if done else "no rung measured"
+        ax.text(0.99, 0.97, why, transform=ax.transAxes, ha="right", va="top")
     fig.tight_layout()
     fig.savefig(out / "rungs.png", dpi=110)
     plt.close(fig)

@@ -94,3 +94,19 @@ def test_the_headline_comes_from_the_confirm_step_when_there_is_one(tmp_path):
     assert "402 output tok/s → 482 tok/s (1.20×, Δ +19.9 %" in headline and "confirm step" in headline
     broken = record.confirm_summary([runs[0], {**runs[1], "status": "failed"}])
     assert broken["delta"] is None and "incomplete" in broken["summary"]
+
+
+def test_a_ladder_whose_rung_0_failed_still_renders_its_report_and_plots(tmp_path):
+    """Rung 0 failed (its knee server could not start): nothing to plot, yet the report says what happened."""
+    lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
+    base = lad["rungs"][0]
+    lad["rungs"] = [{k: base[k] for k in ("index", "name", "exp", "role", "change", "note", "base", "knobs")}
+                    | {"status": "failed", "error": "knee: vllm serve did not start", "kept": False,
+                       "verdict": "failed", "decision": "failed: the baseline failed: nothing to compare against"}]
+    lad["final_exp"], lad["complete"] = None, False
+    report.plots(lad, tmp_path)
+    for png in ("knee.png", "rungs.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+    md = report.render(lad, tmp_path)
+    assert "No baseline was measured: no headline." in md
+    assert re.search(r"^\| 0 baseline .*\| failed → reverted \|", md, re.M)
