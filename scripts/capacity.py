@@ -14,6 +14,8 @@ import argparse
 import math
 import sys
 
+import stats
+
 PARALLEL_KNOBS = ("engine.tensor_parallel_size", "engine.pipeline_parallel_size", "engine.data_parallel_size")
 NO_PLAN = "no plan"
 
@@ -68,7 +70,7 @@ def knee_plan(rec: dict | None, peak_rps: float, headroom: float, price_per_gpu_
     k, ff = knee.get("knee_rps"), knee.get("first_fail_rps")
     out = {"knee": which_knee(rec)}
     if knee.get("status") == "n/a":
-        return {**out, "plan": NO_PLAN, "why": f"not measured: {knee.get('label') or knee.get('reason')}"}
+        return {**out, "plan": NO_PLAN, "why": stats.not_measured(knee)}
     if k is None:
         return {**out, "plan": NO_PLAN, "why": "no knee: the SLO was met at no probed rate"}
     gpus = gpus_per_instance(rec.get("knobs") or {}) if on_gpu else None

@@ -33,7 +33,6 @@ import yaml
 
 LADDER_JSON = common.ROOT / "report" / "ladder.json"
 LOGS = common.ROOT / "results" / "logs" / "ladder"
-KNOB_SECTIONS = ("model", "engine", "env")  # what a rung's config (its knobs) sets whole
 TARGETS = ["gate", "bench", "knee"]  # everything a rung measures; `report` runs once at the end
 _REUSED = re.compile(r"(?:Restored stage '(\w+)' from run-cache|Stage '(\w+)' (?:didn't change|is cached))")
 
@@ -63,7 +62,7 @@ def stale_knobs(workspace: dict, sets: dict) -> list[str]:
     """The knobs (model.*, engine.*, env.*) in the workspace's params.yaml that this experiment's config does not
     set: left there by an earlier rung (each `dvc exp run` leaves its params in the workspace), they would ride
     along unseen (the CI ladder's confirm step once ran rung 0 with broken-rope's RoPE override)."""
-    return [f"{s}.{k}" for s in KNOB_SECTIONS for k in (workspace.get(s) or {}) if f"{s}.{k}" not in sets]
+    return [f"{s}.{k}" for s in planning.KNOB_SECTIONS for k in (workspace.get(s) or {}) if f"{s}.{k}" not in sets]
 
 
 class Driver:

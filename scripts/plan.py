@@ -18,6 +18,7 @@ import workload as wl
 import yaml
 
 LADDER_YAML = config.LADDER
+KNOB_SECTIONS = ("model", "engine", "env")  # what a rung's config (its knobs) sets whole
 load_ladder = config.load_ladder  # ladder.yaml's shape is config's; the rung checks naming rung and knob are here
 
 
@@ -67,7 +68,7 @@ def effective_params(params: dict, lad: dict, profile: str, defaults: dict | Non
     eff = copy.deepcopy(params)
     for key, value in {**profile_overrides(lad, profile, defaults or params), **(extra or {})}.items():
         set_dotted(eff, key, value)
-    for section in ("model", "engine", "env"):
+    for section in KNOB_SECTIONS:
         eff[section] = copy.deepcopy(eff["baseline"][section])
     return eff
 

@@ -170,7 +170,7 @@ def compare(base: RungRecord, rec: RungRecord) -> dict:
             v["per_gpu"] = [g, gb]
     skipped = [b for b in ((r.get("bench") or {}) for r in (base, rec)) if b.get("status") == "n/a"]
     if skipped:  # a bench that measured nothing (gate failed, offline engine): say why, not "missing measurements"
-        d["output_tps"]["why"] = "not measured: " + "; ".join(b.get("label") or b.get("reason") for b in skipped)
+        d["output_tps"]["why"] = stats.not_measured(*skipped)
     return d
 
 

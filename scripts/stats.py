@@ -67,14 +67,18 @@ def delta(base: list[float], new: list[float], floor: float = 0.0) -> dict:
     return {"rel": rel, "ci95": ci, "verdict": verdict, "why": why}
 
 
+def not_measured(*results: dict) -> str:
+    """Why stage results that measured nothing (status n/a) have no figure, in their stages' own words."""
+    return "not measured: " + "; ".join(r.get("label") or r.get("reason") or "n/a" for r in results)
+
+
 def knee_delta(base: dict, new: dict) -> dict:
     """Knee change vs base: 'better' / 'worse' only when the two search brackets are apart.
     A knee that is lost (the SLO met at no rate) is 'worse'; one gained where the base had none is 'better'; one
     not measured (status n/a: its rung's gate failed) is 'unknown', never a lost knee."""
     skipped = [k for k in (base, new) if k.get("status") == "n/a"]
     if skipped:
-        return {"rel": None, "verdict": "unknown",
-                "why": "not measured: " + "; ".join(k.get("label") or k.get("reason") or "n/a" for k in skipped)}
+        return {"rel": None, "verdict": "unknown", "why": not_measured(*skipped)}
     kb, kn = base.get("knee_rps"), new.get("knee_rps")
     if kb is None and kn is None:
         return {"rel": None, "verdict": "unknown", "why": "no knee on either side (SLO broken at every rate)"}
