@@ -30,7 +30,7 @@ import workload
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
 COLUMNS = (["offered_rps", "num_prompts", "seed", "achieved_rps", "output_tps", "goodput_rps", "completed", "failed",
-            "counted", "needed", "ramp_skipped", "slo_ttft_ms", "slo_tpot_ms", "window_arrivals", "window_completions",
+            "counted", "needed", "ramp_skipped", "slo_ttft_ms", "slo_tpot_ms", "window_arrivals", "window_first_tokens",
             "window_allowance", "backlog", "duration_s"] + [f"p{p}_{m}_ms" for m in METRICS for p in PCTS]
            + ["passed", "why"])
 
@@ -107,7 +107,7 @@ def row_from(result: dict, reqs: list[dict], rate: float, n: int, k: dict, slo: 
             row[f"p{p}_{m}_ms"] = result.get(f"p{p}_{m}_ms")
     tail = stats.tail_stats(reqs, slo["percentile"], k["ramp_fraction"], k["backlog_ratio"])
     row.update({"slo_ttft_ms": tail["ttft_ms"], "slo_tpot_ms": tail["tpot_ms"],
-                **{x: tail[x] for x in ("counted", "needed", "ramp_skipped", "window_arrivals", "window_completions",
+                **{x: tail[x] for x in ("counted", "needed", "ramp_skipped", "window_arrivals", "window_first_tokens",
                                         "window_allowance", "backlog")}})
     row["passed"], row["why"] = stats.probe_passes(row, slo)
     return row
@@ -205,7 +205,7 @@ def method(k: dict, slo: dict, started: str) -> str:
            f"(at most {k['max_probes']} probes)" if k["mode"] == "search" else f"a sweep over {k['rates']} req/s")
     return (f"`vllm serve` + `vllm bench serve`, Poisson arrivals, ~{k['probe_seconds']} s of traffic per probe and "
             f"at least {stats.tail_requests(slo['percentile'])} requests counted for a {p} (the first "
-            f"{k['ramp_fraction']:.0%} of arrivals left out as ramp-up; backlog = completions short of arrivals in "
+            f"{k['ramp_fraction']:.0%} of arrivals left out as ramp-up; backlog = first tokens short of arrivals in "
             f"the second half of the arrival window by more than {1 - k['backlog_ratio']:.0%} of them and than "
             f"their Poisson noise); knee by {how}; each "
             "probe its own seed: a fresh draw of the workload")

@@ -147,11 +147,22 @@ def test_tail_stats_leave_out_the_ramp_up_and_read_the_percentile_of_the_rest():
     assert not t["backlog"]
 
 
-def test_a_growing_queue_is_backlog_even_when_p50_latency_hides_it():
-    # arrivals at 10 req/s, completions at 5 req/s: the queue grows through the whole window
-    reqs = [{"start": i / 10, "ttft": 0.1, "tpot": 0.02, "end": i / 5 + 1, "ok": True} for i in range(300)]
+def test_a_growing_admission_queue_is_backlog_even_when_p50_latency_hides_it():
+    # arrivals at 10 req/s, admitted (first token) at 5 req/s: the queue grows through the whole window
+    reqs = [{"start": i / 10, "ttft": i / 5 + 0.1 - i / 10, "tpot": 0.02, "end": i / 5 + 1.1, "ok": True}
+            for i in range(300)]
     t = stats.tail_stats(reqs, 99, 0.1, 0.8)
-    assert t["backlog"] and t["window_completions"] < 0.8 * t["window_arrivals"]
+    assert t["backlog"] and t["window_first_tokens"] < 0.8 * t["window_arrivals"]
+
+
+def test_completions_trailing_arrivals_while_the_batch_fills_are_not_backlog():
+    # a real H200 probe well inside its SLO (p95 TTFT 153 ms <= 500): completions in the window's second half fell
+    # 24 short of 70 arrivals (end-to-end latency rose while the batch filled), which the old completions count
+    # called backlog; first tokens kept up (69 of 70)
+    data = json.loads((FIXTURES / "h200-4090-fp8kv-21.25rps.json").read_text())
+    t = stats.tail_stats(data["requests"], 95, 0.1, 0.8)
+    assert t["ttft_ms"] < 500 and (t["window_arrivals"], t["window_first_tokens"]) == (70, 69)
+    assert not t["backlog"]
 
 
 def test_probe_passes_checks_slo_failures_backlog_and_enough_requests():
