@@ -31,7 +31,8 @@ PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
 COLUMNS = (["offered_rps", "num_prompts", "seed", "achieved_rps", "output_tps", "goodput_rps", "completed", "failed",
             "counted", "needed", "ramp_skipped", "slo_ttft_ms", "slo_tpot_ms", "window_arrivals", "window_first_tokens",
-            "window_allowance", "backlog", "duration_s"] + [f"p{p}_{m}_ms" for m in METRICS for p in PCTS]
+            "window_completions", "window_allowance", "backlog", "e2e_over_window", "duration_s"]
+           + [f"p{p}_{m}_ms" for m in METRICS for p in PCTS]
            + ["passed", "why"])
 
 
@@ -108,7 +109,7 @@ def row_from(result: dict, reqs: list[dict], rate: float, n: int, k: dict, slo: 
     tail = stats.tail_stats(reqs, slo["percentile"], k["ramp_fraction"], k["backlog_ratio"])
     row.update({"slo_ttft_ms": tail["ttft_ms"], "slo_tpot_ms": tail["tpot_ms"],
                 **{x: tail[x] for x in ("counted", "needed", "ramp_skipped", "window_arrivals", "window_first_tokens",
-                                        "window_allowance", "backlog")}})
+                                        "window_completions", "window_allowance", "backlog", "e2e_over_window")}})
     row["passed"], row["why"] = stats.probe_passes(row, slo)
     return row
 
@@ -207,8 +208,9 @@ def method(k: dict, slo: dict, started: str) -> str:
             f"at least {stats.tail_requests(slo['percentile'])} requests counted for a {p} (the first "
             f"{k['ramp_fraction']:.0%} of arrivals left out as ramp-up; backlog = first tokens short of arrivals in "
             f"the second half of the arrival window by more than {1 - k['backlog_ratio']:.0%} of them and than "
-            f"their Poisson noise); knee by {how}; each "
-            "probe its own seed: a fresh draw of the workload")
+            f"their Poisson noise; a knee whose passing probes' median end-to-end latency exceeds "
+            f"{stats.SHORT_PROBE_SHARE:.0%} of that half-window is flagged: probes that short end while the batch "
+            f"still fills, and may read high); knee by {how}; each probe its own seed: a fresh draw of the workload")
 
 
 def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, params: dict, cfg: dict) -> None:
@@ -223,7 +225,7 @@ def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, para
                          "tpot_ms_at_knee", "counted_at_knee", "batch1", "output_tps_at_knee", "kv_cache_tokens",
                          "max_concurrency")),
         "resolved": False, "confirmed": False, "non_monotonic": False, "mixed_rates": [], "probes": 0,
-        "slo": params["slo"], "mode": params["knee"]["mode"], "requests_sent": 0,
+        "short_probes": False, "slo": params["slo"], "mode": params["knee"]["mode"], "requests_sent": 0,
         "server_ready_s": 0, "wall_s": 0, "time": common.stage_time(0, 0), "applied": {}, "rows": [],
         "provenance": common.provenance(params, cfg)})
     print(f"knee: n/a — {reason}")
@@ -264,6 +266,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     hit_rate = hits / queries if queries else (0.0 if not caching else None)  # caching off: nothing can hit
     result = stats.knee_result(probes, k["rates"] if k["mode"] == "sweep" else None,
                                k["rel_tol"] if k["mode"] == "search" else None)
+    result["short_probes"] = stats.short_probes(rows, result["knee_rps"])
     at = next((r for r in rows if r["offered_rps"] == result["knee_rps"]), None)
     write_csv(csv_out, rows)
     common.write_json(out, {
@@ -299,7 +302,9 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     # only the status's own numbers exist (a sweep whose every rate passed has no first break): format that one
     where = {"inside": lambda: (f"knee {result['mid_rps']:.3g} ± {result['half_width_rps']:.2g} req/s (passes at "
                                 f"{result['knee_rps']:g}, breaks at {result['first_fail_rps']:g}"
-                                + ("; a repeat disagreed" if result["non_monotonic"] else "") + ")"),
+                                + ("; a repeat disagreed" if result["non_monotonic"] else "")
+                                + ("; probes short against latency: may read high" if result["short_probes"]
+                                   else "") + ")"),
              "below": lambda: f"SLO broken at every rate down to {result['first_fail_rps']:g} req/s",
              "above": lambda: f"SLO met up to {result['last_pass_rps']:g} req/s, the top of the range",
              }[result["status"]]()

@@ -232,7 +232,7 @@ def confirm_summary(runs: list[dict]) -> dict:
 
 def _knee(k: dict) -> dict:
     return {x: k.get(x) for x in ("knee_rps", "first_fail_rps", "mid_rps", "half_width_rps", "status", "probes",
-                                  "non_monotonic", "confirmed")}
+                                  "non_monotonic", "confirmed", "short_probes")}
 
 
 # ---------------------------------------------------------------- where the time went

@@ -93,7 +93,8 @@ def knee_cell(r):
     if k.get("mid_rps") is None:  # a record from before the bracket was reported as midpoint ± half-width
         return f"{k['knee_rps']:g} (breaks at {k['first_fail_rps']:g})"
     flags = [f for f, on in (("a repeat disagreed", k.get("non_monotonic")),
-                             ("wider than knee.rel_tol", not k.get("resolved"))) if on]
+                             ("wider than knee.rel_tol", not k.get("resolved")),
+                             ("probes short against latency: may read high", k.get("short_probes"))) if on]
     return (f"{k['mid_rps']:.3g} ± {k['half_width_rps']:.2g} (passes {k['knee_rps']:g}, breaks "
             f"{k['first_fail_rps']:g}; {k.get('probes')} probes)" + (f" ⚠ {', '.join(flags)}" if flags else ""))
 

@@ -171,9 +171,12 @@ def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlo
     - Backlog: a queue of requests waiting to be admitted. In the second half of the arrival window, a server that
       keeps up gives about as many first tokens as requests arrive; a growing queue gives fewer. Counted inside the
       window, so the drain after the last arrival does not hide it. First tokens, not completions: completions
-      trail arrivals by a whole request's latency, which keeps rising while the batch fills, so on 59 saved H200
-      probes their shortfall swung by SD 0.114 of the arrivals on probes well inside the SLO (2 false backlogs)
-      against SD 0.026 for first tokens (none). Decode slowing down is the TPOT percentile's to catch."""
+      trail arrivals by a whole request's latency, which keeps rising while the batch fills. On 59 saved H200
+      probes, on the 27 that met their own SLO, the completions' shortfall swung by SD 0.107 of the arrivals (one
+      false backlog), the first tokens' by 0.028 (none).
+    - What first tokens cannot see: a running batch that keeps growing with no admission queue yet. A short probe
+      ends before its TPOT shows that, so `e2e_over_window` (p50 end-to-end latency / the half-window) is kept: a
+      knee whose passing probes are short against their own latency is flagged (short_probes), not trusted."""
     reqs = sorted(reqs, key=lambda r: r["start"])
     skip = int(len(reqs) * ramp_fraction)
     kept = [r for r in reqs[skip:] if r["ok"]]
@@ -181,6 +184,8 @@ def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlo
     mid = (t0 + t1) / 2
     arrived = sum(1 for r in reqs if r["start"] >= mid)
     first = sum(1 for r in reqs if r["ok"] and mid <= r["start"] + r["ttft"] <= t1)
+    done = sum(1 for r in reqs if r["ok"] and mid <= r["end"] <= t1)  # reported, not judged (see above)
+    e2e = _pct([r["end"] - r["start"] for r in kept], 50)
     # Even a server that keeps up gives in the window the first tokens of arrivals one TTFT earlier: the two counts
     # differ by two independent Poisson counts of ~rate x TTFT each. A shortfall is backlog only beyond that
     # noise (z = 2.33, 1 % one-sided) and beyond (1 - backlog_ratio) of the arrivals. The TTFT is a low one
@@ -192,8 +197,22 @@ def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlo
             "needed": tail_requests(percentile),
             "ttft_ms": _ms(_pct([r["ttft"] for r in kept], percentile)),
             "tpot_ms": _ms(_pct([r["tpot"] for r in kept if r["tpot"] is not None], percentile)),
-            "window_arrivals": arrived, "window_first_tokens": first, "window_allowance": round(allow, 1),
-            "backlog": bool(arrived and arrived - first > allow)}
+            "window_arrivals": arrived, "window_first_tokens": first, "window_completions": done,
+            "window_allowance": round(allow, 1), "backlog": bool(arrived and arrived - first > allow),
+            "e2e_over_window": round(e2e / (t1 - mid), 2) if e2e is not None and t1 > mid else None}
+
+
+# A probe whose requests take longer than half its half-window to complete ends while the batch is still
+# filling: a batch that would keep growing (decode overload below max_num_seqs) has not shown in its TPOT yet.
+# Simulated (step-level continuous batching, this search): a decode-bound server whose end-to-end latency was
+# about the probe's length read 1.8x its steady-state knee; the same with 3x longer probes, 1.06x.
+SHORT_PROBE_SHARE = 0.5
+
+
+def short_probes(rows: list[dict], knee_rps: float | None) -> bool:
+    """Whether the probes that passed at the knee were short against their own end-to-end latency."""
+    at = [r for r in rows if r.get("offered_rps") == knee_rps and r.get("passed")]
+    return any((r.get("e2e_over_window") or 0) > SHORT_PROBE_SHARE for r in at)
 
 
 def _ms(v: float | None) -> float | None:

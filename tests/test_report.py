@@ -110,3 +110,10 @@ def test_a_ladder_whose_rung_0_failed_still_renders_its_report_and_plots(tmp_pat
     md = report.render(lad, tmp_path)
     assert "No baseline was measured: no headline." in md
     assert re.search(r"^\| 0 baseline .*\| failed → reverted \|", md, re.M)
+
+
+def test_the_knee_cell_flags_a_knee_from_probes_short_against_their_latency():
+    k = {"status": "inside", "knee_rps": 12.25, "first_fail_rps": 14.0, "mid_rps": 13.125, "half_width_rps": 0.875,
+         "probes": 6, "resolved": True, "non_monotonic": False}
+    assert "⚠" not in report.knee_cell({"knee": {**k, "short_probes": False}})
+    assert "⚠ probes short against latency: may read high" in report.knee_cell({"knee": {**k, "short_probes": True}})

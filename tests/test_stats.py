@@ -165,6 +165,47 @@ def test_completions_trailing_arrivals_while_the_batch_fills_are_not_backlog():
     assert not t["backlog"]
 
 
+def _stalled(reqs, share):
+    """`share` of the window's arrivals fewer first tokens in the window: the latest ones in it move past it."""
+    t1, mid = reqs[-1]["start"], (reqs[0]["start"] + reqs[-1]["start"]) / 2
+    arrived = sum(1 for r in reqs if r["start"] >= mid)
+    inside = [r for r in reqs if mid <= r["start"] + r["ttft"] <= t1]
+    for r in inside[len(inside) - round(share * arrived):]:
+        r["ttft"], r["end"] = t1 - r["start"] + 1.0, t1 + 2.0
+    return reqs
+
+
+def test_backlog_allows_a_fifth_of_the_arrivals_and_no_more():
+    # 150 window arrivals at 10 req/s with a 0.1-s TTFT: the Poisson term (2.33 * sqrt(2 * 10 * 0.1) = 3.3)
+    # is below the floor (0.2 * 150 = 30), which decides
+    ok = stats.tail_stats(_stalled(_reqs(300, 10, ttft=0.1, service=1.0), 0.15), 90, 0.1, 0.8)
+    late = stats.tail_stats(_stalled(_reqs(300, 10, ttft=0.1, service=1.0), 0.25), 90, 0.1, 0.8)
+    assert ok["window_allowance"] == late["window_allowance"] == 30.0
+    assert not ok["backlog"] and late["backlog"]
+
+
+def test_on_a_slow_small_probe_the_poisson_noise_decides():
+    # 21 window arrivals in 10 s with a 3-s TTFT: the floor allows 4.2, the two counts' Poisson noise
+    # 2.33 * sqrt(2 * 2.1 * 3) = 8.3: a shortfall of 6 is noise, not backlog
+    t = stats.tail_stats(_stalled(_reqs(41, 2, ttft=3.0, service=1.0), 0.3), 90, 0.1, 0.8)
+    assert t["window_allowance"] == pytest.approx(8.3, abs=0.05)
+    assert t["window_arrivals"] - t["window_first_tokens"] > 0.2 * t["window_arrivals"] and not t["backlog"]
+
+
+def test_a_knee_from_probes_short_against_their_latency_is_flagged():
+    # the fixture probe: p50 end-to-end ~2 s against a 3-s half-window
+    data = json.loads((FIXTURES / "h200-4090-fp8kv-21.25rps.json").read_text())
+    t = stats.tail_stats(data["requests"], 95, 0.1, 0.8)
+    assert t["e2e_over_window"] > stats.SHORT_PROBE_SHARE
+    assert t["window_completions"] == 46  # completions trail: reported, not judged
+    short = {"offered_rps": 20.0, "passed": True, "e2e_over_window": 0.6}
+    long = {**short, "e2e_over_window": 0.2}
+    failed = {**short, "offered_rps": 24.0, "passed": False}
+    assert stats.short_probes([short, failed], 20.0)
+    assert not stats.short_probes([long, failed], 20.0)
+    assert not stats.short_probes([long, {**short, "passed": False}, failed], 20.0)  # only passing probes count
+
+
 def test_probe_passes_checks_slo_failures_backlog_and_enough_requests():
     slo = {"percentile": 99, "ttft_ms": 500, "tpot_ms": 50}
     row = {"slo_ttft_ms": 400, "slo_tpot_ms": 40, "failed": 0, "backlog": False, "counted": 301, "needed": 300}
