@@ -40,7 +40,9 @@ def test_repro_runs_every_stage_and_writes_the_results(project):
     assert len(rows) == knee["probes"] >= 2
     assert {"offered_rps", "achieved_rps", "p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms", "p50_ttft_ms",
             "p90_tpot_ms", "goodput_rps", "failed", "passed", "slo_ttft_ms", "slo_tpot_ms", "counted", "needed",
-            "window_arrivals", "window_first_tokens", "backlog"} <= set(rows[0])
+            "window_arrivals", "window_first_tokens", "window_completions", "e2e_over_window",
+            "backlog"} <= set(rows[0])
+    assert all(float(r["e2e_over_window"]) > 0 for r in rows) and isinstance(knee["short_probes"], bool)
     # each probe's SLO percentile rests on the requests it needs, ramp-up left out
     assert all(int(r["counted"]) >= int(r["needed"]) == 30 and int(r["ramp_skipped"]) > 0 for r in rows)
     assert knee["start_rate"] > 0 and "the bench's" in knee["method"]  # the search started from the bench
