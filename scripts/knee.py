@@ -303,8 +303,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     where = {"inside": lambda: (f"knee {result['mid_rps']:.3g} ± {result['half_width_rps']:.2g} req/s (passes at "
                                 f"{result['knee_rps']:g}, breaks at {result['first_fail_rps']:g}"
                                 + ("; a repeat disagreed" if result["non_monotonic"] else "")
-                                + ("; probes short against latency: may read high" if result["short_probes"]
-                                   else "") + ")"),
+                                + (f"; {stats.SHORT_PROBE_FLAG}" if result["short_probes"] else "") + ")"),
              "below": lambda: f"SLO broken at every rate down to {result['first_fail_rps']:g} req/s",
              "above": lambda: f"SLO met up to {result['last_pass_rps']:g} req/s, the top of the range",
              }[result["status"]]()

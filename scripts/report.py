@@ -9,6 +9,7 @@ from pathlib import Path
 
 import common
 import pandas as pd
+import stats
 from tabulate import tabulate
 
 
@@ -94,7 +95,7 @@ def knee_cell(r):
         return f"{k['knee_rps']:g} (breaks at {k['first_fail_rps']:g})"
     flags = [f for f, on in (("a repeat disagreed", k.get("non_monotonic")),
                              ("wider than knee.rel_tol", not k.get("resolved")),
-                             ("probes short against latency: may read high", k.get("short_probes"))) if on]
+                             (stats.SHORT_PROBE_FLAG, k.get("short_probes"))) if on]
     return (f"{k['mid_rps']:.3g} ± {k['half_width_rps']:.2g} (passes {k['knee_rps']:g}, breaks "
             f"{k['first_fail_rps']:g}; {k.get('probes')} probes)" + (f" ⚠ {', '.join(flags)}" if flags else ""))
 

@@ -207,6 +207,7 @@ def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlo
 # Simulated (step-level continuous batching, this search): a decode-bound server whose end-to-end latency was
 # about the probe's length read 1.8x its steady-state knee; the same with 3x longer probes, 1.06x.
 SHORT_PROBE_SHARE = 0.5
+SHORT_PROBE_FLAG = "probes short against latency: may read high"  # the knee's flag, as printed and reported
 
 
 def short_probes(rows: list[dict], knee_rps: float | None) -> bool:
