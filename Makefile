@@ -56,8 +56,8 @@ test: setup ## the test suite: unit tests + the real-vLLM end-to-end ladder on t
 test-unit: setup ## only the fast tests (no engine)
 	python -m pytest tests -v -m "not engine"
 
-benchmark: setup ## measurement-noise benchmark: spread of repeats, knee probes (prints numbers; not a test)
-	python scripts/benchmark_noise.py
+benchmark: setup ## measurement-noise benchmark: spread of repeats, knee probes, knees of fresh servers (ARGS="--parts 4"; prints numbers; not a test)
+	python scripts/benchmark_noise.py $(ARGS)
 
 # ARCHIVE=: the models archive (split: ARCHIVE.001-of-N ...); PART_MB=: split it into parts of at most this many
 # MiB; MODELS=a,b: only these (README: Moving models to an air-gapped box)

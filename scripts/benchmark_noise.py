@@ -3,9 +3,11 @@
 On the rung in params.yaml (the cpu profile by default) it measures:
   1. output tok/s of N timed repeats inside one engine (bench.mode engine): spread and 95 % interval width;
   2. the same with a fresh engine per repeat (bench.mode cli): the start-to-start noise on top;
-  3. the knee found by the bracket-then-bisect search vs a fixed 10-rate sweep: probes used, knee, time.
+  3. the knee found by the bracket-then-bisect search vs a fixed 10-rate sweep: probes used, knee, time;
+  4. the knee's search on N fresh servers: how far apart their brackets sat, the knee.noise_floor it suggests.
 Each also prints where its wall time went (starting engines, measuring, other), as the report's Time section does.
-Writes only under results/logs/benchmark/. Usage: python scripts/benchmark_noise.py [--repeats 5]
+Writes only under results/logs/benchmark/.
+Usage: python scripts/benchmark_noise.py [--repeats 5] [--knee-servers 3] [--parts 1,2,3,4]
 """
 from __future__ import annotations
 
@@ -42,7 +44,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sweep-rates", default="1,2,3,4,5,6,7,8,9,10")
+    ap.add_argument("--knee-servers", type=int, default=3)
+    ap.add_argument("--parts", default="1,2,3,4", help="which of the measurements above to run")
     args = ap.parse_args()
+    parts = {int(x) for x in args.parts.split(",")}
     params = common.stage_start()
     cfg, b, k, slo = common.engine_config(params), params["bench"], params["knee"], params["slo"]
     entry = common.model_entry(cfg["model"]["name"])
@@ -52,14 +57,18 @@ def main():
     argv = bench.throughput_argv(entry["path"], b, sent, cfg["engine"])
     print(f"rung: {cfg['model']['name']}, {b['num_prompts']} prompts, {workload.describe(sent)['text']}")
 
-    t0 = time.monotonic()
-    runs, facts = bench.run_in_engine(argv, args.repeats, logs / "in-engine", cfg["env"], 1800,
-                                      job=bench.job_of(sent))
-    spread(f"1. {args.repeats} repeats in one engine ({time.monotonic() - t0:.0f} s)", [r["output_tps"] for r in runs])
-    split("1", time.monotonic() - t0, facts["timing"])
+    if 1 in parts:
+        t0 = time.monotonic()
+        runs, facts = bench.run_in_engine(argv, args.repeats, logs / "in-engine", cfg["env"], 1800,
+                                          job=bench.job_of(sent))
+        spread(f"1. {args.repeats} repeats in one engine ({time.monotonic() - t0:.0f} s)",
+               [r["output_tps"] for r in runs])
+        split("1", time.monotonic() - t0, facts["timing"])
 
     t0 = time.monotonic()
-    if sent.get("prompts"):
+    if 2 not in parts:
+        pass
+    elif sent.get("prompts"):
         print("2. skipped: `vllm bench throughput` (a fresh engine each) takes no prompts file")
     else:
         runs, facts = bench.run_cli(argv, args.repeats, logs / "cli", cfg["env"], 1800)
@@ -68,10 +77,14 @@ def main():
         split("2", time.monotonic() - t0, facts["timing"])
 
     rates = [float(x) for x in args.sweep_rates.split(",")]
-    for label, over in (("3a. search", {"mode": "search"}),
-                        (f"3b. fixed {len(rates)}-rate sweep", {"mode": "sweep", "rates": rates})):
+    searches = [("3a. search", {"mode": "search"}),
+                (f"3b. fixed {len(rates)}-rate sweep", {"mode": "sweep", "rates": rates})] if 3 in parts else []
+    searches += [(f"4. search on fresh server {i + 1}", {"mode": "search", "server": i + 1})
+                 for i in range(args.knee_servers if 4 in parts else 0)]
+    fresh = []
+    for label, over in searches:
         kk = {**k, **over}
-        out = logs / over["mode"]
+        out = logs / (over["mode"] + (f"-server-{over['server']}" if "server" in over else ""))
         prober = knee.Prober(out / "probes.log")
         began = time.monotonic()
         with engine.Server(entry["path"], cfg["engine"], cfg["env"], out / "server.log") as srv:
@@ -84,6 +97,20 @@ def main():
         print(f"{label}: knee {res['knee_rps']} req/s (first break {res['first_fail_rps']}), {res['probes']} probes, "
               f"{probed - t0:.0f} s of probing")
         split(label.split(".")[0], time.monotonic() - began, {"start_s": srv.ready_s, "measure_s": probed - warming})
+        if "server" in over:
+            fresh.append(res)
+    if len(fresh) > 1:
+        print(f"4. {len(fresh)} fresh servers, one config: brackets "
+              + ", ".join(f"{r['knee_rps']}–{r['first_fail_rps']}" for r in fresh)
+              + f"; the widest gap between two of them: {knee_gap(fresh):.0%} (knee.noise_floor is "
+              f"{k['noise_floor']:.0%}: a floor below that gap lets a change of that size pass as a move)")
+
+
+def knee_gap(results: list[dict]) -> float:
+    """How far apart the brackets of same-config knees sat: the largest last pass over another's first fail,
+    less one (0 when every pair overlaps or touches)."""
+    return max([0.0] + [a["knee_rps"] / b["first_fail_rps"] - 1 for a in results for b in results
+                        if a["knee_rps"] and b["first_fail_rps"]])
 
 
 if __name__ == "__main__":

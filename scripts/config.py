@@ -291,6 +291,8 @@ class Knee(Section):
     batch1_requests: Annotated[int, at.Ge(0)] = F(
         "an integer >= 0: requests sent one at a time after the sweep, for the roofline's batch-1 TPOT", 3)
     backlog_ratio: Annotated[Num, at.Gt(0), at.Le(1)] = F("a number in (0, 1]")
+    noise_floor: Annotated[Num, at.Ge(0), at.Lt(4)] = F(
+        "a number in [0, 4): knees of one config on fresh servers differ by this fraction", 0.0)
     start_timeout_s: PosNum = F("a number of seconds > 0", 900)
     probe_timeout_s: PosNum = F("a number of seconds > 0", 600)
 

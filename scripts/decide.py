@@ -13,16 +13,17 @@ BASELINE, KEPT, REVERTED, NOT_CHOSEN, FAILED, INTERRUPTED, SKIPPED, CONFIRM = (
 
 
 RULE = ("a rung is kept only when it is significantly better than the last kept rung: its knee (req/s at the SLO) "
-        "moved up by more than the knee's resolution, or the knee moved less than its resolution and output tok/s "
-        "is better with a 95 % interval that excludes zero. Anything else is reverted (no measurable gain: the "
+        "moved up by more than the knee's resolution and start-to-start noise (the brackets apart, by a gap wider "
+        "than knee.noise_floor), or the knee moved less than that and output tok/s is better with a 95 % interval "
+        "that excludes zero. Anything else is reverted (no measurable gain: the "
         "simpler config stays); a lost knee is worse. The quality gate and 'did the change take effect' come first; "
         "candidates of one rung are ranked against each other by the same rule. An instance with more GPUs is "
         "compared per GPU (knee and tok/s divided by its GPUs).")
 RULE_TPS = ("a rung is kept only when output tok/s is better with a 95 % interval that excludes zero and the knee is "
-            "not worse (moved down by more than its resolution, or lost). Anything else is reverted (no measurable "
-            "gain: the simpler config stays). The quality gate and 'did the change take effect' come first; "
-            "candidates of one rung are ranked against each other by the same rule. An instance with more GPUs is "
-            "compared per GPU (knee and tok/s divided by its GPUs).")
+            "not worse (moved down by more than its resolution and knee.noise_floor, or lost). Anything else is "
+            "reverted (no measurable gain: the simpler config stays). The quality gate and 'did the change take "
+            "effect' come first; candidates of one rung are ranked against each other by the same rule. An instance "
+            "with more GPUs is compared per GPU (knee and tok/s divided by its GPUs).")
 
 
 def rule(objective: str) -> str:

@@ -2,7 +2,8 @@
 
 Rules it enforces for every stage:
 - every child runs in its own process group and is stopped with SIGTERM to that group (SIGKILL only after a
-  grace period: it leaks /dev/shm segments), on success, error, timeout, Ctrl-C and SIGTERM alike;
+  grace period, its resource trackers last so that they unlink its /dev/shm segments), on success, error,
+  timeout, Ctrl-C and SIGTERM alike;
 - a child also gets SIGTERM if the stage process itself dies (PR_SET_PDEATHSIG), so nothing outlives a stage;
 - a command the ladder runs (`dvc exp run`) runs under guarded(): its whole group and every process it started
   die with the ladder, whatever kills the ladder;
@@ -33,6 +34,7 @@ import common
 from vllm_compat import LOG_PREFIX
 
 STOP_GRACE_S = 30
+TRACKER_GRACE_S = 5  # a SIGKILLed group's resource trackers get this long to unlink its /dev/shm segments
 _live: set[Proc] = set()
 
 
@@ -182,10 +184,26 @@ class Proc:
             time.sleep(0.2)
         if self._group_alive():
             self._logf.write(f"[ladder] group {self.pgid} still alive {grace:.0f} s after SIGTERM: SIGKILL\n")
-            self._signal(signal.SIGKILL)
+            self._kill_sparing_trackers()
             self.p.wait(timeout=10)
         self._pump.join(timeout=5)
         self._close()
+
+    def _kill_sparing_trackers(self) -> None:
+        """SIGKILL the group, its multiprocessing resource trackers last. A tracker unlinks the /dev/shm segments
+        of processes that died without doing so once they are gone; SIGKILLed with them, it left ~420 MB behind
+        each time a `vllm serve` still waiting for a knee probe's connections was killed."""
+        group = _group_members(self.pgid)
+        trackers = [pid for pid in group if b"multiprocessing.resource_tracker" in _cmdline(pid)]
+        for pid in group:
+            if pid not in trackers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + TRACKER_GRACE_S
+        while any(_alive(pid) for pid in trackers) and time.monotonic() < deadline:
+            self.p.poll()
+            time.sleep(0.1)
+        self._signal(signal.SIGKILL)
 
     def _signal(self, sig):
         try:
@@ -265,6 +283,32 @@ def _say(msg: str) -> None:
         os.write(2, f"[guard] {msg}\n".encode())
     except OSError:
         pass
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat after "(comm)", which may hold spaces: state, parent pid, process group, ..."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def _alive(pid: int) -> bool:
+    st = _stat(pid)
+    return st is not None and st[0] not in ("Z", "X")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _group_members(pgid: int) -> list[int]:
+    return [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _alive(int(d.name))
+            and (_stat(int(d.name)) or [None, None, None])[2] == str(pgid)]
 
 
 def _leftovers() -> dict[int, tuple[int, int]]:

@@ -4,8 +4,10 @@ The knee is the highest offered rate whose TTFT and TPOT at the SLO's percentile
 arrivals left out, enough requests counted for that percentile) meet the SLO with no failed request and no
 backlog. knee.mode `search` starts from the bench's measured req/s (× knee.start_fraction), doubles or halves
 until the SLO breaks, bisects until the bracket is at most knee.rel_tol wide, then probes both boundaries once
-more with fresh draws (a disagreeing repeat moves the bracket and is flagged); `sweep` probes the fixed
-knee.rates. One server serves every probe (after a warm-up) and is stopped by PID in every outcome.
+more with fresh draws (a disagreeing repeat moves the bracket and is flagged). Its rates lie on a fixed grid and
+each (rate, repeat) has its own seed, so every rung is probed with the same arrival sequences (stats.next_rate,
+stats.probe_seed). `sweep` probes the fixed knee.rates. One server serves every probe (after a warm-up) and is
+stopped by PID in every outcome.
 Writes results/knee.csv (one row per probe), results/knee.json; each probe's vLLM JSON and the sweep so far
 stay in results/logs/knee/ even when the stage fails midway. A rung whose quality gate failed is not measured
 (status n/a, no server started) unless gate.measure_failed.
@@ -153,7 +155,8 @@ def warm_up(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: d
 def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict,
           logs) -> tuple[list[dict], list[tuple[float, bool]]]:
     """Probe rates (search or fixed sweep) against a running server; every probe is logged as it finishes.
-    Each probe draws its own workload (seed = its number; 0 was the warm-up's)."""
+    Each probe draws its own workload, the one every rung draws at that rate: search, stats.probe_seed (one per
+    grid rate and repeat); sweep, its place in knee.rates. Seed 0 was the warm-up's."""
     rows: list[dict] = []
     probes: list[tuple[float, bool]] = []
     while True:
@@ -163,8 +166,10 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
             rate = stats.next_rate(probes, k["start_rate"], k["max_rate"], k["rel_tol"], k["max_probes"], k["min_rate"])
         if rate is None:
             return rows, probes
-        n, seed = prompts_for(rate, k, slo), len(probes) + 1
-        name = f"probe-{seed:02d}-{rate:g}rps.json"
+        n = prompts_for(rate, k, slo)
+        seed = (len(probes) + 1 if k["mode"] == "sweep" else
+                stats.probe_seed(rate, probes, stats.grid_steps(k["rel_tol"])))
+        name = f"probe-{len(probes) + 1:02d}-{rate:g}rps.json"
         try:
             prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
                    f"vllm bench serve at {rate:g} req/s")
@@ -203,14 +208,16 @@ def method(k: dict, slo: dict, started: str) -> str:
     p = f"p{slo['percentile']:g}"
     how = (f"search from {started}: double or halve until the SLO breaks, bisect until the bracket is at most "
            f"{k['rel_tol'] * 100:.0f} % of its midpoint wide, then both boundaries probed again with fresh draws "
-           f"(at most {k['max_probes']} probes)" if k["mode"] == "search" else f"a sweep over {k['rates']} req/s")
+           f"(at most {k['max_probes']} probes), on a grid of {stats.grid_steps(k['rel_tol'])} rates per doubling "
+           f"from 1 req/s, each rate and repeat with its own seed: every rung sent the same arrival sequences"
+           if k["mode"] == "search" else f"a sweep over {k['rates']} req/s")
     return (f"`vllm serve` + `vllm bench serve`, Poisson arrivals, ~{k['probe_seconds']} s of traffic per probe and "
             f"at least {stats.tail_requests(slo['percentile'])} requests counted for a {p} (the first "
             f"{k['ramp_fraction']:.0%} of arrivals left out as ramp-up; backlog = first tokens short of arrivals in "
             f"the second half of the arrival window by more than {1 - k['backlog_ratio']:.0%} of them and than "
             f"their Poisson noise; a knee whose passing probes' median end-to-end latency exceeds "
             f"{stats.SHORT_PROBE_SHARE:.0%} of that half-window is flagged: probes that short end while the batch "
-            f"still fills, and may read high); knee by {how}; each probe its own seed: a fresh draw of the workload")
+            f"still fills, and may read high); knee by {how}")
 
 
 def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, params: dict, cfg: dict) -> None:
@@ -225,7 +232,8 @@ def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, para
                          "tpot_ms_at_knee", "counted_at_knee", "batch1", "output_tps_at_knee", "kv_cache_tokens",
                          "max_concurrency")),
         "resolved": False, "confirmed": False, "non_monotonic": False, "mixed_rates": [], "probes": 0,
-        "short_probes": False, "slo": params["slo"], "mode": params["knee"]["mode"], "requests_sent": 0,
+        "short_probes": False, "slo": params["slo"], "noise_floor": params["knee"]["noise_floor"],
+        "mode": params["knee"]["mode"], "requests_sent": 0,
         "server_ready_s": 0, "wall_s": 0, "time": common.stage_time(0, 0), "applied": {}, "rows": [],
         "provenance": common.provenance(params, cfg)})
     print(f"knee: n/a — {reason}")
@@ -272,6 +280,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     common.write_json(out, {
         **result,
         "slo": slo,
+        "noise_floor": k["noise_floor"],  # what a change of this knee must exceed (stats.knee_delta)
         "mode": k["mode"],
         "method": method(k, slo, started),
         "start_rate": first,

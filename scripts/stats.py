@@ -73,7 +73,8 @@ def not_measured(*results: dict) -> str:
 
 
 def knee_delta(base: dict, new: dict) -> dict:
-    """Knee change vs base: 'better' / 'worse' only when the two search brackets are apart.
+    """Knee change vs base: 'better' / 'worse' only when the two search brackets are apart by more than the knee's
+    start-to-start noise (`noise_floor`, the larger of the two records'; records without one: none).
     A knee that is lost (the SLO met at no rate) is 'worse'; one gained where the base had none is 'better'; one
     not measured (status n/a: its rung's gate failed) is 'unknown', never a lost knee."""
     skipped = [k for k in (base, new) if k.get("status") == "n/a"]
@@ -87,12 +88,19 @@ def knee_delta(base: dict, new: dict) -> dict:
     if kb is None:
         return {"rel": None, "verdict": "better", "why": "knee gained: the base met the SLO at no probed rate"}
     # Each knee is known only to its bracket [last pass, first fail). The knee moved only when the brackets are
-    # apart with a gap: brackets that touch (6-7 vs 7-8) are one probe's noise, not a change.
+    # apart with a gap (brackets that touch, 6-7 vs 7-8, are one probe's noise) wider than the knee's
+    # start-to-start noise: a fresh server of the same config can find its knee that much higher or lower.
     ff_b, ff_n = (k.get("first_fail_rps") or math.inf for k in (base, new))
+    floor = max(base.get("noise_floor") or 0.0, new.get("noise_floor") or 0.0)
     rel = (kn - kb) / kb
-    verdict = "better" if kn > ff_b else "worse" if ff_n < kb else "within noise"
-    why = f"bracket {kb:g}–{_g(ff_b)} → {kn:g}–{_g(ff_n)} req/s" + (", overlapping or touching" if
-                                                                    verdict == "within noise" else "")
+    verdict = ("better" if kn > ff_b * (1 + floor) else "worse" if ff_n * (1 + floor) < kb else "within noise")
+    apart = kn > ff_b or ff_n < kb
+    why = f"bracket {kb:g}–{_g(ff_b)} → {kn:g}–{_g(ff_n)} req/s"
+    if verdict == "within noise":
+        why += (f", apart by less than the knee's start-to-start noise (knee.noise_floor {floor:.0%})" if apart
+                else ", overlapping or touching")
+    elif floor:
+        why += f", apart by more than the knee's start-to-start noise (knee.noise_floor {floor:.0%})"
     return {"rel": rel, "verdict": verdict, "why": why}
 
 
@@ -267,24 +275,57 @@ def width(lo: float, hi: float) -> float:
     return (hi - lo) / ((hi + lo) / 2)
 
 
+# The search probes a fixed geometric grid of rates (anchored at 1 req/s), and each (rate, repeat) has its own
+# seed: every rung and every fresh server sends the same arrival sequence at the same rate (common random numbers).
+# A short probe's percentile is decided by where its Poisson bursts fall: on the CPU one seed at 1.41-1.47 req/s
+# failed on four fresh servers (p90 TPOT 50.6-54.0 ms) and another passed on all four (42.6-46.6 ms). Seeds
+# numbered by probe gave two searches that reached a rate by different paths different draws there.
+SEED_BASE = 50_000  # probe seeds: SEED_BASE + 100 x grid index + repeat (warm-up 0, batch-1 10,000)
+
+
+def grid_steps(rel_tol: float) -> int:
+    """Grid points per doubling: the fewest for which two neighbours are within rel_tol (20 % -> 4: 2^(1/4))."""
+    return math.ceil(math.log(2) / math.log((2 + rel_tol) / (2 - rel_tol)) - 1e-9)
+
+
+def grid_index(rate: float, steps: int) -> int:
+    return round(math.log2(rate) * steps)
+
+
+def grid_rate(i: int, steps: int) -> float:
+    return float(f"{2 ** (i / steps):.4g}")
+
+
+def probe_seed(rate: float, probes: list[tuple[float, bool]], steps: int) -> int:
+    """The arrival sequence of a probe at `rate`: the same for every rung, a fresh one for each repeat."""
+    return SEED_BASE + 100 * grid_index(rate, steps) + sum(1 for r, _ in probes if r == rate)
+
+
 def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, rel_tol: float,
               max_probes: int, min_rate: float | None = None, confirm: bool = True) -> float | None:
-    """The next rate to probe, or None when done: double from `start` until the SLO breaks (or `max_rate`
-    passes), halve while even the lowest rate fails (down to `min_rate`), bisect until the bracket is at most
-    `rel_tol` wide (relative to its midpoint), then (`confirm`) probe each boundary once more with a fresh draw.
-    A boundary whose repeat disagrees moves the bracket (a rate passes only if every probe of it passed)."""
+    """The next rate to probe, or None when done, on the grid of `grid_steps(rel_tol)` rates per doubling: from
+    the grid rate nearest `start`, double until the SLO breaks (or `max_rate` passes), halve while even the lowest
+    rate fails (down to `min_rate`), bisect (on the grid) until the bracket is at most `rel_tol` wide (relative to
+    its midpoint), then (`confirm`) probe each boundary once more with a fresh draw. A boundary whose repeat
+    disagrees moves the bracket (a rate passes only if every probe of it passed)."""
     if len(probes) >= max_probes:
         return None
+    steps = grid_steps(rel_tol)
     if not probes:
-        return start
+        return grid_rate(grid_index(start, steps), steps)
     min_rate = min_rate or start / 16
     lo, hi = bracket(probes)
     if hi is None:                                  # everything passed so far: go up
-        return None if lo >= max_rate else min(lo * 2, max_rate)
+        top = math.floor(math.log2(max_rate) * steps + 1e-9)
+        i = min(grid_index(lo, steps) + steps, top)
+        return None if lo >= max_rate or i <= grid_index(lo, steps) else grid_rate(i, steps)
     if lo is None:                                  # everything failed so far: go down
-        return None if hi <= min_rate else max(hi / 2, min_rate)
-    if width(lo, hi) > rel_tol:
-        return round((lo + hi) / 2, 3)
+        bottom = math.ceil(math.log2(min_rate) * steps - 1e-9)
+        i = max(grid_index(hi, steps) - steps, bottom)
+        return None if hi <= min_rate or i >= grid_index(hi, steps) else grid_rate(i, steps)
+    li, hi_i = grid_index(lo, steps), grid_index(hi, steps)
+    if width(lo, hi) > rel_tol and hi_i - li > 1:
+        return grid_rate((li + hi_i) // 2, steps)
     if confirm:
         count = {r: sum(1 for x, _ in probes if x == r) for r in (lo, hi)}
         return next((r for r in (lo, hi) if count[r] < 2), None)

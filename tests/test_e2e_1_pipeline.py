@@ -4,6 +4,7 @@ import csv
 import json
 
 import pytest
+import stats
 from conftest import wait_no_vllm
 
 pytestmark = pytest.mark.engine
@@ -46,7 +47,12 @@ def test_repro_runs_every_stage_and_writes_the_results(project):
     # each probe's SLO percentile rests on the requests it needs, ramp-up left out
     assert all(int(r["counted"]) >= int(r["needed"]) == 30 and int(r["ramp_skipped"]) > 0 for r in rows)
     assert knee["start_rate"] > 0 and "the bench's" in knee["method"]  # the search started from the bench
-    assert knee["slo"] == params["slo"]
+    assert knee["slo"] == params["slo"] and knee["noise_floor"] == params["knee"]["noise_floor"]
+    # the search's rates lie on the grid every rung shares, and each (rate, repeat) drew its own arrival sequence
+    steps = stats.grid_steps(params["knee"]["rel_tol"])
+    assert all(stats.grid_rate(stats.grid_index(float(r["offered_rps"]), steps), steps) == float(r["offered_rps"])
+               for r in rows)
+    assert len({r["seed"] for r in rows}) == len(rows)
     lo, hi = knee["range_rps"]
     if knee["status"] == "inside":
         assert lo <= knee["knee_rps"] < knee["first_fail_rps"] <= hi

@@ -48,6 +48,27 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path)
     assert "SIGKILL" in (tmp_path / "stubborn.log").read_text()
 
 
+def test_a_killed_group_leaves_no_shared_memory_behind(tmp_path):
+    """`vllm serve` waiting on a knee probe's open connections outlives the grace and is SIGKILLed: its resource
+    tracker must outlive the rest of the group long enough to unlink the /dev/shm segments (~420 MB a time)."""
+    code = ("import signal, time; from multiprocessing import shared_memory; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); m = shared_memory.SharedMemory(create=True, size=1 << 20); "
+            "print('shm', m.name, flush=True); time.sleep(300)")
+    proc = engine.Proc([sys.executable, "-c", code], tmp_path / "shm.log")
+    while proc.lines_seen == 0:
+        time.sleep(0.05)
+    name = next(ln.split()[1] for ln in (tmp_path / "shm.log").read_text().splitlines() if ln.startswith("shm "))
+    assert os.path.exists(f"/dev/shm/{name}")
+    proc.stop(grace=1)
+    assert not alive(proc.pid) and "SIGKILL" in (tmp_path / "shm.log").read_text()
+    for _ in range(50):  # the tracker unlinks as it exits
+        if not os.path.exists(f"/dev/shm/{name}"):
+            break
+        time.sleep(0.1)
+    assert not os.path.exists(f"/dev/shm/{name}"), f"/dev/shm/{name} outlived its SIGKILLed group"
+    assert not engine._group_members(proc.pgid)
+
+
 def test_children_die_with_the_stage_even_when_it_is_sigkilled(tmp_path):
     """A stage process killed hard (no finally runs) still takes its servers down: PR_SET_PDEATHSIG."""
     stage = textwrap.dedent(f"""

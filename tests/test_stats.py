@@ -103,6 +103,30 @@ def test_a_failure_boundary_whose_repeat_passes_is_flagged_not_trusted():
     assert res["first_fail_rps"] == hi and res["non_monotonic"] and not res["confirmed"]
 
 
+def test_every_rung_probes_the_same_rates_with_the_same_arrival_sequences():
+    assert [stats.grid_steps(t) for t in (0.2, 0.1, 0.5)] == [4, 7, 2]
+    assert stats.grid_rate(4, 4) == 2.0 and stats.grid_rate(3, 4) == 1.682 and stats.grid_rate(-4, 4) == 0.5
+    assert all(stats.grid_index(stats.grid_rate(i, 7), 7) == i for i in range(-60, 80))
+    # the CI's placebo and its base started from 1.88 and 1.96 req/s (half their benches' req/s): one grid rate
+    assert stats.next_rate([], 1.88, 64, 0.2, 10) == stats.next_rate([], 1.96, 64, 0.2, 10) == 2.0
+    runs = []
+    for start, knee in ((1.3, 2.2), (3.1, 2.9), (0.7, 1.5)):
+        probes = []
+        while (r := stats.next_rate(probes, start, 64, 0.2, 10)) is not None:
+            probes.append((r, r <= knee))
+        runs.append(probes)
+    steps = stats.grid_steps(0.2)
+    rates = {r for probes in runs for r, _ in probes}
+    assert all(stats.grid_rate(stats.grid_index(r, steps), steps) == r for r in rates)  # every rate on the grid
+    seeds = {}
+    for probes in runs:
+        for i, (r, _) in enumerate(probes):
+            seeds.setdefault((r, sum(1 for x, _ in probes[:i] if x == r)), set()).add(
+                stats.probe_seed(r, probes[:i], steps))
+    assert all(len(s) == 1 for s in seeds.values())  # one (rate, repeat): one seed, whichever search probed it
+    assert len({s.pop() for s in seeds.values()}) == len(seeds)  # and a repeat is a fresh draw
+
+
 def test_knee_below_and_above_the_range_are_reported_as_such():
     _, below = search(0.01)
     assert below["status"] == "below" and below["knee_rps"] is None
@@ -227,6 +251,23 @@ def test_a_knee_moves_only_when_the_brackets_are_apart():
     assert stats.knee_delta(base, {"knee_rps": None})["verdict"] == "worse"  # a lost knee
     assert stats.knee_delta({"knee_rps": None}, base)["verdict"] == "better"
     assert stats.knee_delta({"knee_rps": None}, {"knee_rps": None})["verdict"] == "unknown"
+
+
+def test_a_knee_moves_only_beyond_its_start_to_start_noise():
+    # the CI run that called a placebo 52 % worse: its bracket sat apart from its base's, by less than the
+    # spread of fresh servers of one config on that CPU
+    base = {"knee_rps": 1.96, "first_fail_rps": 3.92, "noise_floor": 0.5}
+    placebo = {"knee_rps": 0.94, "first_fail_rps": 1.41, "noise_floor": 0.5}
+    d = stats.knee_delta(base, placebo)
+    assert d["verdict"] == "within noise" and round(d["rel"], 2) == -0.52
+    assert "apart by less than the knee's start-to-start noise (knee.noise_floor 50%)" in d["why"]
+    assert stats.knee_delta(placebo, base)["verdict"] == "within noise"
+    # beyond it: moved, and said so; the larger of the two records' floors applies
+    assert stats.knee_delta(base, {"knee_rps": 0.6, "first_fail_rps": 1.2})["verdict"] == "worse"  # 1.2 x 1.5 < 1.96
+    assert stats.knee_delta(base, {"knee_rps": 0.6, "first_fail_rps": 1.4})["verdict"] == "within noise"
+    assert stats.knee_delta(placebo, {"knee_rps": 2.2, "first_fail_rps": 2.5})["verdict"] == "better"  # > 1.41 x 1.5
+    assert "more than the knee's start-to-start noise" in stats.knee_delta(placebo, {"knee_rps": 2.2})["why"]
+    assert stats.knee_delta(base, {"knee_rps": None})["verdict"] == "worse"  # a lost knee is lost whatever the floor
 
 
 QWEN = json.loads((FIXTURES / "qwen2.5-7b-config.json").read_text())
