@@ -5,9 +5,9 @@ arrivals left out, enough requests counted for that percentile) meet the SLO wit
 backlog. knee.mode `search` starts from the bench's measured req/s (× knee.start_fraction), doubles or halves
 until the SLO breaks, bisects until the bracket is at most knee.rel_tol wide, then probes both boundaries once
 more with fresh draws (a disagreeing repeat moves the bracket and is flagged). Its rates lie on a fixed grid and
-each (rate, repeat) has its own seed, so every rung is probed with the same arrival sequences (stats.next_rate,
-stats.probe_seed). `sweep` probes the fixed knee.rates. One server serves every probe (after a warm-up) and is
-stopped by PID in every outcome.
+each (rate, repeat) has its own seed, so rungs that probe a rate send it the same arrival sequence
+(stats.next_rate, stats.probe_seed). `sweep` probes the fixed knee.rates. One server serves every probe (after a
+warm-up) and is stopped by PID in every outcome.
 Writes results/knee.csv (one row per probe), results/knee.json; each probe's vLLM JSON and the sweep so far
 stay in results/logs/knee/ even when the stage fails midway. A rung whose quality gate failed is not measured
 (status n/a, no server started) unless gate.measure_failed.
@@ -209,7 +209,8 @@ def method(k: dict, slo: dict, started: str) -> str:
     how = (f"search from {started}: double or halve until the SLO breaks, bisect until the bracket is at most "
            f"{k['rel_tol'] * 100:.0f} % of its midpoint wide, then both boundaries probed again with fresh draws "
            f"(at most {k['max_probes']} probes), on a grid of {stats.grid_steps(k['rel_tol'])} rates per doubling "
-           f"from 1 req/s, each rate and repeat with its own seed: every rung sent the same arrival sequences"
+           f"from 1 req/s, each rate and repeat with its own seed: rungs that probe a rate send it the same "
+           f"arrival sequence"
            if k["mode"] == "search" else f"a sweep over {k['rates']} req/s")
     return (f"`vllm serve` + `vllm bench serve`, Poisson arrivals, ~{k['probe_seconds']} s of traffic per probe and "
             f"at least {stats.tail_requests(slo['percentile'])} requests counted for a {p} (the first "

@@ -276,10 +276,10 @@ def width(lo: float, hi: float) -> float:
 
 
 # The search probes a fixed geometric grid of rates (anchored at 1 req/s), and each (rate, repeat) has its own
-# seed: every rung and every fresh server sends the same arrival sequence at the same rate (common random numbers).
-# A short probe's percentile is decided by where its Poisson bursts fall: on the CPU one seed at 1.41-1.47 req/s
-# failed on four fresh servers (p90 TPOT 50.6-54.0 ms) and another passed on all four (42.6-46.6 ms). Seeds
-# numbered by probe gave two searches that reached a rate by different paths different draws there.
+# seed: every rung and fresh server that probes a rate sends it the same arrival sequence (common random numbers).
+# A short probe is shaped by where its Poisson bursts fall: on the CPU one seed's per-request TPOTs correlated
+# 0.92-0.99 across fresh servers, two seeds' at one rate 0.01-0.17. Seeds numbered by probe, and starts at half of
+# each rung's bench req/s, rarely gave two rungs the same draw at a rate.
 SEED_BASE = 50_000  # probe seeds: SEED_BASE + 100 x grid index + repeat (warm-up 0, batch-1 10,000)
 
 
@@ -311,12 +311,13 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     if len(probes) >= max_probes:
         return None
     steps = grid_steps(rel_tol)
-    if not probes:
-        return grid_rate(grid_index(start, steps), steps)
+    top = math.floor(math.log2(max_rate) * steps + 1e-9)
+    if not probes:  # the grid rate nearest start, inside [min_rate, max_rate] where they are off the grid
+        bottom = math.ceil(math.log2(min_rate) * steps - 1e-9) if min_rate else -math.inf
+        return grid_rate(max(min(grid_index(start, steps), top), bottom), steps)
     min_rate = min_rate or start / 16
     lo, hi = bracket(probes)
     if hi is None:                                  # everything passed so far: go up
-        top = math.floor(math.log2(max_rate) * steps + 1e-9)
         i = min(grid_index(lo, steps) + steps, top)
         return None if lo >= max_rate or i <= grid_index(lo, steps) else grid_rate(i, steps)
     if lo is None:                                  # everything failed so far: go down

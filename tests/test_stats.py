@@ -109,6 +109,8 @@ def test_every_rung_probes_the_same_rates_with_the_same_arrival_sequences():
     assert all(stats.grid_index(stats.grid_rate(i, 7), 7) == i for i in range(-60, 80))
     # the CI's placebo and its base started from 1.88 and 1.96 req/s (half their benches' req/s): one grid rate
     assert stats.next_rate([], 1.88, 64, 0.2, 10) == stats.next_rate([], 1.96, 64, 0.2, 10) == 2.0
+    assert stats.next_rate([], 49, 50, 0.2, 10) == 45.25  # never above an off-grid max_rate ...
+    assert stats.next_rate([], 0.28, 64, 0.2, 10, min_rate=0.3) == 0.3536  # ... nor below min_rate
     runs = []
     for start, knee in ((1.3, 2.2), (3.1, 2.9), (0.7, 1.5)):
         probes = []
