@@ -66,11 +66,9 @@ def main():
         split("1", time.monotonic() - t0, facts["timing"])
 
     t0 = time.monotonic()
-    if 2 not in parts:
-        pass
-    elif sent.get("prompts"):
+    if 2 in parts and sent.get("prompts"):
         print("2. skipped: `vllm bench throughput` (a fresh engine each) takes no prompts file")
-    else:
+    elif 2 in parts:
         runs, facts = bench.run_cli(argv, args.repeats, logs / "cli", cfg["env"], 1800)
         spread(f"2. {args.repeats} runs, a fresh engine each ({time.monotonic() - t0:.0f} s)",
                [r["output_tps"] for r in runs])

@@ -306,9 +306,18 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+def _live_procs() -> dict[int, tuple[int, int]]:
+    """Every live process: {pid: (parent pid, process group)}."""
+    procs = {}
+    for d in Path("/proc").iterdir():
+        st = _stat(int(d.name)) if d.name.isdigit() else None
+        if st is not None and st[0] not in ("Z", "X"):
+            procs[int(d.name)] = (int(st[1]), int(st[2]))
+    return procs
+
+
 def _group_members(pgid: int) -> list[int]:
-    return [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _alive(int(d.name))
-            and (_stat(int(d.name)) or [None, None, None])[2] == str(pgid)]
+    return [pid for pid, (_, pgrp) in _live_procs().items() if pgrp == pgid]
 
 
 def _leftovers() -> dict[int, tuple[int, int]]:
@@ -319,17 +328,7 @@ def _leftovers() -> dict[int, tuple[int, int]]:
             pass
     except ChildProcessError:
         pass
-    procs = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        state, ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]  # after "(comm)", which may hold spaces
-        if state not in ("Z", "X"):
-            procs[int(d.name)] = (int(ppid), int(pgrp))
+    procs = _live_procs()
     children = collections.defaultdict(list)
     for pid, (ppid, _) in procs.items():
         children[ppid].append(pid)
