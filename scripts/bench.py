@@ -2,8 +2,9 @@
 
 bench.mode `engine`: vLLM's own `vllm.benchmarks.throughput.main`, its arguments parsed by its own
 parser, with its `run_vllm` wrapped so that ONE engine serves the warm-up and every timed repeat (an engine
-start costs more than the measurement; vllm_compat.run_throughput holds that wrapper). bench.mode `cli`:
-`vllm bench throughput` once per repeat, each a fresh engine, so the spread also holds start-to-start noise.
+start costs more than the measurement; vllm_compat.run_throughput holds that wrapper). bench.mode `cli`: the
+same code once per repeat, each its own process and engine, so the spread also holds start-to-start noise.
+The prompts are drawn with workload.SEED, never the engine's seed (which vLLM's main would use).
 vLLM 0.26/0.32 ignore --input-len/--output-len for the random dataset, so the --random-* flags are used and
 the shape vLLM ran is checked against params. A prompts file (workload.kind file) is rendered with the model's
 chat template into results/logs/bench/ and sampled by vLLM's own CustomDataset. A rung whose quality gate failed is
@@ -44,7 +45,7 @@ def worker(job_path: str) -> None:
     """In the child: vLLM's own throughput benchmark, one engine, warm-up then `repeats` timed runs."""
     job = common.read_json(job_path)
     vllm_compat.run_throughput(job["argv"], job["repeats"], job["warmup_repeats"], job.get("prompts"),
-                               job.get("output_len"))
+                               job.get("output_len"), job["dataset_seed"])
 
 
 def throughput_argv(model_path: str, b: dict, w: dict, engine_knobs: dict) -> list[str]:
@@ -56,8 +57,10 @@ def throughput_argv(model_path: str, b: dict, w: dict, engine_knobs: dict) -> li
 
 
 def job_of(sent: dict) -> dict:
-    """What the in-engine worker needs besides its argv: a rendered prompts file, if any."""
-    return {"prompts": sent["prompts"], "output_len": sent["output_len"]} if sent.get("prompts") else {}
+    """What the worker needs besides its argv: the seed its prompts are drawn with (never the engine's: a rung
+    that changes engine.seed must not change the traffic), and a rendered prompts file, if any."""
+    return {"dataset_seed": workload.SEED,
+            **({"prompts": sent["prompts"], "output_len": sent["output_len"]} if sent.get("prompts") else {})}
 
 
 def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float,
@@ -67,7 +70,7 @@ def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout:
     `job`: job_of(the workload sent)."""
     spawned = time.time()
     proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats, "warmup_repeats": warmup_repeats,
-                                        **(job or {})}, logs, env_knobs, timeout,
+                                        **(job or {"dataset_seed": workload.SEED})}, logs, env_knobs, timeout,
                              "vllm bench throughput (in-engine repeats)")
     text = proc.log.read_text(encoding="utf-8", errors="replace")
     return (vllm_compat.parse_output(text)[:repeats],
@@ -75,20 +78,18 @@ def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout:
              "timing": vllm_compat.bench_timing(text, spawned)})
 
 
-def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float) -> tuple[list[dict], dict]:
-    """`vllm bench throughput` once per repeat, a fresh engine each (bench.mode cli): results and engine facts
-    (`timing`: the timed passes, output tokens ÷ output tok/s, vs the rest of each process, counted as its start)."""
-    runs, facts, wall = [], {}, 0.0
+def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float,
+            job: dict | None = None) -> tuple[list[dict], dict]:
+    """vLLM's bench throughput once per repeat, each its own process and engine (bench.mode cli), so the spread
+    holds the start-to-start noise: results and the first engine's facts, `timing` summed over the runs."""
+    runs, facts, timing = [], {}, {"start_s": 0.0, "measure_s": 0.0}
     for r in range(repeats):
-        log = logs / f"run{r + 1}.log"
-        t0 = time.monotonic()
-        engine.run(engine.vllm_cli() + ["bench", "throughput"] + argv, log, engine.child_env(env_knobs),
-                   timeout=timeout, what="vllm bench throughput")
-        wall += time.monotonic() - t0
-        runs += vllm_compat.parse_output(log.read_text(encoding="utf-8", errors="replace"))[:1]
-        facts = facts or vllm_compat.engine_facts(log)
-    timed = sum(run.get("output_tokens", 0) / run["output_tps"] for run in runs if run.get("output_tps"))
-    return runs, {**facts, "timing": {"start_s": round(wall - timed, 2), "measure_s": round(timed, 2)}}
+        got, f = run_in_engine(argv, 1, Path(logs) / f"run{r + 1}", env_knobs, timeout, 0, job)
+        runs += got
+        facts = facts or f
+        for k in timing:
+            timing[k] += f["timing"][k] or 0.0
+    return runs, {**facts, "timing": {k: round(v, 2) for k, v in timing.items()}}
 
 
 def method(b: dict, mode: str) -> str:
@@ -96,6 +97,7 @@ def method(b: dict, mode: str) -> str:
     timed = (f"{b['warmups']} warm-up requests and {b['warmup_repeats']} untimed pass(es), then {b['repeats']} timed "
              f"repeats inside one engine (vLLM's own bench code)" if mode == "engine" else
              f"{b['repeats']} runs, each its own engine start ({b['warmups']} warm-up requests each)")
+    timed += f", prompts drawn with seed {workload.SEED} whatever engine.seed"
     floor = f", widened by a {b['noise_floor']:.0%} start-to-start floor" if b["noise_floor"] else ""
     return (f"`vllm bench throughput`, {b['num_prompts']} prompts, {timed}, the prefix cache reset before each; "
             f"median with a 95 % t-interval; each Δ with a Welch 95 % interval{floor}")
@@ -133,7 +135,7 @@ def main(out: Path, logs: Path, gate_json: Path):
         runs, facts = run_in_engine(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], b["warmup_repeats"],
                                     job_of(sent))
     else:
-        runs, facts = run_cli(argv, b["repeats"], logs, cfg["env"], b["timeout_s"])
+        runs, facts = run_cli(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], job_of(sent))
     for i, run in enumerate(runs, 1):
         run["applied"] = check_shape(run, b["num_prompts"], input_len, w["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")

@@ -66,10 +66,8 @@ def main():
         split("1", time.monotonic() - t0, facts["timing"])
 
     t0 = time.monotonic()
-    if 2 in parts and sent.get("prompts"):
-        print("2. skipped: `vllm bench throughput` (a fresh engine each) takes no prompts file")
-    elif 2 in parts:
-        runs, facts = bench.run_cli(argv, args.repeats, logs / "cli", cfg["env"], 1800)
+    if 2 in parts:
+        runs, facts = bench.run_cli(argv, args.repeats, logs / "cli", cfg["env"], 1800, bench.job_of(sent))
         spread(f"2. {args.repeats} runs, a fresh engine each ({time.monotonic() - t0:.0f} s)",
                [r["output_tps"] for r in runs])
         split("2", time.monotonic() - t0, facts["timing"])

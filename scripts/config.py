@@ -328,6 +328,8 @@ class Confirm(Section):
     """The confirm step: baseline and final kept stack re-measured back to back at the end of the ladder."""
     pairs: Annotated[int, at.Ge(0)] = F("an integer >= 0 (0: no confirm step)", 1)
     round: Annotated[int, at.Ge(0)] = F("an integer >= 0 (set by the ladder: 0 for rungs, k for confirm pair k)", 0)
+    remeasure: Annotated[int, at.Ge(0)] = F("an integer >= 0 (set by the ladder: i when the run re-measures the "
+                                            "base of rung i, bench only; else 0)", 0)
 
 
 class Cost(Section):
@@ -515,12 +517,9 @@ def validate(params: dict) -> dict:
 
 
 def _across_sections(params: dict) -> list[str]:
-    """What spans sections: a prompts file needs the in-engine bench; a fixed shape must fit max_model_len; a
-    knee probe must hold enough requests for the SLO's percentile."""
+    """What spans sections: a fixed shape must fit max_model_len; a knee probe must hold enough requests for the
+    SLO's percentile."""
     w, errs = params["workload"], []
-    if w["kind"] == "file" and params["bench"]["mode"] == "cli":
-        errs.append("bench.mode: 'cli' runs `vllm bench throughput`, whose datasets take no prompts file; "
-                    "use bench.mode engine with workload.kind file")
     if w["kind"] != "file":
         total = w["input_len"] + w["output_len"] + (w["prefix_len"] if w["kind"] == "shared-prefix" else 0)
         for which, node in (("baseline.engine", params["baseline"]["engine"]), ("engine", params["engine"])):

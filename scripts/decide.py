@@ -8,22 +8,24 @@ import capacity
 import stats
 
 # The verdicts a rung record can carry (record.RungRecord.verdict); the report prints them as they are.
-BASELINE, KEPT, REVERTED, NOT_CHOSEN, FAILED, INTERRUPTED, SKIPPED, CONFIRM = (
-    "baseline", "kept", "reverted", "not chosen", "failed", "interrupted", "skipped", "confirm")
+BASELINE, KEPT, REVERTED, NOT_CHOSEN, FAILED, INTERRUPTED, SKIPPED, CONFIRM, RECHECK = (
+    "baseline", "kept", "reverted", "not chosen", "failed", "interrupted", "skipped", "confirm", "re-measure")
 
 
 RULE = ("a rung is kept only when it is significantly better than the last kept rung: its knee (req/s at the SLO) "
         "moved up by more than the knee's resolution and start-to-start noise (the brackets apart, by a gap wider "
         "than knee.noise_floor), or the knee moved less than that and output tok/s is better with a 95 % interval "
-        "that excludes zero. Anything else is reverted (no measurable gain: the "
-        "simpler config stays); a lost knee is worse. The quality gate and 'did the change take effect' come first; "
+        "that excludes zero, and then holds again against the last kept rung re-measured right after it (a fresh "
+        "engine, bench only). Anything else is reverted (no measurable gain: the simpler config stays); a lost "
+        "knee is worse. The quality gate and 'did the change take effect' come first; "
         "candidates of one rung are ranked against each other by the same rule. An instance with more GPUs is "
         "compared per GPU (knee and tok/s divided by its GPUs).")
 RULE_TPS = ("a rung is kept only when output tok/s is better with a 95 % interval that excludes zero and the knee is "
-            "not worse (moved down by more than its resolution and knee.noise_floor, or lost). Anything else is "
-            "reverted (no measurable gain: the simpler config stays). The quality gate and 'did the change take "
-            "effect' come first; candidates of one rung are ranked against each other by the same rule. An instance "
-            "with more GPUs is compared per GPU (knee and tok/s divided by its GPUs).")
+            "not worse (moved down by more than its resolution and knee.noise_floor, or lost), and the gain holds "
+            "again against the last kept rung re-measured right after it (a fresh engine, bench only). Anything "
+            "else is reverted (no measurable gain: the simpler config stays). The quality gate and 'did the change "
+            "take effect' come first; candidates of one rung are ranked against each other by the same rule. An "
+            "instance with more GPUs is compared per GPU (knee and tok/s divided by its GPUs).")
 
 
 def rule(objective: str) -> str:
@@ -63,15 +65,38 @@ def decide(rec: dict, base: dict, objective: str) -> tuple[bool, str]:
         return False, f"not applied: the engine did not run with {', '.join(not_applied)} as asked; not credited"
     quality = "quality gate passed" if gate.get("gated") else "not gated (no quality measured)"
     keep, why = gain(rec["delta"]["knee_rps"], rec["delta"]["output_tps"], objective)
+    if keep and rests_on_tps(rec, objective) and AGAIN in rec["delta"]:
+        again = rec["delta"][AGAIN]
+        if not again or again["verdict"] != "better":
+            said = _says(again, "output tok/s") if again else "its re-measure did not finish"
+            return False, (f"{quality}; reverted: no measurable gain: {why.split(' (')[0]} did not hold against "
+                           f"the base re-measured right after it: {said}; the simpler config stays")
+        why += f"; held against the base re-measured right after it: {_says(again, 'output tok/s')}"
     return keep, f"{quality}; {'better' if keep else 'reverted'}: {why}"
+
+
+# rec["delta"][AGAIN]: the rung's tok/s vs its base re-measured right after it (record.fill_again); None when that
+# re-measure failed. A keep on tok/s (rests_on_tps) is final only once it holds there too (ladder.Driver.try_rung).
+AGAIN = "output_tps_again"
+
+
+def rests_on_tps(rec: dict, objective: str) -> bool:
+    """Whether a rung's keep rests on its output tok/s (not on a knee that moved by more than its noise): such a
+    gain is compared with a base measured earlier, so it must hold against the base measured again right after."""
+    return not (objective == "knee_rps" and rec["delta"]["knee_rps"]["verdict"] == "better")
+
+
+def needs_again(rec: dict, objective: str) -> bool:
+    """A rung decided `kept` on tok/s whose base has not been re-measured yet."""
+    return bool(rec.get("kept")) and rests_on_tps(rec, objective) and AGAIN not in (rec.get("delta") or {})
 
 
 def verdict(rec: dict) -> str:
     """The verdict of a decided record: what the report prints in its `kept?` column."""
     if rec["status"] in (FAILED, INTERRUPTED, SKIPPED):
         return rec["status"]
-    if rec.get("role") == BASELINE:
-        return BASELINE
+    if rec.get("role") in (BASELINE, RECHECK):
+        return rec["role"]
     return KEPT if rec.get("kept") else REVERTED
 
 

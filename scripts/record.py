@@ -19,7 +19,7 @@ class RungRecord(TypedDict, total=False):
     index: int
     name: str
     exp: str | None          # the DVC experiment (`dvc exp show`), None when the rung did not run
-    role: str                # baseline | rung | candidate | fallback
+    role: str                # baseline | rung | candidate | fallback | re-measure (a base measured again, bench only)
     change: dict             # the one knob (or declared group) it changes vs `base`
     note: str
     base: str | None         # the experiment it is compared with: the last kept rung
@@ -41,7 +41,8 @@ class RungRecord(TypedDict, total=False):
     applied: list[dict]      # decide.applied_check (+ decide.target_check with a target card)
     target: dict             # the target card's conversion the engine ran with (common.target_engine), if any
     roofline: dict | None
-    delta: dict              # output_tps: stats.delta, knee_rps: stats.knee_delta, vs `base` (per GPU: `compare`)
+    delta: dict              # output_tps: stats.delta, knee_rps: stats.knee_delta, vs `base` (per GPU: `compare`);
+                             # output_tps_again: vs `base` re-measured right after (a keep on tok/s, record.again)
     gpus: int | None         # GPUs per instance (capacity.gpus_per_instance); None on a CPU box
     per_gpu: dict | None     # capacity.per_gpu: output tok/s and knee per GPU, beside the totals
     speedup: float
@@ -172,6 +173,23 @@ def compare(base: RungRecord, rec: RungRecord) -> dict:
     if skipped:  # a bench that measured nothing (gate failed, offline engine): say why, not "missing measurements"
         d["output_tps"]["why"] = stats.not_measured(*skipped)
     return d
+
+
+def again(remeasured: RungRecord, rec: RungRecord) -> dict | None:
+    """A rung's tok/s vs its base measured again right after it (ladder.Driver.remeasure), in like units, with the
+    same floor: what decide.decide needs a keep on tok/s to hold against too. None: the re-measure did not finish."""
+    if remeasured.get("status") != "ok":
+        return None
+    return compare(remeasured, rec)["output_tps"]
+
+
+def drift_words(d: dict) -> str:
+    """A Δ of one config measured twice, in words: `+1.2 % [-3.0, +5.4] (within noise)`."""
+    if d.get("rel") is None:
+        return f"n/a ({d.get('why') or d.get('verdict')})"
+    ci = d.get("ci95")
+    return (f"{d['rel'] * 100:+.1f} %" + (f" [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}]" if ci else "")
+            + f" ({d['verdict']})")
 
 
 def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:

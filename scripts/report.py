@@ -108,7 +108,8 @@ def slo_text(slo: dict) -> str:
 
 
 VERDICT_CELL = {"baseline": "baseline", "kept": "**kept**", "reverted": "reverted", "not chosen": "not chosen",
-                "failed": "failed → reverted", "interrupted": "interrupted → reverted", "skipped": "skipped"}
+                "failed": "failed → reverted", "interrupted": "interrupted → reverted", "skipped": "skipped",
+                "re-measure": "its base again"}
 
 
 def kept_cell(r):
@@ -126,9 +127,10 @@ def measured_cell(r):
         return "—"
     m = r.get("measured") or {}
     where = f"host {m['host_id']}" if m.get("host_id") else "this machine"
-    if MEASURED_STAGES & set(r.get("reused") or []):
+    restored = sorted(MEASURED_STAGES & set(r.get("reused") or []))
+    if {"bench", "knee"} & set(restored):  # the speed figures: what the row is about (`at`: when bench measured)
         return f"restored ({where}, measured {m.get('at') or '?'})"
-    return "this run"
+    return f"this run ({', '.join(restored)} restored)" if restored else "this run"
 
 
 def applied_cell(r):
@@ -212,7 +214,8 @@ def per_gpu_cell(r):
 def table(lad: dict) -> str:
     rows = []
     for r in lad["rungs"]:
-        change = ", ".join(f"{k}={v}" for k, v in (r.get("change") or {}).items()) or "stock"
+        change = ", ".join(f"{k}={v}" for k, v in (r.get("change") or {}).items()) or (
+            f"none: re-measures {r['base']}" if r.get("role") == "re-measure" else "stock")
         rows.append({"stage": f"{r['index']} {r['name']}", "change": change, "eval acc": acc_cell(r),
                      "per-category regressions": regress_cell(r), "output tok/s [95 % CI]": tps_cell(r),
                      "Δ vs base": delta_cell(r),
@@ -307,6 +310,9 @@ def kept_why(lad: dict) -> list[str]:
         if r.get("role") == "baseline":
             continue
         change = ", ".join(f"`{k}: {v}`" for k, v in (r.get("change") or {}).items())
+        if r.get("role") == "re-measure":  # not a rung: the evidence a keep on tok/s had to hold against
+            lines.append(f"- *{r['name']}* (no change): {r.get('decision') or r.get('error', '')}")
+            continue
         lines.append(f"- **{r['name']}** ({change}): {kept_cell(r).replace('**', '')} — {r.get('decision', '')}")
         if r.get("applied"):
             lines.append(f"  - took effect? {applied_cell(r)}")

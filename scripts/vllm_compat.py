@@ -21,6 +21,7 @@ vLLM itself is imported only inside functions: stages that never start vLLM impo
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import difflib
 import functools
@@ -45,6 +46,7 @@ EXPECTED = {
                     "prequeue_requests=False",
         "_run_vllm_requests": "llm, requests, n, disable_detokenize, do_profile, prequeue_requests, enable_lora",
         "add_cli_args": "parser",
+        "get_requests": "args, tokenizer",
         "main": "args",
     },
     "serve": {"add_cli_args": "parser", "main": "args"},
@@ -132,14 +134,27 @@ def _result_block(requests: int, elapsed: float, prompt_tokens: int, output_toke
             f"Total num prompt tokens:  {prompt_tokens}\nTotal num output tokens:  {output_tokens}")
 
 
+def seeded_requests(get_requests, seed: int, engine_seed: int | None):
+    """`get_requests` drawing with `seed`, whatever the engine's: vLLM's throughput main draws its prompts with the
+    engine's own --seed (the warm-up's with it + 1), so a rung that changed engine.seed would change the traffic
+    it is measured on. The draw gets `seed` plus that same offset; the engine keeps its own seed."""
+    engine_seed = engine_seed or 0  # as main() reads a missing --seed
+
+    def draw(args, tokenizer):
+        args = argparse.Namespace(**{**vars(args), "seed": seed + args.seed - engine_seed})
+        return get_requests(args, tokenizer)
+    return draw
+
+
 def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, prompts: str | None = None,
-                   output_len: int | None = None) -> None:
+                   output_len: int | None = None, dataset_seed: int = 0) -> None:
     """vLLM's own `bench throughput` main, its arguments parsed by its own parser, with its `run_vllm` replaced
     so that ONE engine serves the warm-up and `repeats` timed runs (an engine start costs more than a run).
     The warm-up ends with `warmup_repeats` whole untimed passes over the same requests: a short warm-up left the
     first timed pass slow (6.5k vs 12.4k tok/s on an H200), which is no repeat of the others.
     Each timed run prints a result block; vLLM's main then prints its own for the last one. `prompts`: a
-    rendered prompts file (vLLM's custom format), sampled by vLLM's CustomDataset, each request `output_len` out."""
+    rendered prompts file (vLLM's custom format), sampled by vLLM's CustomDataset, each request `output_len` out.
+    `dataset_seed`: what the prompts are drawn with (seeded_requests), not the engine's --seed."""
     throughput = import_throughput()
     parser = _flexible_parser()
     throughput.add_cli_args(parser)
@@ -173,8 +188,9 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, promp
         return elapsed, outputs
 
     throughput.run_vllm = run_vllm  # the only change to vLLM's flow: the timed part runs `repeats` times
-    if prompts:  # ... and a prompts file's requests, where its parser has no `custom` dataset
-        throughput.get_requests = custom_requests(prompts, output_len)
+    # ... the prompts drawn with the workload's seed, and a prompts file's, where its parser has no `custom` dataset
+    draw = custom_requests(prompts, output_len) if prompts else throughput.get_requests
+    throughput.get_requests = seeded_requests(draw, dataset_seed, args.seed)
     throughput.main(args)
 
 

