@@ -328,8 +328,8 @@ class Confirm(Section):
     """The confirm step: baseline and final kept stack re-measured back to back at the end of the ladder."""
     pairs: Annotated[int, at.Ge(0)] = F("an integer >= 0 (0: no confirm step)", 1)
     round: Annotated[int, at.Ge(0)] = F("an integer >= 0 (set by the ladder: 0 for rungs, k for confirm pair k)", 0)
-    remeasure: Annotated[int, at.Ge(0)] = F("an integer >= 0 (set by the ladder: i when the run re-measures the "
-                                            "base of rung i, bench only; else 0)", 0)
+    remeasure: Annotated[int, at.Ge(0)] = F("an integer >= 0 (set by the ladder when a run re-measures a held "
+                                            "rung's base, bench only: when that rung's bench ran; else 0)", 0)
 
 
 class Cost(Section):

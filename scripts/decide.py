@@ -16,10 +16,10 @@ RULE = ("a rung is kept only when it is significantly better than the last kept 
         "moved up by more than the knee's resolution and start-to-start noise (the brackets apart, by a gap wider "
         "than knee.noise_floor), or the knee moved less than that and output tok/s is better with a 95 % interval "
         "that excludes zero, and then holds again against the last kept rung re-measured right after it (a fresh "
-        "engine, bench only). Anything else is reverted (no measurable gain: the simpler config stays); a lost "
-        "knee is worse. The quality gate and 'did the change take effect' come first; "
-        "candidates of one rung are ranked against each other by the same rule. An instance with more GPUs is "
-        "compared per GPU (knee and tok/s divided by its GPUs).")
+        "engine, bench only; knee.noise_floor is what guards a knee). Anything else is reverted (no measurable "
+        "gain: the simpler config stays); a lost knee is worse. The quality gate and 'did the change take effect' "
+        "come first; candidates of one rung are ranked against each other by the same rule. An instance with more "
+        "GPUs is compared per GPU (knee and tok/s divided by its GPUs).")
 RULE_TPS = ("a rung is kept only when output tok/s is better with a 95 % interval that excludes zero and the knee is "
             "not worse (moved down by more than its resolution and knee.noise_floor, or lost), and the gain holds "
             "again against the last kept rung re-measured right after it (a fresh engine, bench only). Anything "
@@ -66,16 +66,18 @@ def decide(rec: dict, base: dict, objective: str) -> tuple[bool, str]:
     quality = "quality gate passed" if gate.get("gated") else "not gated (no quality measured)"
     keep, why = gain(rec["delta"]["knee_rps"], rec["delta"]["output_tps"], objective)
     if keep and rests_on_tps(rec, objective) and AGAIN in rec["delta"]:
-        again = rec["delta"][AGAIN]
-        if not again or again["verdict"] != "better":
-            said = _says(again, "output tok/s") if again else "its re-measure did not finish"
-            return False, (f"{quality}; reverted: no measurable gain: {why.split(' (')[0]} did not hold against "
-                           f"the base re-measured right after it: {said}; the simpler config stays")
+        again, gained = rec["delta"][AGAIN], why.split(" (")[0]
+        if not again:
+            return False, (f"{quality}; reverted: not confirmed: {gained}, but its base could not be measured "
+                           "again to confirm it; the simpler config stays")
+        if again["verdict"] != "better":
+            return False, (f"{quality}; reverted: no measurable gain: {gained} did not hold against the base "
+                           f"re-measured right after it: {_says(again, 'output tok/s')}; the simpler config stays")
         why += f"; held against the base re-measured right after it: {_says(again, 'output tok/s')}"
     return keep, f"{quality}; {'better' if keep else 'reverted'}: {why}"
 
 
-# rec["delta"][AGAIN]: the rung's tok/s vs its base re-measured right after it (record.fill_again); None when that
+# rec["delta"][AGAIN]: the rung's tok/s vs its base re-measured right after it (record.again); None when that
 # re-measure failed. A keep on tok/s (rests_on_tps) is final only once it holds there too (ladder.Driver.try_rung).
 AGAIN = "output_tps_again"
 
@@ -93,10 +95,12 @@ def needs_again(rec: dict, objective: str) -> bool:
 
 def verdict(rec: dict) -> str:
     """The verdict of a decided record: what the report prints in its `kept?` column."""
+    if rec.get("role") == RECHECK:  # never a rung, whatever became of it: its decision says
+        return RECHECK
     if rec["status"] in (FAILED, INTERRUPTED, SKIPPED):
         return rec["status"]
-    if rec.get("role") in (BASELINE, RECHECK):
-        return rec["role"]
+    if rec.get("role") == BASELINE:
+        return BASELINE
     return KEPT if rec.get("kept") else REVERTED
 
 

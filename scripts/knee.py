@@ -248,8 +248,8 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
         write_na(out, csv_out, logs, failed, common.GATE_FAILED, params, cfg)
         return
     if params["confirm"]["remeasure"]:  # the base of a rung that gained on tok/s, measured again: its bench is all
-        write_na(out, csv_out, logs, f"confirm.remeasure {params['confirm']['remeasure']}: this run re-measures "
-                 "that rung's base, bench only", "bench only", params, cfg)
+        write_na(out, csv_out, logs, "confirm.remeasure: this run measures a held rung's base again, bench only",
+                 "bench only", params, cfg)
         return
     entry = common.model_entry(cfg["model"]["name"])
     sent, input_len = workload.prepare(params["workload"], entry["path"], logs)

@@ -13,6 +13,7 @@ report/ladder.json as they finish; a re-run restores them from DVC's run-cache i
 from __future__ import annotations
 
 import argparse
+import calendar
 import os
 import re
 import signal
@@ -63,6 +64,13 @@ def stale_knobs(workspace: dict, sets: dict) -> list[str]:
     set: left there by an earlier rung (each `dvc exp run` leaves its params in the workspace), they would ride
     along unseen (the CI ladder's confirm step once ran rung 0 with broken-rope's RoPE override)."""
     return [f"{s}.{k}" for s in planning.KNOB_SECTIONS for k in (workspace.get(s) or {}) if f"{s}.{k}" not in sets]
+
+
+def remeasure_key(held: list[dict]) -> int:
+    """confirm.remeasure for the re-measure of these held rungs' base: when the last of them had its bench measured
+    (Unix seconds), so that a held rung and the re-measure taken after it are restored or measured together."""
+    at = max((r.get("measured") or {}).get("at") or "" for r in held)
+    return calendar.timegm(time.strptime(at, "%Y-%m-%dT%H:%M:%SZ")) if at else int(time.time())
 
 
 class Driver:
@@ -220,7 +228,10 @@ class Driver:
             recs.append(rec if decide.needs_again(rec, self.objective) else self.finish(rec))
         pending = [r for r in recs if r.get("verdict") is None]
         if pending:  # a gain on tok/s, against a base measured earlier: measure the base again, now, and re-decide
-            again = self.remeasure(i, rung["name"], base)
+            for r in pending:  # held: not kept until then (an interruption here leaves it interrupted)
+                r["kept"] = False
+            name = pending[0]["name"] if len(pending) == 1 else rung["name"]
+            again = self.remeasure(i, name, base, pending)
             for r in pending:
                 r["delta"][decide.AGAIN] = record.again(again, r)
                 r["kept"], r["decision"] = decide.decide(r, base, self.objective)
@@ -229,16 +240,20 @@ class Driver:
         self.save()
         return chosen
 
-    def remeasure(self, i: int, name: str, base: dict) -> dict:
-        """The base (the last kept rung) measured again right after rung i, on a fresh engine, bench only: its
-        first measurement may be an hour old, and a machine that sped up in between reads as a gain (a CI run read
-        a placebo +14.2 % on tok/s). Its Δ vs that first measurement is the drift, shown as its own row."""
+    def remeasure(self, i: int, name: str, base: dict, held: list[dict]) -> dict:
+        """The base (the last kept rung) measured again right after the `held` rung(s) of rung i, on a fresh engine,
+        bench only: its first measurement may be an hour old, and a machine that sped up in between reads as a
+        gain (a CI run read a placebo +14.2 % on tok/s). Its Δ vs that first measurement is the drift, its own row.
+        Its run-cache key is when the last held rung's bench was measured: a held rung restored from the run-cache
+        gets the re-measure taken after it then, a freshly measured one a fresh re-measure, never another's."""
         self.progress(f"rung {i}: its base {base['exp']} again", again=True)
         rec = self.run_exp(i, f"{name}-base-again", base["knobs"], decide.RECHECK, None, base,
-                           f"re-measures {base['exp']} right after rung {i} (bench only)", remeasure=i)
-        if rec["status"] == "ok":
-            rec["decision"] = (f"{base['exp']} measured again (fresh engine, bench only): output tok/s "
-                               + record.drift_words(rec["delta"]["output_tps"]) + " vs its first measurement")
+                           f"re-measures {base['exp']} right after {', '.join(r['exp'] for r in held)} (bench only)",
+                           remeasure=remeasure_key(held))
+        rec["decision"] = (f"{base['exp']} measured again (fresh engine, bench only): output tok/s "
+                           + record.drift_words(rec["delta"]["output_tps"]) + " vs its first measurement"
+                           if rec["status"] == "ok" else
+                           f"{base['exp']} could not be measured again: {rec.get('error', 'no reason recorded')}")
         rec["kept"] = False
         return self.finish(rec)
 
@@ -328,10 +343,11 @@ def main() -> int:
             drv.confirm_step()
     except KeyboardInterrupt:
         drv.interrupt()
-        for r in drv.records + ((drv.confirm or {}).get("runs") or []):
-            if r["status"] == "running":
-                r["status"], r["verdict"] = decide.INTERRUPTED, decide.INTERRUPTED
-                r["decision"] = "interrupted: re-run `make ladder` to resume here"
+        held = [r for r in drv.records if r.get("verdict") is None]  # running, or held for its base's re-measure
+        for r in held + [r for r in (drv.confirm or {}).get("runs") or [] if r["status"] == "running"]:
+            r["status"], r["kept"] = decide.INTERRUPTED, False
+            r["verdict"] = decide.verdict(r)  # interrupted (a base's re-measure stays what it is: never a rung)
+            r["decision"] = "interrupted: re-run `make ladder` to resume here"
         drv.save()
         print("\nladder: interrupted; finished rungs are kept (dvc exp show); `make ladder` resumes", file=sys.stderr)
         return 130

@@ -198,7 +198,10 @@ def test_a_tok_s_gain_that_holds_against_the_base_measured_again_is_kept_and_say
 
 def test_a_base_that_could_not_be_measured_again_confirms_no_gain():
     r = again(rec([500.0, 505.0, 495.0], 6.5), None)
-    assert r["kept"] is False and "its re-measure did not finish" in r["decision"]
+    assert r["kept"] is False and "reverted: not confirmed: output tok/s +25.0 %, but its base could not be " \
+        "measured again" in r["decision"]
+    # the re-measure's own row is never a rung, whatever became of it
+    assert decide.verdict({"role": decide.RECHECK, "status": "failed"}) == decide.RECHECK
 
 
 def test_only_a_keep_on_tok_s_waits_for_its_base_again():
@@ -213,8 +216,9 @@ def test_only_a_keep_on_tok_s_waits_for_its_base_again():
 
 def test_the_driver_measures_the_base_again_once_per_rung_and_re_decides(monkeypatch):
     """The driver's control flow (run_exp stands in for `dvc exp run`; the real path runs in the CI ladder):
-    two candidates that gain on tok/s share one re-measure of the base, run with its knobs and
-    confirm.remeasure = the rung's index; a candidate kept on its knee waits for nothing."""
+    two candidates that gain on tok/s share one re-measure of the base, run with its knobs and confirm.remeasure =
+    when the last of them was measured; while it runs they are not kept; a candidate kept on its knee waits for
+    nothing."""
     import ladder
     import record
 
@@ -223,33 +227,45 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_re_decides(monkeyp
     drv = ladder.Driver.__new__(ladder.Driver)
     drv.plan, drv.objective, drv.records, drv.t0 = P, "knee_rps", [], 0.0
     base = {**BASE, "exp": "cpu-0-baseline", "knobs": {"engine.seed": 0}, "status": "ok"}
+    at = {"a": "2026-12-01T06:00:00Z", "b": "2026-12-01T06:05:00Z", "c": "2026-12-01T06:10:00Z"}
     results = {"a": rec([457.0, 458.0, 456.0], 6.5), "b": rec([520.0, 522.0, 518.0], 6.5),
-               "c": rec([400.0, 401.0, 399.0], 9.0), "b-base-again": rec([456.0, 458.0, 457.0], None)}
+               "c": rec([400.0, 401.0, 399.0], 9.0), "seqs-base-again": rec([456.0, 458.0, 457.0], None)}
     calls = []
 
     def run_exp(index, name, cfg, role, change, b, note="", into=None, round_=0, remeasure=0):
         calls.append((name, cfg, role, remeasure))
-        r = {**results[name], "index": index, "name": name,
-             "exp": f"cpu-{index}-{name}", "role": role, "knobs": cfg, "change": change or {}}
+        if role == decide.RECHECK:  # held meanwhile: an interruption here must not leave them kept
+            assert all(r["kept"] is False and r.get("verdict") is None for r in drv.records)
+        r = {**results[name], "index": index, "name": name, "exp": f"cpu-{index}-{name}", "role": role,
+             "knobs": cfg, "change": change or {}, "measured": {"at": at.get(name)}}
         r["delta"] = record.compare(b, r)
         drv.records.append(r)
         return r
     monkeypatch.setattr(drv, "run_exp", run_exp)
     monkeypatch.setattr(drv, "save", lambda final=False: None)
     monkeypatch.setattr(drv, "progress", lambda label, again=False: None)
-    rung = {"name": "b", "note": ""}
+    rung = {"name": "seqs", "note": ""}
     tries = [("a", {"engine.max_num_seqs": 8}, "candidate"), ("b", {"engine.max_num_seqs": 32}, "candidate")]
     chosen = drv.try_rung(1, rung, tries, {"engine.seed": 0}, base)
-    assert [c[0] for c in calls] == ["a", "b", "b-base-again"]
-    assert calls[2][1:] == (base["knobs"], decide.RECHECK, 1)
+    assert [c[0] for c in calls] == ["a", "b", "seqs-base-again"]
+    assert calls[2][1:] == (base["knobs"], decide.RECHECK, 1796105100)  # b's bench: 2026-12-01 06:05:00 UTC
     by = {r["name"]: r for r in drv.records}
     assert by["a"]["verdict"] == "reverted" and "did not hold" in by["a"]["decision"]  # +14 % was the machine
     assert chosen is by["b"] and by["b"]["verdict"] == "kept" and "held against" in by["b"]["decision"]
-    assert by["b-base-again"]["verdict"] == decide.RECHECK and by["b-base-again"]["kept"] is False
+    assert by["seqs-base-again"]["verdict"] == decide.RECHECK and by["seqs-base-again"]["kept"] is False
     assert "cpu-0-baseline measured again (fresh engine, bench only): output tok/s +14.2 %" in \
-        by["b-base-again"]["decision"]
+        by["seqs-base-again"]["decision"]
     calls.clear()
     drv.records.clear()
     assert drv.try_rung(2, {"name": "c", "note": ""}, [("c", {"engine.max_num_seqs": 64}, "rung")],
                         {"engine.seed": 0}, base) is not None
     assert [c[0] for c in calls] == ["c"]  # kept on its knee: no re-measure
+
+
+def test_a_re_measure_is_restored_with_the_rung_it_checks_and_never_reused_for_another():
+    import ladder
+    held = {"measured": {"at": "2026-12-01T06:05:00Z"}}
+    # a rung restored from the run-cache carries its old measured_at: the same key restores the re-measure taken
+    # after it then; a rung measured again now (or a fallback, or the next rung) gets a new key: a fresh re-measure
+    assert ladder.remeasure_key([held]) == ladder.remeasure_key([dict(held)]) == 1796105100
+    assert ladder.remeasure_key([{"measured": {"at": "2026-12-01T07:00:00Z"}}]) != 1796105100
