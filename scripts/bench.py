@@ -63,14 +63,14 @@ def job_of(sent: dict) -> dict:
             **({"prompts": sent["prompts"], "output_len": sent["output_len"]} if sent.get("prompts") else {})}
 
 
-def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float,
-                  warmup_repeats: int = 1, job: dict | None = None) -> tuple[list[dict], dict]:
+def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float, warmup_repeats: int,
+                  job: dict) -> tuple[list[dict], dict]:
     """`repeats` timed runs inside one engine (bench.mode engine), after `warmup_repeats` untimed ones: their
     results and the engine's facts (with the warm-up passes' tok/s and the `timing` split of the worker's wall).
     `job`: job_of(the workload sent)."""
     spawned = time.time()
     proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats, "warmup_repeats": warmup_repeats,
-                                        **(job or {"dataset_seed": workload.SEED})}, logs, env_knobs, timeout,
+                                        **job}, logs, env_knobs, timeout,
                              "vllm bench throughput (in-engine repeats)")
     text = proc.log.read_text(encoding="utf-8", errors="replace")
     return (vllm_compat.parse_output(text)[:repeats],
@@ -78,8 +78,7 @@ def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout:
              "timing": vllm_compat.bench_timing(text, spawned)})
 
 
-def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float,
-            job: dict | None = None) -> tuple[list[dict], dict]:
+def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float, job: dict) -> tuple[list[dict], dict]:
     """vLLM's bench throughput once per repeat, each its own process and engine (bench.mode cli), so the spread
     holds the start-to-start noise: results and the first engine's facts, `timing` summed over the runs."""
     runs, facts, timing = [], {}, {"start_s": 0.0, "measure_s": 0.0}

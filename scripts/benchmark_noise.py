@@ -59,8 +59,8 @@ def main():
 
     if 1 in parts:
         t0 = time.monotonic()
-        runs, facts = bench.run_in_engine(argv, args.repeats, logs / "in-engine", cfg["env"], 1800,
-                                          job=bench.job_of(sent))
+        runs, facts = bench.run_in_engine(argv, args.repeats, logs / "in-engine", cfg["env"], 1800, 1,
+                                          bench.job_of(sent))
         spread(f"1. {args.repeats} repeats in one engine ({time.monotonic() - t0:.0f} s)",
                [r["output_tps"] for r in runs])
         split("1", time.monotonic() - t0, facts["timing"])

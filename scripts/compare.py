@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import common
-import decide
 from tabulate import tabulate
+
+import report
 
 METRICS = {"results/eval.json": ["overall"], "results/bench.json": ["output_tps"],
            "results/knee.json": ["knee_rps", "first_fail_rps"]}
@@ -38,8 +39,7 @@ def rows(lad: dict, exps: dict[str, dict]) -> list[dict]:
     for r in lad["rungs"]:
         e = exps.get(r.get("exp") or "")
         row = {"rung": f"{r['index']} {r['name']}", "experiment": r.get("exp") or "—",
-               "change": ", ".join(f"{k}={v}" for k, v in (r.get("change") or {}).items()) or (
-                   f"none: re-measures {r['base']}" if r.get("role") == decide.RECHECK else "stock")}
+               "change": report.change_cell(r)}
         for path, keys in METRICS.items():
             for key in keys:
                 row[key] = (e["metrics"].get(path) or {}).get(key) if e else None

@@ -66,7 +66,7 @@ def decide(rec: dict, base: dict, objective: str) -> tuple[bool, str]:
     quality = "quality gate passed" if gate.get("gated") else "not gated (no quality measured)"
     keep, why = gain(rec["delta"]["knee_rps"], rec["delta"]["output_tps"], objective)
     if keep and rests_on_tps(rec, objective) and AGAIN in rec["delta"]:
-        again, gained = rec["delta"][AGAIN], why.split(" (")[0]
+        again, gained = rec["delta"][AGAIN], f"output tok/s {rec['delta']['output_tps']['rel'] * 100:+.1f} %"
         if not again:
             return False, (f"{quality}; reverted: not confirmed: {gained}, but its base could not be measured "
                            "again to confirm it; the simpler config stays")

@@ -211,12 +211,16 @@ def per_gpu_cell(r):
     return f"{fmt(pg.get('output_tps'), '.0f')} tok/s · knee {knee} req/s"
 
 
+def change_cell(r) -> str:
+    """What a row changed vs its base (a base's re-measure changes nothing: it says what it re-measures)."""
+    return ", ".join(f"{k}={v}" for k, v in (r.get("change") or {}).items()) or (
+        f"none: re-measures {r['base']}" if r.get("role") == "re-measure" else "stock")
+
+
 def table(lad: dict) -> str:
     rows = []
     for r in lad["rungs"]:
-        change = ", ".join(f"{k}={v}" for k, v in (r.get("change") or {}).items()) or (
-            f"none: re-measures {r['base']}" if r.get("role") == "re-measure" else "stock")
-        rows.append({"stage": f"{r['index']} {r['name']}", "change": change, "eval acc": acc_cell(r),
+        rows.append({"stage": f"{r['index']} {r['name']}", "change": change_cell(r), "eval acc": acc_cell(r),
                      "per-category regressions": regress_cell(r), "output tok/s [95 % CI]": tps_cell(r),
                      "Δ vs base": delta_cell(r),
                      "speedup vs baseline": fmt((r.get("speedup") or None), ".2f") + "×" if r.get("speedup") else "—",
