@@ -323,16 +323,23 @@ def main() -> int:
                                 args.model, args.quant_model, args.workload)
         score.load_items(plan.params["eval"]["file"])
         planning.check_target(plan, gpu_list)  # a target card this machine cannot emulate (no GPU, too small)
-        errors = planning.engine_arg_errors(plan)  # vLLM's own parser, once for the whole ladder
-        if errors:
-            raise common.ParamsError("the ladder is not valid (nothing was run):\n  " + "\n  ".join(errors))
+        # vLLM's own parser, the models (the download stage's logic) and every engine config the ladder may start,
+        # built by vLLM's own code on this machine: what vLLM would refuse at start is refused now, naming the rung
+        pre = planning.preflight(plan, gpu_list)
+        if pre["errors"]:
+            raise common.ParamsError("the ladder is not valid (nothing was run):\n  " + "\n  ".join(pre["errors"]))
     except (common.ParamsError, score.EvalFileError) as e:
         common.die(str(e))
+    for line in pre["unchecked"]:
+        print(f"ladder: warning: {line}", file=sys.stderr)
     print(f"ladder: profile {profile}, model {plan.params['baseline']['model']['name']}, baseline + {len(plan.rungs)} "
           f"rungs: " + ", ".join(r["name"] + (" (skipped)" if r.get("skip") else "") for r in plan.rungs))
     w = plan.params["workload"]
     print(f"ladder: workload {w['kind']}" + (f" ({w['file']})" if w["kind"] == "file" else ""))
     print(f"ladder: decision rule: {decide.rule(plan.objective)}")
+    print(f"ladder: pre-flight: {pre['configs']} engine configs built by {pre['version']}'s own code, none refused "
+          f"({pre['seconds']:.0f} s); what only a started engine knows (the memory its profile run measures) is "
+          f"checked when it starts")
     if args.check:
         return 0
     drv = Driver(plan)

@@ -1,14 +1,19 @@
 """Planning the ladder (pure): the profile applied to params.yaml, the rungs validated, candidates expanded.
 
 Worked out ONCE per `make ladder` (`resolve`), before any engine starts: every bad rung is reported at once,
-naming the rung and the knob. The driver (ladder.py) only runs what the plan says.
+naming the rung and the knob. The driver (ladder.py) only runs what the plan says. The pre-flight (`preflight`)
+then asks the installed vLLM, in a child process (this file with --preflight), what it would refuse at start.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 import subprocess
+import sys
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -344,3 +349,137 @@ def check_target(p: Plan, gpus: list[dict]) -> None:
                                 {**base, "gpu_memory_utilization": change["engine.gpu_memory_utilization"]}))
     for where, eng in engines:
         common.target_engine(eng, p.params["target"], gpus, where)
+
+
+# ---------------------------------------------------------------- the pre-flight: what vLLM refuses at start
+def runs_here(p: Plan, rung: dict) -> bool:
+    """The driver runs this rung on this machine: not skipped (MODEL= without a variant), enough GPUs."""
+    return not rung.get("skip") and (rung["when"] or {}).get("min_gpus", 0) <= p.gpus
+
+
+def _knobs_text(change: dict) -> str:
+    return ", ".join(f"{k}: {v!r}" for k, v in change.items())
+
+
+def _names(why: str, name: str, value) -> bool:
+    """vLLM's reason names this knob: as a config field (`SchedulerConfig.max_num_seqs: ...`) or in words with its
+    value (`max_model_len (100000)`, `tensor parallel size (2)`). Only to say which baseline knob it is."""
+    return f".{name}:" in why or any(f"{n} ({value})" in why for n in (name, name.replace("_", " ")))
+
+
+def engine_config_errors(p: Plan, gpus: list[dict], paths: dict, refuse) -> tuple[list[str], list[str], int]:
+    """Rung 0 and every change the driver may run on this machine (candidates and fallbacks too) built into an
+    engine config as vLLM builds it at start (`refuse`: vllm_compat.engine_config_error, which returns vLLM's
+    reason or None), each on rung 0 and again on top of the earlier rungs that built, as the driver composes it
+    if they are kept (a max_num_batched_tokens fine on rung 0 may be below a later max_num_seqs). `paths`: model
+    name -> folder. Returns (errors naming rung, knobs, values and vLLM's reason; configs vLLM could not be asked
+    about; distinct configs built). A rung 0 vLLM refuses stops here: every rung is built on it."""
+    import vllm_compat
+    errors, unchecked, built = [], [], set()
+
+    def ok(where: str, change: dict, flat: dict, on: str = "") -> bool:
+        cfg = common.unflatten_knobs(flat)
+        eng, _ = common.target_engine(cfg["engine"], p.params["target"], gpus)  # as the stages run it
+        name = cfg["model"]["name"]
+        built.add(repr(sorted({**flat, **{f"engine.{k}": v for k, v in eng.items()}}.items())))
+        try:
+            why = refuse(paths[name], eng, cfg["env"])
+        except vllm_compat.VllmCompatError as e:
+            unchecked.append(f"{where}: not checked before its engine starts: {e}")
+            return True
+        if why:
+            knobs = _knobs_text(change) or "its engine config"
+            errors.append(f"{where}: {knobs}{on} would be refused when its engine starts: {why}")
+        return not why
+
+    base = p.baseline
+    if not ok("baseline (rung 0)", {}, base):
+        said = {f"baseline.{k}": v for k, v in base.items()
+                if k.startswith(("engine.", "env.")) and _names(errors[-1], k.partition(".")[2], v)}
+        errors[-1] = errors[-1].replace("its engine config", _knobs_text(said) or "baseline.engine", 1)
+        return errors, unchecked, len(built)
+    in_force, kept = dict(base), []
+    for i, rung in enumerate(p.rungs, 1):
+        if not runs_here(p, rung):
+            continue
+        where, changes = f"ladder.yaml {p.profile} rung {i} {rung['name']!r}", rung_changes(rung)
+        parts = [(where + (f" candidate {j}" if len(changes) > 1 else ""), c) for j, c in enumerate(changes, 1)]
+        parts += [(f"{where} fallback", rung["fallback"])] if rung.get("fallback") else []
+        first_ok = None
+        for n, (label, change) in enumerate(parts):
+            good = ok(label, change, {**base, **change})
+            if good and kept and {**in_force, **change} != {**base, **change}:
+                good = ok(label, change, {**in_force, **change},
+                          f" on top of rung{'s' if len(kept) > 1 else ''} {', '.join(kept)} (as the ladder runs it "
+                          f"if {'they are' if len(kept) > 1 else 'that one is'} kept)")
+            if good and first_ok is None and n < len(changes):
+                first_ok = change
+        if first_ok is not None:  # later rungs compose on this one, as if kept (plan() does the same)
+            in_force.update(first_ok)
+            kept.append(str(i))
+    return errors, unchecked, len(built)
+
+
+def provide_models(p: Plan) -> dict:
+    """Model name -> folder for every model of download.fetch, by the download stage's own logic (download.provide)
+    with this plan's download section (MODEL= and QUANT_MODEL= included): the same store and markers, so the first
+    rung's download stage finds them built and verified. vLLM builds a config from the folder's config.json."""
+    import download
+    cfg = p.params["download"]
+    store, done = download.store_path(cfg), {}
+    for name in cfg["fetch"]:
+        download.provide(name, cfg["catalog"], store, done)
+    return {name: entry["path"] for name, entry in done.items()}
+
+
+def _preflight_worker(job_path: str, out_path: str) -> None:
+    """The child: vLLM's parser on every engine arg, then the models, then vLLM's engine configs; a JSON result."""
+    import download
+    import vllm_compat
+    t0, job = time.monotonic(), common.read_json(job_path)
+    p = Plan(**job["plan"])
+    result = {"errors": engine_arg_errors(p), "unchecked": [], "configs": 0, "version": vllm_compat.installed_version()}
+    if not result["errors"]:  # a value the parser refuses builds no config: fix those first
+        try:
+            paths = provide_models(p)
+        except (download.ModelError, common.ParamsError) as e:
+            result["errors"] = [str(e)]
+        else:
+            result["errors"], result["unchecked"], result["configs"] = engine_config_errors(
+                p, job["gpus"], paths, vllm_compat.engine_config_error)
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    common.write_json(out_path, result)
+
+
+def preflight(p: Plan, gpus: list[dict]) -> dict:
+    """Before any engine starts, on this machine: every engine arg through vLLM's parser (`engine_arg_errors`), the
+    models provided (`provide_models`), and every engine config the ladder may start built by vLLM's own code
+    (`engine_config_errors`). In a child process (this file with --preflight, under engine.guarded): vLLM's config
+    code sets environment variables (the CPU platform sets LD_PRELOAD), imports torch and on a GPU may open a CUDA
+    context, none of which may stay in the ladder's process, whose stages and engines inherit it. Returns the
+    child's result: errors (each naming rung, knob and value), unchecked, configs, seconds, version."""
+    import engine
+    with tempfile.TemporaryDirectory(prefix="ladder-preflight-") as tmp:
+        job, out = Path(tmp, "job.json"), Path(tmp, "result.json")
+        plan_fields = {f.name: getattr(p, f.name) for f in dataclasses.fields(Plan) if f.init}
+        common.write_json(job, {"plan": plan_fields, "gpus": gpus})
+        env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"}  # vLLM's INFO lines are for the engines' logs
+        proc = engine.guarded([sys.executable, str(Path(__file__).resolve()), "--preflight", str(job), str(out)],
+                              env=env)
+        try:
+            rc = proc.wait()
+        except BaseException:  # Ctrl-C: the child is in the guard's session, not the terminal's
+            proc.terminate()
+            proc.wait()
+            raise
+        if not out.exists():
+            raise common.ParamsError(f"the pre-flight (scripts/plan.py --preflight) exited {rc} with no result; "
+                                     f"its output is above")
+        return common.read_json(out)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--preflight":
+        _preflight_worker(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit("usage: plan.py --preflight JOB.json OUT.json (the ladder's pre-flight child)")

