@@ -12,6 +12,7 @@ not measured (status n/a, no engine started) unless gate.measure_failed: it is r
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -97,9 +98,30 @@ def method(b: dict, mode: str) -> str:
              f"repeats inside one engine (vLLM's own bench code)" if mode == "engine" else
              f"{b['repeats']} runs, each its own engine start ({b['warmups']} warm-up requests each)")
     timed += f", prompts drawn with seed {workload.SEED} whatever engine.seed"
-    floor = f", widened by a {b['noise_floor']:.0%} start-to-start floor" if b["noise_floor"] else ""
+    floor = stats.Floor.of(b["noise_floor"]).words()
     return (f"`vllm bench throughput`, {b['num_prompts']} prompts, {timed}, the prefix cache reset before each; "
-            f"median with a 95 % t-interval; each Δ with a Welch 95 % interval{floor}")
+            f"median with a 95 % t-interval of the repeats; each Δ counts fresh engines as the unit ({floor} on the "
+            "card, pooled with the ladder's own re-measures; stats.delta)")
+
+
+# The ladder names a file here per run (ladder.Driver): the first bench of the run that starts an engine finds it
+# missing, warms the machine with an untimed engine of its own config, and creates it.
+WARM_MARK = "LADDER_WARM_MARK"
+
+
+def warm_up(argv: list[str], logs: Path, env_knobs: dict, timeout: float, job: dict) -> dict | None:
+    """An untimed engine before the first timed one of a ladder run (bench.warm_up_engine): whatever runs first on a
+    machine reads slow. Its tok/s is kept (the first engine vs the timed one), never compared."""
+    mark = os.environ.get(WARM_MARK)
+    if not mark or Path(mark).exists():
+        return None
+    t0 = time.monotonic()
+    runs, facts = run_in_engine(argv, 1, logs / "warm-up", env_knobs, timeout, 0, job)
+    Path(mark).parent.mkdir(parents=True, exist_ok=True)
+    Path(mark).write_text(f"{time.time():.0f}\n")
+    out = {"output_tps": runs[0]["output_tps"] if runs else None, "wall_s": round(time.monotonic() - t0, 1)}
+    print(f"bench: warm-up engine (untimed): {out['output_tps'] or 0:.1f} output tok/s in {out['wall_s']:.0f} s")
+    return out
 
 
 def write_na(out: Path, logs: Path, reason: str, label: str, params: dict, cfg: dict) -> None:
@@ -130,6 +152,7 @@ def main(out: Path, logs: Path, gate_json: Path):
     mode, t0 = b["mode"], time.monotonic()
     sent, input_len = workload.prepare(w, entry["path"], logs)
     argv = throughput_argv(entry["path"], b, sent, cfg["engine"])
+    warm = warm_up(argv, logs, cfg["env"], b["timeout_s"], job_of(sent)) if b["warm_up_engine"] else None
     if mode == "engine":
         runs, facts = run_in_engine(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], b["warmup_repeats"],
                                     job_of(sent))
@@ -155,12 +178,14 @@ def main(out: Path, logs: Path, gate_json: Path):
                   "dataset": w["kind"], "ignore_eos": True, "warmups": b["warmups"],
                   "warmup_repeats": b["warmup_repeats"] if mode == "engine" else 0},
         "warmup_output_tps": facts.get("warmup_output_tps"),  # the untimed passes: how slow a cold pass was
+        "warm_up_engine": warm,  # the untimed engine before this one (the first bench of a ladder run), or None
         "applied_shape": runs[0]["applied"],
         "kv_cache_tokens": facts.get("kv_cache_tokens"),
         "max_concurrency": facts.get("max_concurrency"),
         "engine_init_s": facts.get("engine_init_s"),
         "wall_s": round(time.monotonic() - t0, 1),
-        "time": common.stage_time(facts["timing"]["start_s"], facts["timing"]["measure_s"]),
+        "time": common.stage_time(facts["timing"]["start_s"] + (warm or {}).get("wall_s", 0.0),
+                                  facts["timing"]["measure_s"]),  # a warm-up engine counts as starting
         "engine": facts,
         "summary": summ,
         "runs": runs,

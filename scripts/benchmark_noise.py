@@ -4,23 +4,38 @@ On the rung in params.yaml (the cpu profile by default) it measures:
   1. output tok/s of N timed repeats inside one engine (bench.mode engine): spread and 95 % interval width;
   2. the same with a fresh engine per repeat (bench.mode cli): the start-to-start noise on top;
   3. the knee found by the bracket-then-bisect search vs a fixed 10-rate sweep: probes used, knee, time;
-  4. the knee's search on N fresh servers: how far apart their brackets sat, the knee.noise_floor it suggests.
+  2. the same with a fresh engine per repeat after a discarded first one (the first engine on a machine reads
+     slow): the start-to-start floor, printed as the `bench.noise_floor` block a profile reads;
+  3. the knee found by the bracket-then-bisect search vs a fixed 10-rate sweep: probes used, knee, time;
+  4. the knee's search on N fresh servers: how far apart their brackets sat, the knee.noise_floor it suggests;
+  5. the ladder's tok/s rule on fresh engines (--compare): a warm-up engine, then the base before and after every
+     change (base, change 1, base, change 2, base, ...), each change judged as a rung is (stats.delta against
+     both flanks, the floor pooled with the base's own engines); placebos show its false calls, a real change its
+     power.
 Each also prints where its wall time went (starting engines, measuring, other), as the report's Time section does.
-Writes only under results/logs/benchmark/.
-Usage: python scripts/benchmark_noise.py [--repeats 5] [--knee-servers 3] [--parts 1,2,3,4]
+`--profile` measures a ladder.yaml profile's rung 0 (its models prepared here) instead of params.yaml's.
+Writes only under results/logs/benchmark/ (and results/models.json, results/fingerprint.json with --profile).
+Usage: python scripts/benchmark_noise.py [--profile P] [--repeats 5] [--knee-servers 3] [--parts 1,2,3,4]
+                                         [--compare 'engine.seed=1;engine.seed=2'] [--set bench.num_prompts=512]
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
 import bench
 import common
+import config
+import download
 import engine
+import fingerprint
 import knee
+import plan as planning
 import stats
 import workload
+import yaml
 
 
 def spread(name: str, values: list[float]) -> None:
@@ -46,9 +61,17 @@ def main():
     ap.add_argument("--sweep-rates", default="1,2,3,4,5,6,7,8,9,10")
     ap.add_argument("--knee-servers", type=int, default=3)
     ap.add_argument("--parts", default="1,2,3,4", help="which of the measurements above to run")
+    ap.add_argument("--profile", help="a ladder.yaml profile: measure its rung 0")
+    ap.add_argument("--set", default="", help="';'-separated key=value settings on top (bench.num_prompts=512)")
+    ap.add_argument("--compare", default="", help="part 5: ';'-separated changes, each key=value[,key=value]")
     args = ap.parse_args()
     parts = {int(x) for x in args.parts.split(",")}
     params = common.stage_start()
+    if args.profile:
+        params = profile_params(params, args.profile)
+    for key, value in changes(args.set).items():
+        planning.set_dotted(params, key, value)
+    params = config.validate(params)
     cfg, b, k, slo = common.engine_config(params), params["bench"], params["knee"], params["slo"]
     entry = common.model_entry(cfg["model"]["name"])
     logs = common.RESULTS / "logs" / "benchmark"
@@ -66,11 +89,25 @@ def main():
         split("1", time.monotonic() - t0, facts["timing"])
 
     t0 = time.monotonic()
-    if 2 in parts:
-        runs, facts = bench.run_cli(argv, args.repeats, logs / "cli", cfg["env"], 1800, bench.job_of(sent))
-        spread(f"2. {args.repeats} runs, a fresh engine each ({time.monotonic() - t0:.0f} s)",
-               [r["output_tps"] for r in runs])
-        split("2", time.monotonic() - t0, facts["timing"])
+    if 2 in parts:  # the first engine is discarded: it reads slow (a fresh H200: 6,639 then 7,242 and 7,337 tok/s)
+        got = [engine_means(argv, b, logs / "cli" / f"engine{e}", cfg["env"], sent) for e in range(args.repeats + 1)]
+        means = [m for m, _ in got]
+        spread(f"2. {args.repeats} fresh engines after a discarded first ({time.monotonic() - t0:.0f} s)", means[1:])
+        print(f"   the first engine: {means[0]:.1f} tok/s, {(means[0] / statistics.fmean(means[1:]) - 1) * 100:+.1f} % "
+              "vs the mean of the rest")
+        split("2", time.monotonic() - t0, {k_: sum(t[k_] for _, t in got) for k_ in ("start_s", "measure_s")})
+        fp = common.read_json(common.RESULTS / "fingerprint.json") if (common.RESULTS / "fingerprint.json").exists() \
+            else fingerprint.fingerprint()
+        block = {"cv": round(statistics.stdev(means[1:]) / statistics.fmean(means[1:]), 4), "engines": len(means) - 1,
+                 "measured_on": f"{fp.get('gpu') or fp.get('cpu')}" + (f", driver {fp['driver']}" if fp.get("driver")
+                                                                      else ""),
+                 "vllm": fp.get("vllm"), "measured": time.strftime("%Y-%m-%d")}
+        print("   the profile's bench.noise_floor (ladder.yaml settings, or params.yaml for the cpu profile):\n"
+              + yaml.safe_dump({"bench.noise_floor": block}, sort_keys=False, width=200))
+        common.write_json(logs / "noise_floor.json", {**block, "engine_means": means})
+
+    if 5 in parts:
+        compare_rule(params, b, logs / "rule", changes_list(args.compare), args.repeats)
 
     rates = [float(x) for x in args.sweep_rates.split(",")]
     searches = [("3a. search", {"mode": "search"}),
@@ -100,6 +137,87 @@ def main():
               + ", ".join(f"{r['knee_rps']}–{r['first_fail_rps']}" for r in fresh)
               + f"; the widest gap between two of them: {knee_gap(fresh):.0%} (knee.noise_floor is "
               f"{k['noise_floor']:.0%}: a floor below that gap lets a change of that size pass as a move)")
+
+
+def changes(text: str) -> dict:
+    """'a.b=1,c.d=x' -> {'a.b': 1, 'c.d': 'x'} (values read as YAML)."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.replace(";", ",").split(","))):
+        key, _, value = part.partition("=")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def changes_list(text: str) -> list[dict]:
+    return [changes(c) for c in text.split(";") if c.strip()]
+
+
+def profile_params(params: dict, profile: str) -> dict:
+    """A ladder.yaml profile's effective params (rung 0 in force), with its models prepared by the download stage's
+    own code and this machine's fingerprint written, as the ladder's first stages would."""
+    eff = planning.effective_params(params, planning.load_ladder(planning.LADDER_YAML), profile,
+                                    planning.committed_params())
+    dl = config.section(eff, "download")
+    store, done = download.store_path(dl), {}
+    for name in dl["fetch"]:
+        download.provide(name, dl["catalog"], store, done)
+    common.write_json(common.RESULTS / "models.json", {"store": str(store), "models": done})
+    common.write_json(common.RESULTS / "fingerprint.json", fingerprint.fingerprint())
+    return eff
+
+
+def engine_means(argv: list[str], b: dict, logs, env: dict, sent: dict) -> tuple[float, dict]:
+    """One fresh engine (its own process) of `b["repeats"]` timed repeats: their mean and its timing."""
+    runs, facts = bench.run_in_engine(argv, b["repeats"], logs, env, b["timeout_s"], b["warmup_repeats"],
+                                      bench.job_of(sent))
+    return statistics.fmean(r["output_tps"] for r in runs), {**facts["timing"], "runs": [r["output_tps"] for r in runs]}
+
+
+def compare_rule(params: dict, b: dict, logs, cands: list[dict], _repeats: int) -> None:
+    """Part 5: the ladder's tok/s rule on fresh engines, interleaved: warm-up, base, c1, base, c2, base, ... Each
+    change is judged against the base engines just before and after it, the floor pooled with every base engine so
+    far (as ladder.Driver does with its re-measures). Printed, and written to rule.json."""
+    t0 = time.monotonic()
+
+    def measure(change: dict, name: str) -> dict:
+        p, folder = copy_params(params, change), logs / f"engine-{len(seq) + len(bases) + 1:02d}"
+        cfg = common.engine_config(p)
+        entry = common.model_entry(cfg["model"]["name"])
+        sent, _ = workload.prepare(p["workload"], entry["path"], folder)
+        argv = bench.throughput_argv(entry["path"], b, sent, cfg["engine"])
+        mean, timing = engine_means(argv, b, folder, cfg["env"], sent)
+        print(f"5. {name}: {mean:.1f} output tok/s (repeats {', '.join(f'{x:.0f}' for x in timing['runs'])}; "
+              f"start {timing['start_s']:.0f} s, measure {timing['measure_s']:.0f} s)", flush=True)
+        return {"name": name, "change": change, "mean": mean, **timing}
+    seq: list[dict] = []
+    bases: list[dict] = []
+    seq.append(measure({}, "warm-up (untimed)"))
+    bases.append(measure({}, "base 1"))
+    verdicts = []
+    for i, change in enumerate(cands, 1):
+        got = measure(change, f"change {i} " + ",".join(f"{k}={v}" for k, v in change.items()))
+        bases.append(measure({}, f"base {len(bases) + 1}"))
+        floor = stats.pool(stats.Floor.of(b["noise_floor"]), [[x["mean"] for x in bases]])
+        d = stats.delta([bases[-2]["runs"], bases[-1]["runs"]], [got["runs"]], floor)
+        verdicts.append({"change": change, "delta": d, "engine": got})
+        seq += [got, bases[-1]]
+        print(f"   -> {got['name']}: {d['rel'] * 100:+.1f} % "
+              + (f"[{d['ci'][0] * 100:+.1f}, {d['ci'][1] * 100:+.1f}] " if d.get("ci") else "")
+              + f"{d['verdict']} ({d['why']})", flush=True)
+    first = seq[0]["mean"] / statistics.fmean(x["mean"] for x in bases) - 1
+    print(f"5. warm-up engine vs the base engines after it: {first * 100:+.1f} %; base engines: "
+          + ", ".join(f"{x['mean']:.0f}" for x in bases) + f"; {time.monotonic() - t0:.0f} s in all")
+    common.write_json(logs / "rule.json", {"settings": {"bench": b, "workload": params["workload"]},
+                                          "engines": [*seq[:1], bases[0], *seq[1:]], "verdicts": verdicts,
+                                          "bases": bases, "warm_up_vs_bases": first,
+                                          "seconds": round(time.monotonic() - t0, 1)})
+
+
+def copy_params(params: dict, change: dict) -> dict:
+    p = copy.deepcopy(params)
+    for key, value in change.items():
+        planning.set_dotted(p, key, value)
+    return p
 
 
 def knee_gap(results: list[dict]) -> float:

@@ -34,7 +34,8 @@ def _div(v, n):
 
 def per_gpu_knee(knee: dict, gpus: int) -> dict:
     """A knee and its bracket divided by the GPUs that served it: instances of different sizes in like units."""
-    return {**knee, **{k: _div(knee.get(k), gpus) for k in ("knee_rps", "last_pass_rps", "first_fail_rps")}}
+    return {**knee, **{k: _div(knee.get(k), gpus) for k in ("knee_rps", "last_pass_rps", "first_fail_rps",
+                                                            "conclusive_fail_rps") if k in knee}}
 
 
 def per_gpu_runs(runs: list[float], gpus: int) -> list[float]:

@@ -268,6 +268,7 @@ def stage_start(check: bool = True) -> dict:
 
 # ---------------------------------------------------------------- a rung the gate already reverted
 GATE_FAILED = "gate failed"  # the label of a bench or knee result that measured nothing for that reason
+BENCH_ONLY = "bench only"    # the label of a re-measure's knee: a base measured again for its tok/s alone
 
 
 def gate_failed(params: dict, gate_json: Path) -> str | None:

@@ -254,15 +254,29 @@ class Workload(Section):
         return v
 
 
+class NoiseFloor(Section):
+    """The start-to-start SD of output tok/s on this card: `make benchmark` measures it (fresh engines after a
+    discarded first one) and prints this block; every Δ's interval carries it (stats.Floor), pooled with the
+    ladder's own re-measures of its bases."""
+    cv: Annotated[StrictFloat | StrictInt, at.Ge(0), at.Lt(1)] = F("a fraction in [0, 1)", 0.0)
+    engines: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0: the fresh engines it was measured on (0: none)", 0)
+    measured_on: StrictStr | None = F("the machine it was measured on (GPU name and driver, or CPU), or null", None)
+    vllm: StrictStr | None = F("the vLLM version it was measured with, or null", None)
+    measured: StrictStr | None = F("when it was measured (YYYY-MM-DD), or null", None)
+
+
 class Bench(Section):
     num_prompts: PosInt = F("an integer > 0")
     repeats: PosInt = F("an integer > 0")
     mode: Literal["engine", "cli"] = F("engine or cli", "engine")
     warmups: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 0)
     warmup_repeats: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 1)  # whole untimed passes (mode engine)
-    # relative SD of output tok/s between fresh engine starts (`make benchmark` measures it); repeats inside one
-    # engine cannot see it, so every Δ's interval carries it
-    noise_floor: Annotated[StrictFloat | StrictInt, at.Ge(0), at.Lt(1)] = F("a fraction in [0, 1)", 0.0)
+    # the first engine on a machine reads slow (fresh H200: 6,639 then 7,242 and 7,337 tok/s): the first bench of a
+    # ladder run starts an untimed engine of its config before the timed one
+    warm_up_engine: StrictBool = F("true or false: an untimed engine before the first timed one of a ladder run",
+                                   True)
+    noise_floor: NoiseFloor = F("{cv, engines, measured_on, vllm, measured}: `make benchmark` prints it",
+                                NoiseFloor())
     timeout_s: PosNum = F("a number of seconds > 0", 1800)
 
 
@@ -283,6 +297,7 @@ class Knee(Section):
     min_rate: PosNum | None = F("a request rate > 0 or null", None)
     rel_tol: OpenUnit | None = F("a number in (0, 1): the widest bracket, relative to its midpoint", None)
     max_probes: PosInt | None = F("an integer > 0", None)
+    max_repeats: PosInt = F("an integer > 0: probes of one rate in a row while its evidence is inconclusive", 3)
     probe_seconds: PosNum = F("a number > 0")
     ramp_fraction: Annotated[Num, at.Ge(0), at.Lt(0.5)] = F(
         "a fraction in [0, 0.5): the first arrivals of a probe, left out of its percentiles", 0.1)

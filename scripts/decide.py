@@ -12,20 +12,20 @@ BASELINE, KEPT, REVERTED, NOT_CHOSEN, FAILED, INTERRUPTED, SKIPPED, CONFIRM, REC
     "baseline", "kept", "reverted", "not chosen", "failed", "interrupted", "skipped", "confirm", "re-measure")
 
 
+_TPS = ("output tok/s is better with a {level} interval that excludes zero (the engine is the unit: the rung's fresh "
+        "engine against the mean of its base's engines measured just before it and again just after it, with the "
+        "start-to-start SD that make benchmark measured on the card, pooled with the ladder's own re-measures)")
 RULE = ("a rung is kept only when it is significantly better than the last kept rung: its knee (req/s at the SLO) "
         "moved up by more than the knee's resolution and start-to-start noise (the brackets apart, by a gap wider "
-        "than knee.noise_floor), or the knee moved less than that and output tok/s is better with a 95 % interval "
-        "that excludes zero, and then holds again against the last kept rung re-measured right after it (a fresh "
-        "engine, bench only; knee.noise_floor is what guards a knee). Anything else is reverted (no measurable "
-        "gain: the simpler config stays); a lost knee is worse. The quality gate and 'did the change take effect' "
-        "come first; candidates of one rung are ranked against each other by the same rule. An instance with more "
-        "GPUs is compared per GPU (knee and tok/s divided by its GPUs).")
-RULE_TPS = ("a rung is kept only when output tok/s is better with a 95 % interval that excludes zero and the knee is "
-            "not worse (moved down by more than its resolution and knee.noise_floor, or lost), and the gain holds "
-            "again against the last kept rung re-measured right after it (a fresh engine, bench only). Anything "
-            "else is reverted (no measurable gain: the simpler config stays). The quality gate and 'did the change "
-            "take effect' come first; candidates of one rung are ranked against each other by the same rule. An "
-            "instance with more GPUs is compared per GPU (knee and tok/s divided by its GPUs).")
+        "than knee.noise_floor), or the knee moved less than that and " + _TPS + ". Anything else is reverted (no "
+        "measurable gain: the simpler config stays); a lost knee is worse. The quality gate and 'did the change take "
+        "effect' come first; candidates of one rung are ranked against each other by the same rule. An instance with "
+        "more GPUs is compared per GPU (knee and tok/s divided by its GPUs).").format(level=f"{stats.CONFIDENCE:.1%}")
+RULE_TPS = ("a rung is kept only when " + _TPS + " and the knee is not worse (moved down by more than its resolution "
+            "and knee.noise_floor, or lost). Anything else is reverted (no measurable gain: the simpler config stays). "
+            "The quality gate and 'did the change take effect' come first; candidates of one rung are ranked against "
+            "each other by the same rule. An instance with more GPUs is compared per GPU (knee and tok/s divided by "
+            "its GPUs).").format(level=f"{stats.CONFIDENCE:.1%}")
 
 
 def rule(objective: str) -> str:
@@ -52,45 +52,61 @@ def gain(d_knee: dict, d_tps: dict, objective: str) -> tuple[bool, str]:
     return False, f"no measurable gain: {knee}; {tps}; the simpler config stays"
 
 
+def reverted_before_speed(rec: dict) -> str | None:
+    """Why a rung is reverted whatever its speed (it failed, its gate failed, its change did not take effect), or
+    None: its performance decides."""
+    if rec["status"] == FAILED:  # the pre-flight built its engine config with vLLM's own code: what failed needs one
+        return (f"failed: {rec.get('error', 'no reason recorded')} (the pre-flight, vLLM's own config checks, "
+                "passed it: this is what only a started engine can find, such as the memory its profile run measures)")
+    if rec["status"] != "ok":
+        return f"{rec['status']}: {rec.get('error', 'no reason recorded')}"
+    gate = rec.get("gate") or {}
+    if gate.get("gated") and not gate.get("keep"):
+        return "quality gate failed: " + "; ".join(gate.get("reasons", []))
+    not_applied = [c["knob"] for c in rec.get("applied") or [] if c["applied"] is False]
+    if not_applied:
+        return f"not applied: the engine did not run with {', '.join(not_applied)} as asked; not credited"
+    return None
+
+
 def decide(rec: dict, base: dict, objective: str) -> tuple[bool, str]:
     """Keep or revert a finished rung against the last kept one: quality gate first, then 'did the change take
     effect', then the performance rule (`RULE`), judged by intervals and knee brackets, never by point values."""
-    if rec["status"] != "ok":
-        return False, f"{rec['status']}: {rec.get('error', 'no reason recorded')}"
+    early = reverted_before_speed(rec)
+    if early:
+        return False, early
     gate = rec.get("gate") or {}
-    if gate.get("gated") and not gate.get("keep"):
-        return False, "quality gate failed: " + "; ".join(gate.get("reasons", []))
-    not_applied = [c["knob"] for c in rec.get("applied") or [] if c["applied"] is False]
-    if not_applied:
-        return False, f"not applied: the engine did not run with {', '.join(not_applied)} as asked; not credited"
     quality = "quality gate passed" if gate.get("gated") else "not gated (no quality measured)"
     keep, why = gain(rec["delta"]["knee_rps"], rec["delta"]["output_tps"], objective)
-    if keep and rests_on_tps(rec, objective) and AGAIN in rec["delta"]:
-        again, gained = rec["delta"][AGAIN], f"output tok/s {rec['delta']['output_tps']['rel'] * 100:+.1f} %"
-        if not again:
-            return False, (f"{quality}; reverted: not confirmed: {gained}, but its base could not be measured "
-                           "again to confirm it; the simpler config stays")
-        if again["verdict"] != "better":
-            return False, (f"{quality}; reverted: no measurable gain: {gained} did not hold against the base "
-                           f"re-measured right after it: {_says(again, 'output tok/s')}; the simpler config stays")
-        why += f"; held against the base re-measured right after it: {_says(again, 'output tok/s')}"
+    if keep and rests_on_tps(rec, objective) and rec["delta"].get(AGAIN) is False:
+        gained = f"output tok/s {rec['delta']['output_tps']['rel'] * 100:+.1f} %"
+        return False, (f"{quality}; reverted: not confirmed: {gained}, but its base could not be measured again right "
+                       "after it; the simpler config stays")
     return keep, f"{quality}; {'better' if keep else 'reverted'}: {why}"
 
 
-# rec["delta"][AGAIN]: the rung's tok/s vs its base re-measured right after it (record.again); None when that
-# re-measure failed. A keep on tok/s (rests_on_tps) is final only once it holds there too (ladder.Driver.try_rung).
-AGAIN = "output_tps_again"
+# rec["delta"][AGAIN]: whether the rung's base was measured again right after it (ladder.Driver.remeasure): True, its
+# tok/s Δ is against the base's engines on both sides; False, that re-measure failed. A rung gets one before it is
+# decided unless its speed cannot keep it (needs_again).
+AGAIN = "base_again"
 
 
 def rests_on_tps(rec: dict, objective: str) -> bool:
-    """Whether a rung's keep rests on its output tok/s (not on a knee that moved by more than its noise): such a
-    gain is compared with a base measured earlier, so it must hold against the base measured again right after."""
+    """Whether a rung's keep rests on its output tok/s (not on a knee that moved by more than its noise)."""
     return not (objective == "knee_rps" and rec["delta"]["knee_rps"]["verdict"] == "better")
 
 
 def needs_again(rec: dict, objective: str) -> bool:
-    """A rung decided `kept` on tok/s whose base has not been re-measured yet."""
-    return bool(rec.get("kept")) and rests_on_tps(rec, objective) and AGAIN not in (rec.get("delta") or {})
+    """Whether a measured rung waits for its base to be measured again right after it: unless it is reverted
+    whatever its speed, decided by its knee (worse; better under the knee objective), or its tok/s against the base
+    before it shows no gain (stats.may_gain: no faster, or significantly worse). Only a gain needs both sides."""
+    d = rec.get("delta") or {}
+    if (reverted_before_speed(rec) or AGAIN in d or (rec.get("bench") or {}).get("status", "ok") != "ok"
+            or not d.get("output_tps") or not d.get("knee_rps")):
+        return False
+    if d["knee_rps"]["verdict"] == "worse" or not rests_on_tps(rec, objective):
+        return False
+    return stats.may_gain(d["output_tps"])
 
 
 def verdict(rec: dict) -> str:
@@ -104,16 +120,15 @@ def verdict(rec: dict) -> str:
     return KEPT if rec.get("kept") else REVERTED
 
 
-def beats(a: dict, b: dict, objective: str) -> tuple[bool, str]:
+def beats(a: dict, b: dict, objective: str, floor) -> tuple[bool, str]:
     """Candidate a vs candidate b, in like units (per GPU) and by the same rule as a rung vs its base."""
     ga, gb = (capacity.gpus_per_instance(r.get("knobs") or {}) for r in (a, b))
-    floor = max(a["bench"].get("noise_floor") or 0.0, b["bench"].get("noise_floor") or 0.0)
     return gain(stats.knee_delta(capacity.per_gpu_knee(b["knee"], gb), capacity.per_gpu_knee(a["knee"], ga)),
                 stats.delta(capacity.per_gpu_runs(b["bench"].get("output_tps_runs"), gb),
                             capacity.per_gpu_runs(a["bench"].get("output_tps_runs"), ga), floor), objective)
 
 
-def choose(recs: list[dict], objective: str) -> dict | None:
+def choose(recs: list[dict], objective: str, floor) -> dict | None:
     """Candidates of one knob: of those that would be kept, the one no other beats by the rule (ties: the first
     listed stays); the others are marked "not chosen". Returns the chosen record, or None."""
     good = [r for r in recs if r.get("kept")]
@@ -121,7 +136,7 @@ def choose(recs: list[dict], objective: str) -> dict | None:
         return good[0] if good else None
     best, why = good[0], "no other candidate beat it"
     for r in good[1:]:
-        better, how = beats(r, best, objective)
+        better, how = beats(r, best, objective, floor)
         if better:
             best, why = r, how
     for r in good:

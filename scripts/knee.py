@@ -32,7 +32,8 @@ import workload
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
 COLUMNS = (["offered_rps", "num_prompts", "seed", "achieved_rps", "output_tps", "goodput_rps", "completed", "failed",
-            "counted", "needed", "ramp_skipped", "slo_ttft_ms", "slo_tpot_ms", "window_arrivals", "window_first_tokens",
+            "counted", "needed", "over_slo", "pooled_counted", "pooled_over", "evidence", "ramp_skipped",
+            "slo_ttft_ms", "slo_tpot_ms", "window_arrivals", "window_first_tokens",
             "window_completions", "window_allowance", "backlog", "e2e_over_window", "duration_s"]
            + [f"p{p}_{m}_ms" for m in METRICS for p in PCTS]
            + ["passed", "why"])
@@ -108,11 +109,11 @@ def row_from(result: dict, reqs: list[dict], rate: float, n: int, k: dict, slo: 
     for m in METRICS:
         for p in PCTS:
             row[f"p{p}_{m}_ms"] = result.get(f"p{p}_{m}_ms")
-    tail = stats.tail_stats(reqs, slo["percentile"], k["ramp_fraction"], k["backlog_ratio"])
+    tail = stats.tail_stats(reqs, slo["percentile"], k["ramp_fraction"], k["backlog_ratio"], slo)
     row.update({"slo_ttft_ms": tail["ttft_ms"], "slo_tpot_ms": tail["tpot_ms"],
-                **{x: tail[x] for x in ("counted", "needed", "ramp_skipped", "window_arrivals", "window_first_tokens",
-                                        "window_completions", "window_allowance", "backlog", "e2e_over_window")}})
-    row["passed"], row["why"] = stats.probe_passes(row, slo)
+                **{x: tail[x] for x in ("counted", "needed", "over_slo", "ramp_skipped", "window_arrivals",
+                                        "window_first_tokens", "window_completions", "window_allowance", "backlog",
+                                        "e2e_over_window")}})
     return row
 
 
@@ -134,7 +135,9 @@ def write_csv(path, rows):
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         for r in sorted(rows, key=lambda r: r["offered_rps"]):
-            w.writerow({c: (round(v, 3) if isinstance(v, float) else v) for c, v in r.items() if c in COLUMNS})
+            # rates stay as the grid spells them (4 significant figures: 0.4204, not 0.42)
+            w.writerow({c: (round(v, 3) if isinstance(v, float) and c != "offered_rps" else v)
+                        for c, v in r.items() if c in COLUMNS})
     tmp.replace(path)
 
 
@@ -157,38 +160,37 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
     """Probe rates (search or fixed sweep) against a running server; every probe is logged as it finishes.
     Each probe draws its own workload, the one every rung draws at that rate: search, stats.probe_seed (one per
     grid rate and repeat); sweep, its place in knee.rates. Seed 0 was the warm-up's."""
-    rows: list[dict] = []
-    probes: list[tuple[float, bool]] = []
-    while True:
-        if k["mode"] == "sweep":
-            rate = stats.sweep_next(probes, k["rates"])
-        else:
-            rate = stats.next_rate(probes, k["start_rate"], k["max_rate"], k["rel_tol"], k["max_probes"], k["min_rate"])
-        if rate is None:
-            return rows, probes
-        n = prompts_for(rate, k, slo)
-        seed = (len(probes) + 1 if k["mode"] == "sweep" else
-                stats.probe_seed(rate, probes, stats.grid_steps(k["rel_tol"])))
-        name = f"probe-{len(probes) + 1:02d}-{rate:g}rps.json"
-        try:
-            prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
-                   f"vllm bench serve at {rate:g} req/s")
-        finally:  # `vllm bench serve` exits 0 with every request failed when the server is gone: ask it
-            if not srv.alive():
-                raise engine.EngineError("vllm serve", f"died during the knee sweep at {rate:g} req/s after "
-                                         f"{len(rows)} probes: {srv.proc.error_line()}", srv.log)
-        row = row_from(*slim(logs / name), rate, n, k, slo)
-        row["seed"] = seed
-        rows.append(row)
-        probes.append((rate, row["passed"]))
-        p = f"p{slo['percentile']:g}"
-        line = (f"{rate:g} req/s x{n} ({row['counted']} counted): {p} TTFT {row['slo_ttft_ms'] or 0:.0f} ms, "
-                f"{p} TPOT {row['slo_tpot_ms'] or 0:.1f} ms, achieved {row['achieved_rps'] or 0:.2f} req/s, "
-                f"failed {row['failed']} -> {'pass' if row['passed'] else 'FAIL: ' + row['why']}")
+    def report(rows: list[dict], ev: dict) -> None:
+        row, p = rows[-1], f"p{slo['percentile']:g}"
+        line = (f"{row['offered_rps']:g} req/s x{row['num_prompts']} ({row['counted']} counted, {row['over_slo']} over "
+                f"the SLO; pooled {ev['over_slo']}/{ev['counted']}: {ev['verdict']}): {p} TTFT "
+                f"{row['slo_ttft_ms'] or 0:.0f} ms, {p} TPOT {row['slo_tpot_ms'] or 0:.1f} ms, achieved "
+                f"{row['achieved_rps'] or 0:.2f} req/s, failed {row['failed']} -> "
+                f"{'pass' if row['passed'] else 'FAIL: ' + row['why']}")
         with open(logs / "sweep.log", "a") as f:  # the sweep so far survives a failure later in the stage
             f.write(line + "\n")
         write_csv(logs / "partial.csv", rows)
         print(f"knee: {line}")
+    return stats.search(lambda rate, rows: probe(prober, srv, model_path, k, slo, logs, rate, rows), k, slo, report)
+
+
+def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs, rate: float,
+          rows: list[dict]) -> dict:
+    """One probe at `rate` (its seed from the `rows` so far): its row, not yet judged (stats.search judges it)."""
+    n = prompts_for(rate, k, slo)
+    at_rate = [(x["offered_rps"], x["passed"]) for x in rows]
+    seed = (len(rows) + 1 if k["mode"] == "sweep" else stats.probe_seed(rate, at_rate, stats.grid_steps(k["rel_tol"])))
+    name = f"probe-{len(rows) + 1:02d}-{rate:g}rps.json"
+    try:
+        prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
+               f"vllm bench serve at {rate:g} req/s")
+    finally:  # `vllm bench serve` exits 0 with every request failed when the server is gone: ask it
+        if not srv.alive():
+            raise engine.EngineError("vllm serve", f"died during the knee sweep at {rate:g} req/s after "
+                                     f"{len(rows)} probes: {srv.proc.error_line()}", srv.log)
+    row = row_from(*slim(logs / name), rate, n, k, slo)
+    row["seed"] = seed
+    return row
 
 
 def batch1(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> dict | None:
@@ -214,10 +216,14 @@ def method(k: dict, slo: dict, started: str) -> str:
            if k["mode"] == "search" else f"a sweep over {k['rates']} req/s")
     return (f"`vllm serve` + `vllm bench serve`, Poisson arrivals, ~{k['probe_seconds']} s of traffic per probe and "
             f"at least {stats.tail_requests(slo['percentile'])} requests counted for a {p} (the first "
-            f"{k['ramp_fraction']:.0%} of arrivals left out as ramp-up; backlog = first tokens short of arrivals in "
-            f"the second half of the arrival window by more than {1 - k['backlog_ratio']:.0%} of them and than "
-            f"their Poisson noise; a knee whose passing probes' median end-to-end latency exceeds "
-            f"{stats.SHORT_PROBE_SHARE:.0%} of that half-window is flagged: probes that short end while the batch "
+            f"{k['ramp_fraction']:.0%} of arrivals left out as ramp-up); a rate passes when the count of counted "
+            f"requests over the SLO shows at {stats.PROBE_CONFIDENCE:.0%} confidence that at most "
+            f"{100 - slo['percentile']:g} % break it (an exact binomial bound, as MLPerf LoadGen's early stopping), "
+            f"fails when it shows more do, and is probed again while neither holds (its counts pooled, at most "
+            f"{k['max_repeats']} probes in a row); no failed request and no backlog (first tokens short of arrivals "
+            f"in the second half of the arrival window by more than {1 - k['backlog_ratio']:.0%} of them and than "
+            f"their Poisson noise); a knee whose passing probes' median end-to-end latency exceeds "
+            f"{stats.SHORT_PROBE_SHARE:.0%} of that half-window is flagged (probes that short end while the batch "
             f"still fills, and may read high); knee by {how}")
 
 
@@ -247,9 +253,9 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     if failed:  # the rung is reverted whatever its knee: no server started for it
         write_na(out, csv_out, logs, failed, common.GATE_FAILED, params, cfg)
         return
-    if params["confirm"]["remeasure"]:  # the base of a rung that gained on tok/s, measured again: its bench is all
-        write_na(out, csv_out, logs, "confirm.remeasure: this run measures a held rung's base again, bench only",
-                 "bench only", params, cfg)
+    if params["confirm"]["remeasure"]:  # a rung's base measured again right after it: its bench is all
+        write_na(out, csv_out, logs, "confirm.remeasure: this run measures a rung's base again, bench only",
+                 common.BENCH_ONLY, params, cfg)
         return
     entry = common.model_entry(cfg["model"]["name"])
     sent, input_len = workload.prepare(params["workload"], entry["path"], logs)
@@ -280,6 +286,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     result = stats.knee_result(probes, k["rates"] if k["mode"] == "sweep" else None,
                                k["rel_tol"] if k["mode"] == "search" else None)
     result["short_probes"] = stats.short_probes(rows, result["knee_rps"])
+    result["conclusive_fail_rps"] = stats.conclusive_fail(rows)
     at = next((r for r in rows if r["offered_rps"] == result["knee_rps"]), None)
     write_csv(csv_out, rows)
     common.write_json(out, {

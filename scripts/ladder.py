@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import calendar
+import dataclasses
 import os
 import re
 import signal
@@ -22,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import bench
 import capacity
 import common
 import decide
@@ -85,6 +87,20 @@ class Driver:
         self.final_exp = None
         self.confirm: dict | None = None
         self.dvc: subprocess.Popen | None = None
+        # the first bench of this run that starts an engine warms the machine first (bench.warm_up)
+        os.environ[bench.WARM_MARK] = str(LOGS / f"warm-up-{time.time():.0f}.done")
+
+    def latest(self, base: dict) -> dict:
+        """The base's engine measured last: its latest re-measure (taken after a rung that was then reverted), else
+        its own bench. What a rung's tok/s is compared with before the base is measured again after it."""
+        again = [r for r in self.records if r.get("role") == decide.RECHECK and r.get("base") == base.get("exp")
+                 and r.get("status") == "ok" and r.get("knobs") == base.get("knobs")]
+        return again[-1] if again else base
+
+    def floor(self):
+        """The start-to-start floor of every Δ now: the card's, pooled with this ladder's own same-config engines."""
+        return record.floor_of(self.eff["bench"]["noise_floor"],
+                               self.records + ((self.confirm or {}).get("runs") or []))
 
     # -- one experiment
     def run_exp(self, index: int, name: str, cfg_flat: dict, role: str, change: dict | None, base: dict | None,
@@ -151,23 +167,24 @@ class Driver:
                                    None, None, f"re-measures {src['exp']}", into=recs, round_=k)
                 rec["of"] = src["exp"]
                 self.save()
-        self.confirm.update(record.confirm_summary(recs))
+        self.confirm.update(record.confirm_summary(recs, self.floor()))
         self.save()
         print(f"  -> confirm: {self.confirm['summary']}", flush=True)
 
     def collect(self, rec: dict, base: dict | None) -> None:
         baseline = self.records[0] if self.records and self.records[0].get("status") == "ok" else None
-        self.models = record.fill(rec, base, baseline if base else None, self.eff)
+        self.models = record.fill(rec, base, baseline if base else None, self.eff, self.floor(),
+                                  self.latest(base) if base else None)
 
     # -- the ladder
-    def progress(self, label: str, again: bool = False) -> None:
+    def progress(self, label: str) -> None:
         """Where the ladder is and what is left, so a user on a rented box knows when to come back: at most the
-        planned rungs, the re-measures of a base so far (`again`: one starts now) and the confirm pairs. The
+        planned rungs, one re-measure of its base after each rung that is not skipped, and the confirm pairs. The
         estimate is the mean time of the experiments run so far (restored ones are fast, so it errs short early on)."""
         runs = self.records + ((self.confirm or {}).get("runs") or [])
         done = [r["seconds"] for r in runs if r.get("seconds") is not None]
-        total = (self.plan.experiments + 2 * self.eff["confirm"]["pairs"] + again
-                 + sum(1 for r in self.records if r.get("role") == decide.RECHECK))
+        total = (self.plan.experiments + sum(1 for r in self.plan.rungs if not r.get("skip"))
+                 + 2 * self.eff["confirm"]["pairs"])
         left = max(total - len(done), 0)
         elapsed = (time.monotonic() - self.t0) / 60
         eta = f", ~{sum(done) / len(done) * left / 60:.0f} min left at most" if done else ""
@@ -224,34 +241,39 @@ class Driver:
                 continue
             self.progress(f"rung {i} {name}")
             rec = self.run_exp(i, name, {**kept_flat, **change}, role, change, base, rung["note"])
-            rec["kept"], rec["decision"] = decide.decide(rec, base, self.objective)
-            recs.append(rec if decide.needs_again(rec, self.objective) else self.finish(rec))
+            if not decide.needs_again(rec, self.objective):  # its speed cannot keep it: decided as it stands
+                rec["kept"], rec["decision"] = decide.decide(rec, base, self.objective)
+                self.finish(rec)
+            recs.append(rec)
         pending = [r for r in recs if r.get("verdict") is None]
-        if pending:  # a gain on tok/s, against a base measured earlier: measure the base again, now, and re-decide
+        before = self.latest(base)  # the base's engine measured last before these rungs (the re-measure is after)
+        if pending:  # a possible gain: its base again right after it, so that drift cancels; decided on both
             for r in pending:  # held: not kept until then (an interruption here leaves it interrupted)
                 r["kept"] = False
             name = pending[0]["name"] if len(pending) == 1 else rung["name"]
             again = self.remeasure(i, name, base, pending)
+            floor = self.floor()
             for r in pending:
-                r["delta"][decide.AGAIN] = record.again(again, r)
+                r["delta"] = {**record.compare(base, r, floor, again, before), decide.AGAIN: again["status"] == "ok"}
                 r["kept"], r["decision"] = decide.decide(r, base, self.objective)
                 self.finish(r)
-        chosen = decide.choose(recs, self.objective)
+        chosen = decide.choose(recs, self.objective, self.floor())
         self.save()
         return chosen
 
     def remeasure(self, i: int, name: str, base: dict, held: list[dict]) -> dict:
         """The base (the last kept rung) measured again right after the `held` rung(s) of rung i, on a fresh engine,
-        bench only: its first measurement may be an hour old, and a machine that sped up in between reads as a
-        gain (a CI run read a placebo +14.2 % on tok/s). Its Δ vs that first measurement is the drift, its own row.
-        Its run-cache key is when the last held rung's bench was measured: a held rung restored from the run-cache
-        gets the re-measure taken after it then, a freshly measured one a fresh re-measure, never another's."""
-        self.progress(f"rung {i}: its base {base['exp']} again", again=True)
+        bench only: each rung is judged against its base's engines on both sides of it, so a machine that speeds up
+        or slows down under the ladder is not credited to the rung (a CI run read a placebo +14.2 % against a base
+        measured earlier). Its Δ vs the base's measurement before is the drift, its own row. Its run-cache key is when
+        the last held rung's bench was measured: a held rung restored from the run-cache gets the re-measure taken
+        after it then, a freshly measured one a fresh re-measure, never another's."""
+        self.progress(f"rung {i}: its base {base['exp']} again")
         rec = self.run_exp(i, f"{name}-base-again", base["knobs"], decide.RECHECK, None, base,
                            f"re-measures {base['exp']} right after {', '.join(r['exp'] for r in held)} (bench only)",
                            remeasure=remeasure_key(held))
         rec["decision"] = (f"{base['exp']} measured again (fresh engine, bench only): output tok/s "
-                           + record.drift_words(rec["delta"]["output_tps"]) + " vs its first measurement"
+                           + record.drift_words(rec["delta"]["output_tps"]) + " vs its measurement before"
                            if rec["status"] == "ok" else
                            f"{base['exp']} could not be measured again: {rec.get('error', 'no reason recorded')}")
         rec["kept"] = False
@@ -282,6 +304,7 @@ class Driver:
             "eval_file": self.eff["eval"]["file"], "eval_sha256": common.sha256_file(ev_file),
             "eval_n": sum(1 for ln in open(ev_file, encoding="utf-8") if ln.strip()),
             "final_exp": self.final_exp, "rungs": self.records, "confirm": self.confirm,
+            "noise_floor": {**dataclasses.asdict(floor := self.floor()), "df": floor.df, "words": floor.words()},
             "engine_seconds": round(measured, 1), "wall_seconds": round(time.monotonic() - self.t0, 1),
         }
         lad["cost_usd"] = round(lad["engine_seconds"] / 3600 * self.eff["cost"]["gpu_price_per_hour"], 4)

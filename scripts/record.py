@@ -80,7 +80,8 @@ def _summary(path: Path) -> dict:
     return {k: v for k, v in common.read_json(path).items() if k != "provenance"}
 
 
-def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, params: dict) -> dict:
+def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, params: dict, floor=None,
+         before: RungRecord | None = None) -> dict:
     """Fill a rung that ran to the end from results/; returns the download manifest's models."""
     res = common.RESULTS
     ev, bench, knee, gate = (_summary(res / f) for f in ("eval.json", "bench.json", "knee.json", "gate.json"))
@@ -107,7 +108,7 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
         rec["target"] = target
         rec["applied"].append(decide.target_check(target, facts, kv_bytes_per_token(rec, models)))
     rec["roofline"] = roofline(params, rec, models)
-    rec["delta"] = compare(base, rec) if base else {"output_tps": None, "knee_rps": None}
+    rec["delta"] = compare(base, rec, floor, before=before) if base else {"output_tps": None, "knee_rps": None}
     ref = baseline or rec
     if ref["bench"].get("output_tps") and bench.get("output_tps"):
         rec["speedup"] = bench["output_tps"] / ref["bench"]["output_tps"]
@@ -148,24 +149,58 @@ def kv_bytes_per_token(rec: RungRecord, models: dict) -> float | None:
         return None
 
 
-def noise_floor(a: RungRecord, b: RungRecord) -> float:
-    """The start-to-start floor two rungs' throughputs are compared with: the larger one they were measured under."""
-    return max(a["bench"].get("noise_floor") or 0.0, b["bench"].get("noise_floor") or 0.0)
+def engine_means(rec: RungRecord) -> list[float]:
+    """The rung's fresh engines' mean output tok/s (one engine a bench stage today); [] when its bench measured
+    nothing."""
+    runs = (rec.get("bench") or {}).get("output_tps_runs") or []
+    return [sum(runs) / len(runs)] if runs and (rec.get("bench") or {}).get("status", "ok") == "ok" else []
 
 
-def compare(base: RungRecord, rec: RungRecord) -> dict:
-    """Deltas of rec vs base in like units: per GPU when their instances hold different numbers of GPUs, so a
-    2-GPU instance is never compared with a 1-GPU one as if they were one (the floor is relative: unchanged)."""
+def same_config_groups(recs: list[RungRecord]) -> list[list[float]]:
+    """The engine means of every config this ladder measured more than once (a base and its re-measures, the
+    confirm pairs): what the ladder's own start-to-start spread is estimated from (stats.pool)."""
+    groups: dict[str, list[float]] = {}
+    for r in recs:
+        if r.get("status") == "ok" and r.get("knobs") is not None:
+            groups.setdefault(json.dumps(r["knobs"], sort_keys=True), []).extend(engine_means(r))
+    return [g for g in groups.values() if len(g) >= 2]
+
+
+def floor_of(prior, recs: list[RungRecord]) -> stats.Floor:
+    """The floor every Δ is drawn with: the measured one (params bench.noise_floor) pooled with this ladder's own
+    same-config engines."""
+    return stats.pool(stats.Floor.of(prior), same_config_groups(recs))
+
+
+def compare(base: RungRecord, rec: RungRecord, floor=None, again: RungRecord | None = None,
+            before: RungRecord | None = None) -> dict:
+    """Deltas of rec vs base: tok/s against the base's engine measured last before rec (`before`: its latest
+    re-measure, else the base's own bench) and `again`, the base measured right after rec (their mean: a machine
+    drifting linearly under the rung cancels); the knee vs the base's own search."""
+    flanks = [before or base] + ([again] if again and again.get("status") == "ok" else [])
+    return compare_sides(flanks, [rec], floor, knee_of=base)
+
+
+def compare_sides(bases: list[RungRecord], recs: list[RungRecord], floor=None,
+                  knee_of: RungRecord | None = None) -> dict:
+    """Deltas of one config's engines (`recs`) vs another's (`bases`), each engine a unit, in like units: per GPU
+    when their instances hold different numbers of GPUs, so a 2-GPU instance is never compared with a 1-GPU one as
+    if they were one (the floor is relative: unchanged). The knees: the last engine of each side."""
+    base, rec = bases[0], recs[-1]
     gb, g = (capacity.gpus_per_instance(r["knobs"]) for r in (base, rec))
-    base_runs, runs = ((r.get("bench") or {}).get("output_tps_runs") or [] for r in (base, rec))
-    floor = noise_floor(base, rec)
-    if g == gb:
-        d = {"output_tps": stats.delta(base_runs, runs, floor),
-             "knee_rps": stats.knee_delta(base["knee"], rec["knee"])}
-    else:
-        d = {"output_tps": stats.delta(capacity.per_gpu_runs(base_runs, gb), capacity.per_gpu_runs(runs, g), floor),
-             "knee_rps": stats.knee_delta(capacity.per_gpu_knee(base["knee"], gb),
-                                          capacity.per_gpu_knee(rec["knee"], g))}
+
+    def engines(side: list[RungRecord], gpus: int) -> list[list[float]]:
+        return [e for e in (capacity.per_gpu_runs((r.get("bench") or {}).get("output_tps_runs") or [], gpus)
+                            for r in side) if e]
+    searched = [r for r in bases if (r.get("knee") or {}).get("label") != common.BENCH_ONLY]  # a re-measure has no knee
+    knee = (knee_of or (searched or bases)[-1])["knee"]
+    d = {"output_tps": stats.delta(engines(bases, gb), engines(recs, g), floor),
+         "knee_rps": stats.knee_delta(capacity.per_gpu_knee(knee, gb), capacity.per_gpu_knee(rec["knee"], g))}
+    if len(bases) > 1 and d["output_tps"].get("ci"):
+        d["output_tps"]["why"] = "the base measured before and after it; " + d["output_tps"]["why"]
+    elif knee_of and bases[0] is not knee_of and d["output_tps"].get("ci"):
+        d["output_tps"]["why"] = "the base as last measured before it; " + d["output_tps"]["why"]
+    if g != gb:
         for v in d.values():
             v["why"] = f"per GPU, {g} vs {gb} GPUs per instance; {v['why']}"
             v["per_gpu"] = [g, gb]
@@ -175,19 +210,11 @@ def compare(base: RungRecord, rec: RungRecord) -> dict:
     return d
 
 
-def again(remeasured: RungRecord, rec: RungRecord) -> dict | None:
-    """A rung's tok/s vs its base measured again right after it (ladder.Driver.remeasure), in like units, with the
-    same floor: what decide.decide needs a keep on tok/s to hold against too. None: the re-measure did not finish."""
-    if remeasured.get("status") != "ok":
-        return None
-    return compare(remeasured, rec)["output_tps"]
-
-
 def drift_words(d: dict) -> str:
     """A Δ of one config measured twice, in words: `+1.2 % [-3.0, +5.4] (within noise)`."""
     if d.get("rel") is None:
         return f"n/a ({d.get('why') or d.get('verdict')})"
-    ci = d.get("ci95")
+    ci = d.get("ci") or d.get("ci95")
     return (f"{d['rel'] * 100:+.1f} %" + (f" [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}]" if ci else "")
             + f" ({d['verdict']})")
 
@@ -220,7 +247,7 @@ def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:
     return out
 
 
-def confirm_summary(runs: list[dict]) -> dict:
+def confirm_summary(runs: list[dict], floor=None) -> dict:
     """The confirm step's result: baseline and final stack, each re-measured in every pair (their bench repeats
     pooled, the last pair's knee), compared in like units by `compare`. This is where the headline comes from."""
     ok = [r for r in runs if r.get("status") == "ok"]
@@ -237,11 +264,11 @@ def confirm_summary(runs: list[dict]) -> dict:
                 "bench": {**last["bench"], "output_tps_runs": runs_,
                           "output_tps": stats.summarize(runs_)["median"] if runs_ else last["bench"].get("output_tps")}}
     b, f = pooled(sides["baseline"]), pooled(sides["final"])
-    d = compare(b, f)
+    d = compare_sides(sides["baseline"], sides["final"], floor)  # each pair's engine a unit, not its repeats
     bt, ft = b["bench"].get("output_tps"), f["bench"].get("output_tps")
     tps = (f"{bt:.0f} output tok/s → {ft:.0f} tok/s ({ft / bt:.2f}×, Δ {d['output_tps']['rel'] * 100:+.1f} % "
-           f"[{d['output_tps']['ci95'][0] * 100:+.1f}, {d['output_tps']['ci95'][1] * 100:+.1f}])"
-           if bt and ft and d["output_tps"].get("ci95") else "output tok/s n/a")
+           f"[{d['output_tps']['ci'][0] * 100:+.1f}, {d['output_tps']['ci'][1] * 100:+.1f}])"
+           if bt and ft and d["output_tps"].get("ci") else "output tok/s n/a")
     return {"baseline": {"output_tps": bt, "output_tps_runs": b["bench"]["output_tps_runs"], "knee": _knee(b["knee"])},
             "final": {"output_tps": ft, "output_tps_runs": f["bench"]["output_tps_runs"], "knee": _knee(f["knee"])},
             "delta": d, "speedup": ft / bt if bt and ft else None,
@@ -289,7 +316,8 @@ def time_split(rec: RungRecord, num_prompts: int | None = None) -> dict:
     download, gate). `estimated`: some stage predates the stages' own split (_estimate). A rung that did not run
     to the end has no split: all of its time is `other_s`."""
     seconds = rec.get("seconds") or 0.0
-    out = {"seconds": seconds, "gpus": rec.get("gpus") or 1, **dict.fromkeys(SPLIT, 0.0), "estimated": False}
+    out = {"seconds": seconds, "gpus": rec.get("gpus") or 1, **dict.fromkeys(SPLIT, 0.0), "estimated": False,
+           "starts": 0}
     if rec.get("status") != "ok":
         out["other_s"] = seconds
         return out
@@ -304,6 +332,8 @@ def time_split(rec: RungRecord, num_prompts: int | None = None) -> dict:
         for k in ("start_s", "measure_s", "other_s"):
             out[k] += t[k]
         ran += t["wall_s"]
+        if t["start_s"]:  # an engine was started (two where the bench warmed the machine first)
+            out["starts"] += 1 + bool((rec.get(stage) or {}).get("warm_up_engine"))
     out["dvc_s"] = max(seconds - ran, 0.0)
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
 
@@ -314,7 +344,9 @@ def time_totals(rungs: list[RungRecord], price_per_hour: float, unit: str = "GPU
     splits = [r["time"] for r in rungs if r.get("time")]
     total = sum(t["seconds"] * t["gpus"] for t in splits)
     sums = {k: sum(t[k] * t["gpus"] for t in splits) for k in SPLIT}
-    return {"unit": unit, "minutes": round(total / 60, 1),
+    starts = sum(t.get("starts") or 0 for t in splits)
+    return {"unit": unit, "minutes": round(total / 60, 1), "engine_starts": starts,
+            "seconds_per_start": round(sum(t["start_s"] for t in splits) / starts, 1) if starts else None,
             **{f"{k[:-2]}_minutes": round(v / 60, 1) for k, v in sums.items()},
             **{f"{k[:-2]}_share": round(v / total, 3) if total else None for k, v in sums.items()},
             "price_per_hour": price_per_hour, "cost_usd": round(total / 3600 * price_per_hour, 2),

@@ -71,8 +71,8 @@ def delta_cell(r):
     d = (r.get("delta") or {}).get("output_tps")
     if not d or d.get("rel") is None:
         return "—"
-    if d.get("ci95"):
-        lo, hi = d["ci95"]
+    if d.get("ci") or d.get("ci95"):  # ci95: records made before the interval's level was stated with it
+        lo, hi = d.get("ci") or d["ci95"]
         txt = f"{d['rel'] * 100:+.0f} % [{lo * 100:+.0f}, {hi * 100:+.0f}]"
     else:
         txt = f"{d['rel'] * 100:+.0f} %"
@@ -96,8 +96,11 @@ def knee_cell(r):
     flags = [f for f, on in (("a repeat disagreed", k.get("non_monotonic")),
                              ("wider than knee.rel_tol", not k.get("resolved")),
                              (stats.SHORT_PROBE_FLAG, k.get("short_probes"))) if on]
+    known = k.get("conclusive_fail_rps", k["first_fail_rps"])  # a rate left inconclusive is no boundary
+    on_evidence = "" if known == k["first_fail_rps"] else f", on evidence {fmt(known, 'g', 'at no rate')}"
     return (f"{k['mid_rps']:.3g} ± {k['half_width_rps']:.2g} (passes {k['knee_rps']:g}, breaks "
-            f"{k['first_fail_rps']:g}; {k.get('probes')} probes)" + (f" ⚠ {', '.join(flags)}" if flags else ""))
+            f"{k['first_fail_rps']:g}{on_evidence}; {k.get('probes')} probes)"
+            + (f" ⚠ {', '.join(flags)}" if flags else ""))
 
 
 def slo_text(slo: dict) -> str:
@@ -403,6 +406,7 @@ def header(lad: dict) -> list[str]:
         f"- **Workload** (bench and knee alike): {w['text']}",
         f"- **Shared prefix?** {w['shared_prefix']}",
         f"- **Throughput**: {(base.get('bench') or {}).get('method') or 'not recorded'}",
+        *floor_lines(lad),
         f"- **Latency**: {(base.get('knee') or {}).get('method') or 'not recorded'}",
         f"- **Quality**: {ev['method']}; {gate.get('method') or 'gate not recorded'}" if ev.get("status") == "ok" else
         f"- **Quality**: n/a: {ev.get('reason') or 'not recorded'}; every rung is \"not gated\"",
@@ -525,6 +529,22 @@ def plots(lad: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def floor_lines(lad: dict) -> list[str]:
+    """The start-to-start floor the ladder's Δs were drawn with, and the warm-up engine's reading beside the timed
+    engine that followed it (the first engine on a machine reads slow)."""
+    out = []
+    if lad.get("noise_floor"):
+        out.append("- **Start-to-start floor** (output tok/s, fresh engines of one config): "
+                   + lad["noise_floor"]["words"])
+    for r in lad["rungs"]:
+        warm, b = (r.get("bench") or {}).get("warm_up_engine"), r.get("bench") or {}
+        if warm and warm.get("output_tps") and b.get("output_tps"):
+            gap = warm["output_tps"] / b["output_tps"] - 1
+            out.append(f"- **Warm-up engine** (untimed, before {r['exp']}'s timed engine): {warm['output_tps']:.0f} "
+                       f"output tok/s vs the timed {b['output_tps']:.0f} ({gap:+.1%})")
+    return out
+
+
 def time_lines(lad: dict) -> list[str]:
     """Where the ladder's time went, as the record has it (record.annotate_time): per rung starting engines,
     measuring, the stages' other time, DVC overhead; in total device-minutes, the share spent starting, cost."""
@@ -555,8 +575,10 @@ def time_lines(lad: dict) -> list[str]:
     cost = (f" ≈ **${tot['cost_usd']:.2f}** at ${tot['price_per_hour']:.2f} per {unit}-hour" if tot["price_per_hour"]
             else " (no price: cost.gpu_price_per_hour is 0)")
     share = f"{tot['start_share']:.0%}" if tot["start_share"] is not None else "—"
+    starts = (f": {tot['engine_starts']} starts × {tot['seconds_per_start']:.0f} s" if tot.get("engine_starts")
+              else "")
     lines = [f"**{tot['minutes']:.1f} {unit}-minutes**{cost}; **{share}** of them spent starting engines "
-             f"({tot['start_minutes']:.1f} min), {tot['measure_minutes']:.1f} min measuring, "
+             f"({tot['start_minutes']:.1f} min{starts}), {tot['measure_minutes']:.1f} min measuring, "
              f"{tot['other_minutes']:.1f} min in the stages' imports and teardown, "
              f"{tot['dvc_minutes']:.1f} min of DVC overhead; "
              f"ladder wall time {lad.get('wall_seconds', 0) / 60:.1f} min.",
@@ -576,9 +598,8 @@ def render(lad: dict, out: Path) -> str:
     plural = len(lad["rungs"])
     md = [f"# Before → after: vLLM serving ladder ({lad['profile']} profile)", "",
           headline(lad), "", "## Setup", *header(lad), "", f"## The ladder ({plural} runs)", "", table(lad), "",
-          "Output tok/s: median of the repeats with its 95 % t-interval; Δ vs base: change against the last kept rung "
-          "with a Welch 95 % interval (\"within noise\" where it includes zero). Knee: highest offered rate meeting "
-          "the SLO, with the first rate that broke it.", "",
+          "Output tok/s: median of one engine's repeats with their 95 % t-interval. " + stats.DELTA_WORDS + ". Knee: "
+          "highest offered rate meeting the SLO, with the first rate that broke it.", "",
           "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
           *gate_power_lines(lad), "## Capacity plan", *capacity_lines(lad), "",
           "## Plots", "![knee curves](knee.png)", "", "![throughput and accuracy](rungs.png)", "",

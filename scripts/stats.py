@@ -4,25 +4,69 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
 
 # ---------------------------------------------------------------- intervals
-# Two-sided 95 % Student t quantiles by degrees of freedom (scipy is not a dependency).
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+# The engine is the unit of replication for output tok/s: repeats inside one engine cannot see how far a fresh
+# engine of the same config lands (three fresh H200 engines: 6,639 / 7,242 / 7,337 tok/s), so every Δ's interval
+# carries the start-to-start SD (`Floor`), with that estimate's own degrees of freedom.
+CONFIDENCE = 0.985  # two-sided: each way at most 0.75 %, below the 1 % a placebo may be falsely kept in CI; a true
+                    # +10 % is still called better in >= 90 % (tests/test_rule_simulation.py, the noise model there)
 
 
-def t95(df: float) -> float:
-    if df < 1:
-        return math.inf
-    keys = sorted(_T95)
-    if df >= keys[-1]:
-        return 1.960
-    lower = max(k for k in keys if k <= df)
-    upper = min(k for k in keys if k >= df)
-    if lower == upper:
-        return _T95[lower]
-    frac = (df - lower) / (upper - lower)  # linear between tabulated df: ample for a noise call
-    return _T95[lower] + frac * (_T95[upper] - _T95[lower])
+@dataclass(frozen=True)
+class Floor:
+    """The relative SD of output tok/s between fresh engines of one config, and what it rests on: `engines`
+    fresh engines in `groups` same-config groups (degrees of freedom = engines - groups; 0: no measurement)."""
+    cv: float
+    engines: int = 0
+    groups: int = 1
+    source: str = "not measured"
+
+    @property
+    def df(self) -> int:
+        return max(self.engines - self.groups, 0)
+
+    @classmethod
+    def of(cls, spec) -> Floor:
+        """From params `bench.noise_floor` ({cv, engines, measured_on, ...}; `make benchmark` writes it)."""
+        if isinstance(spec, Floor):
+            return spec
+        if not spec:
+            return cls(0.0)
+        where = ", ".join(str(spec[k]) for k in ("measured_on", "vllm", "measured") if spec.get(k))
+        return cls(float(spec["cv"]), int(spec.get("engines") or 0), 1, where or "as typed")
+
+    def words(self) -> str:
+        if not self.df:
+            return "no start-to-start SD measured"
+        return f"start-to-start CV {self.cv:.1%} from {self.engines} engines (df {self.df}; {self.source})"
+
+
+def pool(prior: Floor, groups: list[list[float]], source: str = "") -> Floor:
+    """The prior floor pooled with the ladder's own same-config engines (each group: the means of fresh engines of
+    one config, e.g. a base and its re-measures): pooled relative variance, weighted by degrees of freedom."""
+    ss, df = prior.cv ** 2 * prior.df, prior.df
+    engines, n_groups = (prior.engines, prior.groups) if prior.df else (0, 0)  # a prior of df 0 adds nothing
+    for g in groups:
+        if len(g) >= 2:
+            ss += float(np.var(g, ddof=1)) / float(np.mean(g)) ** 2 * (len(g) - 1)
+            df += len(g) - 1
+            engines, n_groups = engines + len(g), n_groups + 1
+    if not df:
+        return prior
+    own = sum(len(g) for g in groups if len(g) >= 2)
+    words = "; ".join(x for x in (prior.source if prior.df else "", f"{own} in this ladder" if own else "", source)
+                      if x)
+    return Floor(math.sqrt(ss / df), engines, n_groups, words)
+
+
+def tq(confidence: float, df: float) -> float:
+    """The two-sided Student t quantile at `confidence`; inf below 1 df (no interval)."""
+    return math.inf if df < 1 else float(sps.t.ppf((1 + confidence) / 2, df))
 
 
 def summarize(values: list[float]) -> dict:
@@ -33,38 +77,67 @@ def summarize(values: list[float]) -> dict:
            "mean": statistics.fmean(vals) if vals else None, "ci95": None, "rel_halfwidth": None}
     if n >= 2:
         sd = statistics.stdev(vals)
-        half = t95(n - 1) * sd / math.sqrt(n)
+        half = tq(0.95, n - 1) * sd / math.sqrt(n)
         out.update(sd=sd, ci95=[out["mean"] - half, out["mean"] + half],
                    rel_halfwidth=half / out["mean"] if out["mean"] else None)
     return out
 
 
-def delta(base: list[float], new: list[float], floor: float = 0.0) -> dict:
-    """Relative change new vs base (means) with a Welch 95 % interval, and the call it supports:
-    'better' / 'worse' when the interval excludes zero, 'within noise' when it includes zero,
-    'unknown' when either side has fewer than 2 repeats (no interval can be drawn).
-    `floor`: the relative SD between fresh engine starts, which repeats inside one engine cannot see; each side
-    is one engine, so the difference carries it twice (variance 2·(floor·base)²)."""
-    b, n = summarize(base), summarize(new)
-    if not b["n"] or not n["n"] or not b["mean"]:
-        return {"rel": None, "ci95": None, "verdict": "unknown", "why": "missing measurements"}
-    rel = (n["mean"] - b["mean"]) / b["mean"]
-    if b["n"] < 2 or n["n"] < 2:
-        return {"rel": rel, "ci95": None, "verdict": "unknown",
-                "why": f"{min(b['n'], n['n'])} repeat(s): no interval, the difference cannot be told from noise"}
-    v1, v2 = b["sd"] ** 2 / b["n"], n["sd"] ** 2 / n["n"]
-    v_floor = 2 * (floor * b["mean"]) ** 2
-    if v1 + v2 == 0:
-        df = math.inf
-    else:
-        df = (v1 + v2) ** 2 / ((v1 ** 2 / (b["n"] - 1) if v1 else 0) + (v2 ** 2 / (n["n"] - 1) if v2 else 0))
-    half = t95(df) * math.sqrt(v1 + v2 + v_floor)
-    diff = n["mean"] - b["mean"]
-    ci = [(diff - half) / b["mean"], (diff + half) / b["mean"]]
+# How a Δ on output tok/s is drawn, as the report's legend and README say it (delta below is what it describes).
+DELTA_WORDS = (f"Δ vs base: the rung's fresh engine against its base's engine measured just before it and, where that "
+               f"could be a gain, the mean of that and one measured again just after it (a machine drifting under the "
+               f"rung cancels), with a {CONFIDENCE:.1%} interval whose degrees of freedom include the start-to-start "
+               "floor's (Welch-Satterthwaite over the floor and every engine's repeats, at most the floor's); \"within "
+               "noise\" where it "
+               "includes zero, \"unknown\" where no floor was measured")
+
+
+def engines_of(runs) -> list[list[float]]:
+    """A side of a comparison as fresh engines, each a list of its in-engine repeats (a flat list: one engine)."""
+    runs = [r for r in (runs or []) if r is not None]
+    if runs and not isinstance(runs[0], (list, tuple)):
+        return [[float(x) for x in runs]]
+    return [[float(x) for x in e] for e in runs if e]
+
+
+def delta(base, new, floor: Floor | dict | None = None, confidence: float = CONFIDENCE) -> dict:
+    """Relative change of `new` vs `base` output tok/s, each side one or more fresh engines (engines_of), with a
+    `confidence` interval and the call it supports: 'better' / 'worse' when it excludes zero, else 'within noise';
+    'unknown' when no interval can be drawn (no floor measured: repeats inside one engine are not evidence).
+    The difference of the engine means carries every variance term: the start-to-start floor on each side
+    (cv² m² / engines, df of the floor) and each engine's own repeats (s² / r / engines², df r - 1), its degrees of
+    freedom by Welch-Satterthwaite over all of them, at most the floor's. A base measured just before and just after
+    (two engines) cancels a machine drifting linearly under the rung."""
+    floor = Floor.of(floor)
+    b, n = engines_of(base), engines_of(new)
+    if not b or not n:
+        return {"rel": None, "ci": None, "verdict": "unknown", "why": "missing measurements"}
+    mb, mn = (float(np.mean([np.mean(e) for e in side])) for side in (b, n))
+    if not mb:
+        return {"rel": None, "ci": None, "verdict": "unknown", "why": "missing measurements"}
+    rel, sides = (mn - mb) / mb, f"{len(b)} vs {len(n)} engine(s)"
+    terms = [(floor.cv ** 2 * (mb ** 2 / len(b) + mn ** 2 / len(n)), floor.df)]
+    terms += [(float(np.var(e, ddof=1)) / len(e) / len(side) ** 2, len(e) - 1) for side in (b, n) for e in side
+              if len(e) >= 2]
+    if not floor.df:
+        return {"rel": rel, "ci": None, "verdict": "unknown", "engines": [len(b), len(n)],
+                "why": f"{sides}, {floor.words()}: the difference cannot be told from start-to-start noise"}
+    var = sum(v for v, _ in terms)
+    # never more df than the floor's: the floor, measured on engine means, already holds the in-engine noise, so its
+    # terms here widen the interval but must not buy degrees of freedom (agreeing engines read df 5 on a df-1 floor)
+    df = min(var ** 2 / sum(v ** 2 / d for v, d in terms if v) if var else math.inf, floor.df)
+    half = tq(confidence, df) * math.sqrt(var)
+    ci = [(mn - mb - half) / mb, (mn - mb + half) / mb]
     verdict = "better" if ci[0] > 0 else "worse" if ci[1] < 0 else "within noise"
-    why = (f"n={b['n']} vs {n['n']}, Welch 95 % interval"
-           + (f" with a {floor:.0%} start-to-start floor" if floor else ""))
-    return {"rel": rel, "ci95": ci, "verdict": verdict, "why": why}
+    why = f"{sides}, {confidence:.1%} interval, {floor.words()}, df {df:.1f}"
+    return {"rel": rel, "ci": ci, "verdict": verdict, "why": why, "engines": [len(b), len(n)],
+            "confidence": confidence, "df": round(df, 2), "floor_cv": floor.cv}
+
+
+def may_gain(d: dict) -> bool:
+    """Whether a Δ against one measurement of the base could still become a gain once the base is measured again
+    right after the rung: anything but a change that reads no faster (rel <= 0) or significantly worse."""
+    return d.get("rel") is not None and d["rel"] > 0 and d["verdict"] != "worse"
 
 
 def not_measured(*results: dict) -> str:
@@ -72,28 +145,57 @@ def not_measured(*results: dict) -> str:
     return "not measured: " + "; ".join(r.get("label") or r.get("reason") or "n/a" for r in results)
 
 
+GRID_ROUNDING = 1e-3  # relative: grid_rate keeps 4 significant figures (at most 5e-4 off)
+
+
+def conclusive_fail(rows: list[dict]) -> float | None:
+    """The lowest rate that failed on evidence (slo_evidence 'fail', a failed request or a backlog), not merely
+    for want of it (inconclusive after max_repeats): a knee only moves past a boundary that is known."""
+    fails = [r["offered_rps"] for r in rows if not r.get("passed")
+             and (r.get("evidence") in (None, "fail") or r.get("failed") or r.get("backlog"))]
+    return min(fails) if fails else None
+
+
+def _fail_at(k: dict) -> float:
+    """Where a knee's search broke the SLO on evidence (records before the evidence rule: its first failure, and a
+    knee lost at every rate there)."""
+    if "conclusive_fail_rps" in k:
+        return k["conclusive_fail_rps"] or math.inf
+    return k.get("first_fail_rps") or (0.0 if k.get("knee_rps") is None else math.inf)
+
+
 def knee_delta(base: dict, new: dict) -> dict:
     """Knee change vs base: 'better' / 'worse' only when the two search brackets are apart by more than the knee's
-    start-to-start noise (`noise_floor`, the larger of the two records'; records without one: none).
-    A knee that is lost (the SLO met at no rate) is 'worse'; one gained where the base had none is 'better'; one
-    not measured (status n/a: its rung's gate failed) is 'unknown', never a lost knee."""
+    start-to-start noise (`noise_floor`, the larger of the two records'; records without one: none), each bracket
+    closed at the rate where it failed on evidence (a rate left inconclusive is no boundary: no gain is credited on
+    it). A knee that is lost (the SLO met at no rate) is 'worse' when the new search failed on evidence below the
+    base's knee; one gained where the base had none is 'better' when it passes above where the base failed on
+    evidence; one not measured (status n/a: its rung's gate failed) is 'unknown', never a lost knee."""
     skipped = [k for k in (base, new) if k.get("status") == "n/a"]
     if skipped:
         return {"rel": None, "verdict": "unknown", "why": not_measured(*skipped)}
     kb, kn = base.get("knee_rps"), new.get("knee_rps")
+    floor = max(base.get("noise_floor") or 0.0, new.get("noise_floor") or 0.0)
     if kb is None and kn is None:
         return {"rel": None, "verdict": "unknown", "why": "no knee on either side (SLO broken at every rate)"}
     if kn is None:
-        return {"rel": None, "verdict": "worse", "why": "knee lost: the SLO was met at no probed rate"}
+        if _fail_at(new) * (1 + floor) * (1 + GRID_ROUNDING) < kb:
+            return {"rel": None, "verdict": "worse", "why": "knee lost: the SLO was met at no probed rate"}
+        return {"rel": None, "verdict": "within noise",
+                "why": "no rate passed, but none failed on evidence below the base's knee (inconclusive)"}
     if kb is None:
-        return {"rel": None, "verdict": "better", "why": "knee gained: the base met the SLO at no probed rate"}
+        if kn > _fail_at(base) * (1 + floor) * (1 + GRID_ROUNDING):
+            return {"rel": None, "verdict": "better", "why": "knee gained: the base met the SLO at no probed rate"}
+        return {"rel": None, "verdict": "within noise",
+                "why": "the base passed no rate, but failed on evidence at none below this knee (inconclusive)"}
     # Each knee is known only to its bracket [last pass, first fail). The knee moved only when the brackets are
     # apart with a gap (brackets that touch, 6-7 vs 7-8, are one probe's noise) wider than the knee's
     # start-to-start noise: a fresh server of the same config can find its knee that much higher or lower.
-    ff_b, ff_n = (k.get("first_fail_rps") or math.inf for k in (base, new))
-    floor = max(base.get("noise_floor") or 0.0, new.get("noise_floor") or 0.0)
+    ff_b, ff_n = _fail_at(base), _fail_at(new)
     rel = (kn - kb) / kb
-    verdict = ("better" if kn > ff_b * (1 + floor) else "worse" if ff_n * (1 + floor) < kb else "within noise")
+    # grid rates carry 4 significant figures: a per-GPU knee halved can read a hair above the grid rate it equals
+    beyond = (1 + floor) * (1 + GRID_ROUNDING)
+    verdict = ("better" if kn > ff_b * beyond else "worse" if ff_n * beyond < kb else "within noise")
     apart = kn > ff_b or ff_n < kb
     why = f"bracket {kb:g}–{_g(ff_b)} → {kn:g}–{_g(ff_n)} req/s"
     if verdict == "within noise":
@@ -156,6 +258,39 @@ def probe_minimum(percentile: float, ramp_fraction: float) -> int:
     return math.ceil(tail_requests(percentile) / (1 - ramp_fraction))
 
 
+# A probe's pass/fail is a test on the count of its counted requests that broke the SLO, as MLPerf LoadGen's early
+# stopping does: a point p95 of ~80 requests in a non-steady window swung 942 / 784 / 332 ms on one trace back to back.
+PROBE_CONFIDENCE = 0.95  # one-sided, nominal per look: requests are treated as independent (they are not: a probe's
+                         # share over the SLO varies beyond the binomial), and up to max_repeats looks are pooled;
+                         # the knee's strict bracket rule, not this figure, holds the A/A rate (test_rule_simulation)
+
+
+def slo_evidence(counted: int, over: int, percentile: float, confidence: float = PROBE_CONFIDENCE) -> dict:
+    """Whether the SLO holds at `percentile` from `over` of `counted` requests breaking it (binomial, exact): with
+    q = 1 - percentile/100 the share allowed over it, 'pass' when so few breaches would be that unlikely were q
+    (or more) breaking it (P[X <= over | counted, q] <= 1 - confidence), 'fail' when so many would be that unlikely
+    were at most q (P[X >= over] <= 1 - confidence), else 'inconclusive' (probe again)."""
+    q = round(1 - percentile / 100, 6)
+    p_pass = float(sps.binom.cdf(over, counted, q)) if counted else 1.0
+    p_fail = float(sps.binom.sf(over - 1, counted, q)) if counted else 1.0
+    alpha = 1 - confidence
+    verdict = "pass" if p_pass <= alpha else "fail" if p_fail <= alpha else "inconclusive"
+    return {"counted": counted, "over_slo": over, "allowed_share": q, "confidence": confidence, "verdict": verdict,
+            "p_pass": round(p_pass, 4), "p_fail": round(p_fail, 4)}
+
+
+def evidence_words(e: dict) -> str:
+    return (f"{e['over_slo']} of {e['counted']} counted requests over the SLO ({e['verdict']} at "
+            f"{e['confidence']:.0%} that at most {e['allowed_share']:.0%} break it)")
+
+
+def pooled_evidence(rows: list[dict], rate: float, percentile: float) -> dict:
+    """The evidence of the probes of one rate in `rows` (one visit of it), their counts added (each a fresh draw on
+    one server)."""
+    at = [r for r in rows if r.get("offered_rps") == rate and r.get("counted") is not None]
+    return slo_evidence(sum(r["counted"] for r in at), sum(r.get("over_slo") or 0 for r in at), percentile)
+
+
 def probe_prompts(rate: float, seconds: float, percentile: float, ramp_fraction: float, lo: int, hi: int) -> int:
     """Requests one probe sends: `seconds` of arrivals at `rate`, but never fewer than its percentile needs once
     the ramp-up share is dropped, within [lo, hi]."""
@@ -172,7 +307,8 @@ def _pct(values: list[float], p: float) -> float | None:
     return v[i] + (v[min(i + 1, len(v) - 1)] - v[i]) * (x - i)
 
 
-def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlog_ratio: float) -> dict:
+def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlog_ratio: float,
+               slo: dict | None = None) -> dict:
     """A probe's SLO figures from its requests ({start, ttft, tpot, end, ok}, seconds; vllm_compat.serve_requests).
 
     - The first `ramp_fraction` of arrivals meet an empty server: their latencies are left out of the percentile.
@@ -188,6 +324,10 @@ def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlo
     reqs = sorted(reqs, key=lambda r: r["start"])
     skip = int(len(reqs) * ramp_fraction)
     kept = [r for r in reqs[skip:] if r["ok"]]
+    # `slo`: the requests of the counted window that broke it (a failed one breaks it): slo_evidence's count
+    over = None if slo is None else sum(
+        1 for r in reqs[skip:] if not r["ok"] or r["ttft"] * 1000 > slo["ttft_ms"]
+        or (r["tpot"] is not None and r["tpot"] * 1000 > slo["tpot_ms"]))
     t0, t1 = (reqs[0]["start"], reqs[-1]["start"]) if reqs else (0.0, 0.0)
     mid = (t0 + t1) / 2
     arrived = sum(1 for r in reqs if r["start"] >= mid)
@@ -201,7 +341,8 @@ def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlo
     lat = _pct([r["ttft"] for r in kept], 10) or 0.0
     rate = arrived / (t1 - mid) if t1 > mid else 0.0
     allow = max((1 - backlog_ratio) * arrived, 2.33 * math.sqrt(2 * rate * lat))
-    return {"percentile": percentile, "counted": len(kept), "ramp_skipped": skip,
+    return {"percentile": percentile, "counted": len(kept) + (0 if over is None else len(reqs[skip:]) - len(kept)),
+            "over_slo": over, "ramp_skipped": skip,
             "needed": tail_requests(percentile),
             "ttft_ms": _ms(_pct([r["ttft"] for r in kept], percentile)),
             "tpot_ms": _ms(_pct([r["tpot"] for r in kept if r["tpot"] is not None], percentile)),
@@ -228,14 +369,19 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else v * 1000
 
 
-def probe_passes(row: dict, slo: dict) -> tuple[bool, str]:
-    """A probe meets the SLO when its TTFT and TPOT at the SLO's percentile are within budget, nothing failed,
-    no backlog grew and it counted enough requests for that percentile."""
+def probe_passes(row: dict, slo: dict, evidence: dict | None = None) -> tuple[bool, str]:
+    """A probe meets the SLO when nothing failed, no backlog grew, and `evidence` (slo_evidence over its rate's
+    probes) says pass; rows without evidence (older records): TTFT and TPOT at the SLO's percentile within budget
+    and enough requests counted for that percentile."""
     why, p = [], f"p{slo['percentile']:g}"
     if row.get("failed", 0):
         why.append(f"{row['failed']} failed requests")
     if row.get("backlog"):
         why.append("backlog (first tokens fell behind arrivals)")
+    if evidence is not None:
+        if evidence["verdict"] != "pass":
+            why.append(evidence_words(evidence))
+        return (not why), "; ".join(why)
     if row.get("counted") is not None and row.get("needed") and row["counted"] < row["needed"]:
         why.append(f"{row['counted']} requests counted, a {p} needs {row['needed']}")
     for m in ("ttft", "tpot"):
@@ -331,6 +477,46 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
         count = {r: sum(1 for x, _ in probes if x == r) for r in (lo, hi)}
         return next((r for r in (lo, hi) if count[r] < 2), None)
     return None
+
+
+def judge(rows: list[dict], slo: dict) -> dict:
+    """The newest row's rate judged on the evidence of its probes in `rows` (pooled_evidence: the search passes one
+    visit, so a boundary probed again later is judged on its own draws), written into that row (evidence, pooled
+    counts, passed, why); returns the evidence."""
+    row = rows[-1]
+    ev = pooled_evidence(rows, row["offered_rps"], slo["percentile"])
+    row.update(evidence=ev["verdict"], pooled_counted=ev["counted"], pooled_over=ev["over_slo"])
+    row["passed"], row["why"] = probe_passes(row, slo, ev)
+    return ev
+
+
+def search(probe, k: dict, slo: dict, report=None) -> tuple[list[dict], list[tuple[float, bool]]]:
+    """The knee's probing, apart from how a probe is made: `probe(rate, rows)` returns one probe's row (counted,
+    over_slo, failed, backlog, ...). The next rate comes from next_rate (mode search) or knee.rates (sweep); a rate
+    whose evidence is inconclusive is probed again at once, its counts pooled, up to knee.max_repeats, and the
+    visit's probes all take its final verdict; `report(rows, evidence)` after each. Returns every row and the
+    (rate, passed) list the bracket reads."""
+    rows: list[dict] = []
+    probes: list[tuple[float, bool]] = []
+    cap = k["max_probes"] or len(k["rates"] or []) * k["max_repeats"]
+    while True:
+        rate = (sweep_next(probes, k["rates"]) if k["mode"] == "sweep" else
+                next_rate(probes, k["start_rate"], k["max_rate"], k["rel_tol"], k["max_probes"], k["min_rate"]))
+        if rate is None:
+            return rows, probes
+        visit: list[dict] = []
+        while True:
+            rows.append(probe(rate, rows))
+            visit.append(rows[-1])
+            ev = judge(visit, slo)
+            if report:
+                report(rows, ev)
+            if (rows[-1].get("failed") or rows[-1].get("backlog") or ev["verdict"] != "inconclusive"
+                    or len(visit) >= k["max_repeats"] or len(probes) + len(visit) >= cap):
+                break
+        for row in visit:
+            row["passed"] = visit[-1]["passed"]
+            probes.append((rate, row["passed"]))
 
 
 def sweep_next(probes: list[tuple[float, bool]], rates: list[float]) -> float | None:

@@ -90,7 +90,7 @@ def test_the_headline_comes_from_the_confirm_step_when_there_is_one(tmp_path):
         return {**src, "name": f"confirm-1-{which}", "exp": f"cpu-9-confirm-1-{which}", "status": "ok",
                 "bench": {**src["bench"], "output_tps_runs": runs, "output_tps": runs[1]}}
     runs = [again(base, "baseline", [400.0, 402.0, 404.0]), again(final, "final", [480.0, 482.0, 484.0])]
-    lad["confirm"] = {"pairs": 1, "runs": runs, **record.confirm_summary(runs)}
+    lad["confirm"] = {"pairs": 1, "runs": runs, **record.confirm_summary(runs, {"cv": 0.012, "engines": 4})}
     assert lad["confirm"]["speedup"] == 482 / 402 and lad["confirm"]["delta"]["output_tps"]["verdict"] == "better"
     headline = report.render(lad, tmp_path).split("\n")[2]
     assert "402 output tok/s → 482 tok/s (1.20×, Δ +19.9 %" in headline and "confirm step" in headline

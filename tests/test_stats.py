@@ -13,25 +13,59 @@ def test_summary_interval_matches_students_t():
     s = stats.summarize([90.0, 100.0, 110.0])
     assert s["median"] == 100 and s["mean"] == 100 and s["sd"] == pytest.approx(10)
     half = 4.303 * 10 / math.sqrt(3)
-    assert s["ci95"] == pytest.approx([100 - half, 100 + half])
+    assert s["ci95"] == pytest.approx([100 - half, 100 + half], rel=1e-4)
     assert stats.summarize([5.0])["ci95"] is None  # one run: no interval
+
+
+FLOOR = stats.Floor(0.015, engines=9, source="fixture")  # 1.5 % from 9 engines: df 8
 
 
 def test_delta_calls_better_worse_within_noise_and_unknown():
     base = [100.0, 101.0, 99.0]
-    assert stats.delta(base, [120.0, 121.0, 119.0])["verdict"] == "better"
-    assert stats.delta(base, [80.0, 81.0, 79.0])["verdict"] == "worse"
-    noisy = stats.delta(base, [90.0, 115.0, 102.0])
-    assert noisy["verdict"] == "within noise" and noisy["ci95"][0] < 0 < noisy["ci95"][1]
-    assert stats.delta([100.0], [150.0])["verdict"] == "unknown"
-    d = stats.delta(base, [110.0, 110.0, 110.0])
-    assert d["rel"] == pytest.approx(0.10)
+    assert stats.delta(base, [120.0, 121.0, 119.0], FLOOR)["verdict"] == "better"
+    assert stats.delta(base, [80.0, 81.0, 79.0], FLOOR)["verdict"] == "worse"
+    noisy = stats.delta(base, [98.0, 104.0, 101.0], FLOOR)
+    assert noisy["verdict"] == "within noise" and noisy["ci"][0] < 0 < noisy["ci"][1]
+    d = stats.delta(base, [110.0, 110.0, 110.0], FLOOR)
+    assert d["rel"] == pytest.approx(0.10) and d["engines"] == [1, 1] and "df" in d["why"]
 
 
-def test_the_17_percent_gpu_spread_is_noise_with_two_runs():
-    # the two identical H200 runs from the brief: 18,050 vs 14,956 tok/s
-    d = stats.delta([18050.0, 14956.0], [16000.0, 16500.0])
-    assert d["verdict"] == "within noise"
+def test_no_interval_rests_on_repeats_inside_one_engine_alone():
+    # the repeats agree to 0.1 %, yet a fresh engine lands 1-9 % away: without a measured floor, no call
+    d = stats.delta([7103.0, 7154.0, 7112.0], [9184.0, 9183.0, 9178.0])
+    assert d["verdict"] == "unknown" and d["ci"] is None and "no start-to-start SD measured" in d["why"]
+    # several engines a side carry their own start-to-start spread: pooled, it is the floor
+    floor = stats.pool(stats.Floor(0.0), [[7103.0, 7242.0, 7337.0]])
+    assert floor.df == 2 and floor.cv == pytest.approx(0.0163, abs=1e-4)
+    assert stats.delta([7103.0, 7154.0, 7112.0], [9184.0, 9183.0, 9178.0], floor)["verdict"] == "better"
+
+
+def test_the_interval_takes_the_floors_degrees_of_freedom_not_the_repeats():
+    # AWQ's +28.9 % on the H200 came out [-1.1, +58.9] with t from the in-engine df (~2, t 4.3) applied to a typed-in
+    # 5 % floor; with a floor of known df the quantile is the floor's, and the verdict no longer hinges on which side's
+    # repeats happened to be tighter
+    base, awq = [7103.0, 7154.0, 7112.0], [9184.0, 9183.0, 9178.0]
+    d = stats.delta(base, awq, stats.Floor(0.05, engines=9))
+    assert d["verdict"] == "better" and 7 < d["df"] < 9
+    tight = stats.delta([7123.0, 7123.5, 7122.5], awq, stats.Floor(0.05, engines=9))
+    assert tight["verdict"] == "better" and tight["ci"] == pytest.approx(d["ci"], abs=0.01)
+
+
+def test_a_base_on_both_sides_cancels_a_machine_that_drifts_under_the_rung():
+    # the machine speeds up 4 % per engine: base 100, rung 104 (a placebo), base again 108
+    floor = stats.Floor(0.005, engines=9)
+    assert stats.delta([[100.0, 100.1]], [[104.0, 104.1]], floor)["verdict"] == "better"  # against the base before
+    both = stats.delta([[100.0, 100.1], [108.0, 108.1]], [[104.0, 104.1]], floor)
+    assert both["verdict"] == "within noise" and both["rel"] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_a_pooled_floor_counts_every_same_config_group_by_its_degrees_of_freedom():
+    prior = stats.Floor(0.01, engines=5, source="make benchmark")
+    pooled = stats.pool(prior, [[100.0, 102.0], [50.0, 50.0, 50.0], [7.0]])  # a lone engine adds nothing
+    assert pooled.df == 4 + 1 + 2 and pooled.engines == 10
+    assert pooled.cv ** 2 == pytest.approx((4 * 0.01 ** 2 + 1 * (2 ** 0.5 / 101) ** 2 + 0) / 7)
+    assert "make benchmark" in pooled.source and "5 in this ladder" in pooled.source
+    assert stats.pool(stats.Floor(0.0), []).df == 0
 
 
 def test_mcnemar_exact():
@@ -319,14 +353,6 @@ def test_the_fingerprint_tells_machines_apart_without_exposing_their_ids():
     assert not raw or raw not in json.dumps(fp)
 
 
-def test_a_start_to_start_floor_widens_an_interval_that_in_engine_repeats_make_too_tight():
-    base, new = [420.1, 420.5, 420.3], [428.3, 428.9, 428.6]  # +2 %, repeats inside one engine agree closely
-    assert stats.delta(base, new)["verdict"] == "better"
-    d = stats.delta(base, new, floor=0.02)
-    assert d["verdict"] == "within noise" and "2% start-to-start floor" in d["why"]
-    assert stats.delta(base, [500.0, 501.0, 499.0], floor=0.02)["verdict"] == "better"  # +19 % still shows
-
-
 def test_the_fingerprint_sees_only_the_gpus_cuda_visible_devices_allows():
     import fingerprint
     two = [{"index": "0", "name": "NVIDIA H200", "uuid": "GPU-d544f0c0-aaaa"},
@@ -336,3 +362,79 @@ def test_the_fingerprint_sees_only_the_gpus_cuda_visible_devices_allows():
     assert fingerprint.visible(two, "GPU-d544f0c0") == [two[0]]  # UUID prefixes, as CUDA accepts them
     assert fingerprint.visible(two, "1,0") == [two[1], two[0]]
     assert fingerprint.visible(two, "") == [] and fingerprint.visible(two, "0,7,1") == [two[0]]
+
+
+# ---------------------------------------------------------------- a probe's verdict on counted evidence
+def test_slo_evidence_is_the_exact_binomial_bound_on_the_share_over_the_slo():
+    from scipy import stats as sps
+    assert stats.slo_evidence(59, 0, 95)["verdict"] == "pass"       # 0.95^59 = 0.048: fewest for a p95 pass
+    assert stats.slo_evidence(58, 0, 95)["verdict"] == "inconclusive"
+    assert stats.slo_evidence(29, 0, 90)["verdict"] == "pass" and stats.slo_evidence(299, 0, 99)["verdict"] == "pass"
+    e = stats.slo_evidence(100, 2, 95)  # 2 % over a 5 % allowance: not yet evidence either way
+    assert e["verdict"] == "inconclusive" and e["p_pass"] == pytest.approx(sps.binom.cdf(2, 100, 0.05), abs=1e-4)
+    assert stats.slo_evidence(300, 5, 95)["verdict"] == "pass"
+    assert stats.slo_evidence(100, 11, 95)["verdict"] == "fail"     # P[X >= 11 | 100, 5 %] = 0.011
+    assert stats.slo_evidence(0, 0, 95)["verdict"] == "inconclusive"
+
+
+def test_a_probe_passes_on_evidence_and_says_the_count_when_it_does_not():
+    slo, row = {"percentile": 95, "ttft_ms": 500, "tpot_ms": 50}, {"failed": 0, "backlog": False}
+    assert stats.probe_passes(row, slo, stats.slo_evidence(116, 0, 95)) == (True, "")
+    ok, why = stats.probe_passes(row, slo, stats.slo_evidence(76, 3, 95))
+    assert not ok and why == "3 of 76 counted requests over the SLO (inconclusive at 95% that at most 5% break it)"
+    assert "failed" in stats.probe_passes({**row, "failed": 1}, slo, stats.slo_evidence(116, 0, 95))[1]
+
+
+def test_tail_stats_count_the_requests_over_the_slo_in_the_counted_window():
+    data = json.loads((FIXTURES / "h200-4090-fp8kv-21.25rps.json").read_text())  # a saved H200 probe
+    t = stats.tail_stats(data["requests"], 95, 0.1, 0.8, {"ttft_ms": 500, "tpot_ms": 50})
+    assert t["counted"] == 116 and t["over_slo"] == 0
+    tight = stats.tail_stats(data["requests"], 95, 0.1, 0.8, {"ttft_ms": 100, "tpot_ms": 50})
+    slow = [r for r in sorted(data["requests"], key=lambda r: r["start"])[12:] if r["ttft"] > 0.1]
+    assert tight["over_slo"] == len(slow) > 0
+
+
+def test_an_inconclusive_rate_is_probed_again_with_its_counts_pooled_up_to_the_cap():
+    k = {"mode": "sweep", "rates": [1.0, 2.0], "max_probes": None, "max_repeats": 3}
+    slo = {"percentile": 95, "ttft_ms": 500, "tpot_ms": 50}
+    draws = {1.0: [(40, 0), (40, 0)], 2.0: [(60, 4), (60, 5), (60, 4)]}  # 1: 0/80 passes; 2: 13/180 stays unsure
+
+    def probe(rate, rows):
+        counted, over = draws[rate][sum(1 for r in rows if r["offered_rps"] == rate)]
+        return {"offered_rps": rate, "counted": counted, "over_slo": over, "failed": 0, "backlog": False}
+    rows, probes = stats.search(probe, k, slo)
+    assert [r["offered_rps"] for r in rows] == [1.0, 1.0, 2.0, 2.0, 2.0]
+    assert probes == [(1.0, True), (1.0, True), (2.0, False), (2.0, False), (2.0, False)]
+    assert rows[1]["pooled_counted"] == 80 and rows[-1]["evidence"] == "inconclusive"
+    assert stats.conclusive_fail(rows) is None  # 2 req/s failed for want of evidence, not on it
+
+
+def test_a_knee_moves_only_past_a_boundary_known_on_evidence():
+    base = {"knee_rps": 6, "first_fail_rps": 7, "conclusive_fail_rps": 7}
+    assert stats.knee_delta(base, {"knee_rps": 8, "first_fail_rps": 10, "conclusive_fail_rps": 10})["verdict"] \
+        == "better"
+    unsure = {"knee_rps": 6, "first_fail_rps": 7, "conclusive_fail_rps": None}  # 7 was inconclusive, not failed
+    assert stats.knee_delta(unsure, {"knee_rps": 8, "first_fail_rps": 10, "conclusive_fail_rps": 10})["verdict"] \
+        == "within noise"
+    lost = {"knee_rps": None, "first_fail_rps": 4, "conclusive_fail_rps": None}  # nothing passed, nothing failed
+    d = stats.knee_delta(base, lost)
+    assert d["verdict"] == "within noise" and "inconclusive" in d["why"]
+    assert stats.knee_delta(base, {**lost, "conclusive_fail_rps": 4})["verdict"] == "worse"
+    assert stats.knee_delta(base, {"knee_rps": None, "first_fail_rps": 4})["verdict"] == "worse"  # an older record
+
+
+def test_repeats_inside_engines_never_buy_more_degrees_of_freedom_than_the_floor_has():
+    # two base engines that happened to agree (df 1): their tight repeats once read df 5 and called +3 % better
+    floor = stats.pool(stats.Floor(0.0), [[100.0, 100.2]])
+    d = stats.delta([[99.9, 100.1], [100.1, 100.3]], [[103.0, 103.1]], floor)
+    assert floor.df == 1 and d["df"] <= 1 and d["verdict"] == "within noise"
+    # a prior with no degrees of freedom adds neither its spread nor its engines
+    assert stats.pool(stats.Floor(0.05, engines=1), [[100.0, 101.0]]).df == 1
+
+
+def test_a_knee_per_gpu_that_only_rounding_lifts_above_the_base_is_not_a_gain():
+    import capacity
+    base = {"knee_rps": 8.0, "first_fail_rps": 9.514, "conclusive_fail_rps": 9.514}
+    tp2 = capacity.per_gpu_knee({"knee_rps": 19.03, "first_fail_rps": 22.63, "conclusive_fail_rps": 22.63}, 2)
+    assert tp2["knee_rps"] > base["first_fail_rps"]  # 9.515 > 9.514: the grid's 4 significant figures
+    assert stats.knee_delta(base, tp2)["verdict"] == "within noise"

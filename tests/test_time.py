@@ -88,6 +88,14 @@ def test_totals_weigh_each_rung_by_its_gpus_and_price_them():
     assert tot["dvc_minutes"] == (60 + 2 * 60) / 60
     assert tot["cost_usd"] == pytest.approx(1200 / 3600 * 4.0, abs=0.01)
     assert one["time"]["dvc_s"] == 60.0 and two["time"]["gpus"] == 2
+    assert tot["engine_starts"] == 2 and tot["seconds_per_start"] == (300 + 60) / 2  # wall s, not GPU s
+
+
+def test_a_bench_that_warmed_the_machine_counts_two_engine_starts():
+    r = rung(0, "baseline", 400.0, bench=stage(200, 120, 60), knee=stage(150, 50, 90))
+    r["bench"] = {"warm_up_engine": {"output_tps": 6790.0, "wall_s": 60.0}}
+    assert record.time_split(r)["starts"] == 3
+    assert "3 starts × " in "\n".join(report.time_lines(record.annotate_time(ladder(r))))
 
 
 def test_time_section_shows_each_rung_its_split_and_the_totals():
