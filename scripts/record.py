@@ -42,7 +42,7 @@ class RungRecord(TypedDict, total=False):
     target: dict             # the target card's conversion the engine ran with (common.target_engine), if any
     roofline: dict | None
     delta: dict              # output_tps: stats.delta, knee_rps: stats.knee_delta, vs `base` (per GPU: `compare`);
-                             # output_tps_again: vs `base` re-measured right after (a keep on tok/s, record.again)
+                             # decide.AGAIN: whether `base` was measured again right after it (decide.needs_again)
     gpus: int | None         # GPUs per instance (capacity.gpus_per_instance); None on a CPU box
     per_gpu: dict | None     # capacity.per_gpu: output tok/s and knee per GPU, beside the totals
     speedup: float
@@ -68,6 +68,7 @@ class LadderRecord(TypedDict, total=False):
     eval_n: int
     final_exp: str | None
     rungs: list[RungRecord]
+    noise_floor: dict        # stats.Floor every Δ was drawn with (the card's, pooled with this ladder's own engines)
     engine_seconds: float
     wall_seconds: float
     cost_usd: float
