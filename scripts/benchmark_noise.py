@@ -107,7 +107,7 @@ def main():
         common.write_json(logs / "noise_floor.json", {**block, "engine_means": means})
 
     if 5 in parts:
-        compare_rule(params, b, logs / "rule", changes_list(args.compare), args.repeats)
+        compare_rule(params, b, logs / "rule", changes_list(args.compare))
 
     rates = [float(x) for x in args.sweep_rates.split(",")]
     searches = [("3a. search", {"mode": "search"}),
@@ -173,7 +173,7 @@ def engine_means(argv: list[str], b: dict, logs, env: dict, sent: dict) -> tuple
     return statistics.fmean(r["output_tps"] for r in runs), {**facts["timing"], "runs": [r["output_tps"] for r in runs]}
 
 
-def compare_rule(params: dict, b: dict, logs, cands: list[dict], _repeats: int) -> None:
+def compare_rule(params: dict, b: dict, logs, cands: list[dict]) -> None:
     """Part 5: the ladder's tok/s rule on fresh engines, interleaved: warm-up, base, c1, base, c2, base, ... Each
     change is judged against the base engines just before and after it, the floor pooled with every base engine so
     far (as ladder.Driver does with its re-measures). Printed, and written to rule.json."""
