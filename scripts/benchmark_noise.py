@@ -12,6 +12,11 @@ On the rung in params.yaml (the cpu profile by default) it measures:
      change (base, change 1, base, change 2, base, ...), each change judged as a rung is (stats.delta against
      both flanks, the floor pooled with the base's own engines); placebos show its false calls, a real change its
      power.
+  6. the knee probe's noise (--study): on `--knee-servers` fresh servers, probes at a coarse ladder of grid rates
+     (up to the first that fails on evidence), one rate `--study-at` probed `--study-repeats` times back to back
+     on one trace, then the grid rates around the knee twice each with fresh draws. Every probe's requests are
+     kept (study.json), so a probe-noise model (share over the SLO against the rate, its spread between probes
+     and servers) can be fitted to them.
 Each also prints where its wall time went (starting engines, measuring, other), as the report's Time section does.
 `--profile` measures a ladder.yaml profile's rung 0 (its models prepared here) instead of params.yaml's.
 Writes only under results/logs/benchmark/ (and results/models.json, results/fingerprint.json with --profile).
@@ -64,6 +69,11 @@ def main():
     ap.add_argument("--profile", help="a ladder.yaml profile: measure its rung 0")
     ap.add_argument("--set", default="", help="';'-separated key=value settings on top (bench.num_prompts=512)")
     ap.add_argument("--compare", default="", help="part 5: ';'-separated changes, each key=value[,key=value]")
+    ap.add_argument("--study-at", type=float, default=14.0, help="part 6: the rate probed again and again")
+    ap.add_argument("--study-repeats", type=int, default=5, help="part 6: how often, on one trace")
+    ap.add_argument("--study-extra", default="", help="part 6: rates probed twice more on the first server, last")
+    ap.add_argument("--study-rates", default="", help="part 6: the coarse rates (default: every 2nd grid rate "
+                    "from the profile's knee.start_rate)")
     args = ap.parse_args()
     parts = {int(x) for x in args.parts.split(",")}
     params = common.stage_start()
@@ -99,15 +109,18 @@ def main():
         fp = common.read_json(common.RESULTS / "fingerprint.json") if (common.RESULTS / "fingerprint.json").exists() \
             else fingerprint.fingerprint()
         block = {"cv": round(statistics.stdev(means[1:]) / statistics.fmean(means[1:]), 4), "engines": len(means) - 1,
-                 "measured_on": f"{fp.get('gpu') or fp.get('cpu')}" + (f", driver {fp['driver']}" if fp.get("driver")
-                                                                      else ""),
-                 "vllm": fp.get("vllm"), "measured": time.strftime("%Y-%m-%d")}
+                 "measured_on": machine(fp), "vllm": fp.get("vllm"), "measured": time.strftime("%Y-%m-%d")}
         print("   the profile's bench.noise_floor (ladder.yaml settings, or params.yaml for the cpu profile):\n"
               + yaml.safe_dump({"bench.noise_floor": block}, sort_keys=False, width=200))
         common.write_json(logs / "noise_floor.json", {**block, "engine_means": means})
 
     if 5 in parts:
         compare_rule(params, b, logs / "rule", changes_list(args.compare))
+
+    if 6 in parts:
+        coarse = [float(x) for x in args.study_rates.split(",") if x.strip()]
+        probe_study(entry["path"], cfg, k, slo, logs / "study", coarse, args.study_at, args.study_repeats,
+                    max(args.knee_servers, 1), [float(x) for x in args.study_extra.split(",") if x.strip()])
 
     rates = [float(x) for x in args.sweep_rates.split(",")]
     searches = [("3a. search", {"mode": "search"}),
@@ -137,6 +150,105 @@ def main():
               + ", ".join(f"{r['knee_rps']}–{r['first_fail_rps']}" for r in fresh)
               + f"; the widest gap between two of them: {knee_gap(fresh):.0%} (knee.noise_floor is "
               f"{k['noise_floor']:.0%}: a floor below that gap lets a change of that size pass as a move)")
+
+
+def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: list[float], at: float, repeats: int,
+                servers: int, extra: list[float] = ()) -> None:
+    """Part 6 (see the module's docstring). Server 1: the coarse rates up to the first that fails on evidence,
+    `at` `repeats` times on one seed, then the grid rates between the highest coarse pass and that fail, twice
+    each with fresh seeds. Each later server: those fine rates once, and `at` twice. Writes study.json as it goes."""
+    steps = stats.grid_steps(k["rel_tol"])
+    if not coarse:
+        i0 = stats.grid_index(k["start_rate"], steps)
+        coarse = [stats.grid_rate(i0 + 2 * j, steps) for j in range(-1, 5)]
+    out: dict = {"slo": slo, "knee": {x: k[x] for x in ("probe_seconds", "settle_latencies", "tail_latencies",
+                                                         "ramp_fraction", "backlog_ratio")},
+                 "servers": []}
+    seq = 0
+
+    def one(srv, prober, folder, rate: float, seed: int, label: str) -> dict:
+        nonlocal seq
+        seq += 1
+        kk = {**k, "e2e_warm_s": srv_e2e[0]}
+        n = knee.prompts_for(rate, kk, slo, knee.e2e_estimate(rows, kk["e2e_warm_s"], rate))
+        name = f"probe-{seq:02d}-{rate:g}rps.json"
+        t0 = time.monotonic()
+        prober(knee.probe_args(srv.url, model_path, kk, slo, rate, n, folder, name, seed), k["probe_timeout_s"],
+               f"study probe at {rate:g} req/s")
+        result, reqs = knee.slim(folder / name)
+        row = knee.row_from(result, reqs, rate, n, kk, slo)
+        ev = stats.slo_evidence(row["counted"], row["over_slo"], slo["percentile"])
+        row.update(seed=seed, label=label, evidence=ev["verdict"], wall_s=round(time.monotonic() - t0, 1),
+                   requests=reqs, server_seq=len(out["servers"]))
+        rows.append(row)
+        print(f"6. server {len(out['servers'])} {label} {rate:g} req/s x{n} seed {seed}: {row['over_slo']} of "
+              f"{row['counted']} over the SLO ({ev['verdict']}); p{slo['percentile']} TTFT "
+              f"{row['slo_ttft_ms'] or 0:.0f} ms, TPOT {row['slo_tpot_ms'] or 0:.1f} ms; e2e p50 "
+              f"{row['e2e_p50_s'] or 0:.2f} s, window {row['window_open_s']}-{row['window_close_s']} s; backlog "
+              f"{row['backlog']}; {row['wall_s']:.0f} s", flush=True)
+        common.write_json(logs / "study.json", out)
+        return row
+
+    fine: list[float] = []
+    for s_i in range(servers):
+        folder = logs / f"server-{s_i + 1}"
+        rows: list[dict] = []
+        srv_e2e = [None]
+        began = time.monotonic()
+        with engine.Server(model_path, cfg["engine"], cfg["env"], folder / "server.log") as srv:
+            out["servers"].append({"ready_s": round(srv.ready_s, 1), "rows": rows})
+            print(f"6. server {s_i + 1} ready in {srv.ready_s:.0f} s", flush=True)
+            prober = knee.Prober(folder / "probes.log")
+            srv_e2e[0] = knee.warm_up(prober, srv, model_path, {**k, "start_rate": coarse[0]}, slo, folder)
+            if s_i == 0:
+                passed = None
+                for r in coarse:
+                    row = one(srv, prober, folder, r, stats.SEED_BASE + 100 * stats.grid_index(r, steps), "coarse")
+                    if row["evidence"] == "fail" or row["backlog"]:
+                        top = r
+                        break
+                    passed = r
+                else:
+                    top = coarse[-1]
+                lo_i = stats.grid_index(passed or coarse[0], steps)
+                fine = [stats.grid_rate(i, steps) for i in range(lo_i, stats.grid_index(top, steps) + 1)
+                        if i in {stats.grid_index(c, steps) for c in coarse}]
+                for j in range(repeats):
+                    one(srv, prober, folder, at, 90_000, f"at {at:g} #{j + 1}")
+                for r in fine:
+                    one(srv, prober, folder, r, stats.SEED_BASE + 100 * stats.grid_index(r, steps) + 1, "fine")
+                for r in extra:
+                    for j in (1, 2):
+                        one(srv, prober, folder, r, 91_000 + j, "extra")
+            else:
+                for r in fine:
+                    one(srv, prober, folder, r, stats.SEED_BASE + 100 * stats.grid_index(r, steps) + 1, "fine")
+                for j in range(2):
+                    one(srv, prober, folder, at, 90_000, f"at {at:g} #{j + 1}")
+        out["servers"][-1]["wall_s"] = round(time.monotonic() - began, 1)
+        common.write_json(logs / "study.json", out)
+    probes = []
+    for row in (r for srv in out["servers"] for r in srv["rows"]):
+        reqs = sorted(row["requests"], key=lambda r: r["start"])
+        w = stats.counted_window(reqs, k["ramp_fraction"], k["settle_latencies"], k["tail_latencies"])
+        probes.append({**row, "window": reqs[w["lo"]:w["hi"]]})
+    d = stats.dispersion_of(probes, slo)
+    out["dispersion"] = d
+    common.write_json(logs / "study.json", out)
+    print(f"6. dispersion of the count over the SLO: between probes of one rate {d['between']} (df {d['between_df']}), "
+          f"within probes over {d['block_s']:g}-s blocks {d['within']} (df {d['within_df']}); pooled {d['phi']}")
+    if d["phi"]:
+        fp = common.read_json(common.RESULTS / "fingerprint.json")
+        block = {"phi": d["phi"], "probes": d["probes"], "measured_on": machine(fp), "vllm": fp.get("vllm"),
+                 "measured": time.strftime("%Y-%m-%d")}
+        print("   the profile's knee.dispersion (ladder.yaml settings, or params.yaml for the cpu profile):\n"
+              + yaml.safe_dump({"knee.dispersion": block}, sort_keys=False, width=200))
+    print(f"6. study written: {logs / 'study.json'}")
+
+
+def machine(fp: dict) -> str:
+    """The machine a measurement block names: GPU (and driver), else CPU."""
+    return f"{fp.get('gpu') or fp.get('cpu')}" + (f", driver {fp['driver']}" if fp.get("driver") else "")
 
 
 def changes(text: str) -> dict:

@@ -10,6 +10,7 @@ naming the field, the value and what is allowed. Pydantic's own text never reach
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import types
@@ -265,6 +266,17 @@ class NoiseFloor(Section):
     measured: StrictStr | None = F("when it was measured (YYYY-MM-DD), or null", None)
 
 
+class Dispersion(Section):
+    """How much more a knee probe's count of requests over the SLO varies than a binomial count (they come in bursts):
+    `make benchmark` part 6 measures it from repeated probes and prints this block; every probe's evidence counts
+    counted/phi requests (stats.slo_evidence)."""
+    phi: Annotated[StrictFloat | StrictInt, at.Ge(1), at.Lt(100)] = F("a number in [1, 100)", 1.0)
+    probes: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0: the probes it was measured on (0: none)", 0)
+    measured_on: StrictStr | None = F("the machine it was measured on (GPU name and driver, or CPU), or null", None)
+    vllm: StrictStr | None = F("the vLLM version it was measured with, or null", None)
+    measured: StrictStr | None = F("when it was measured (YYYY-MM-DD), or null", None)
+
+
 class Bench(Section):
     num_prompts: PosInt = F("an integer > 0")
     repeats: PosInt = F("an integer > 0")
@@ -301,6 +313,10 @@ class Knee(Section):
     probe_seconds: PosNum = F("a number > 0")
     ramp_fraction: Annotated[Num, at.Ge(0), at.Lt(0.5)] = F(
         "a fraction in [0, 0.5): the first arrivals of a probe, left out of its percentiles", 0.1)
+    settle_latencies: NonNegNum = F(
+        "a number >= 0: end-to-end latencies of a probe's arrivals left out while the server fills", 3)
+    tail_latencies: NonNegNum = F(
+        "a number >= 0: end-to-end latencies of arrivals after the counted ones, keeping the server full", 1)
     min_prompts: PosNum = F("a number > 0")
     max_prompts: PosNum = F("a number > 0")
     batch1_requests: Annotated[int, at.Ge(0)] = F(
@@ -308,6 +324,8 @@ class Knee(Section):
     backlog_ratio: Annotated[Num, at.Gt(0), at.Le(1)] = F("a number in (0, 1]")
     noise_floor: Annotated[Num, at.Ge(0), at.Lt(4)] = F(
         "a number in [0, 4): knees of one config on fresh servers differ by this fraction", 0.0)
+    dispersion: Dispersion = F("{phi, probes, measured_on, vllm, measured}: `make benchmark` part 6 prints it",
+                               Dispersion())
     start_timeout_s: PosNum = F("a number of seconds > 0", 900)
     probe_timeout_s: PosNum = F("a number of seconds > 0", 600)
 
@@ -342,9 +360,23 @@ class Gate(Section):
 class Confirm(Section):
     """The confirm step: baseline and final kept stack re-measured back to back at the end of the ladder."""
     pairs: Annotated[int, at.Ge(0)] = F("an integer >= 0 (0: no confirm step)", 1)
-    round: Annotated[int, at.Ge(0)] = F("an integer >= 0 (set by the ladder: 0 for rungs, k for confirm pair k)", 0)
-    remeasure: Annotated[int, at.Ge(0)] = F("an integer >= 0 (set by the ladder when a run re-measures a held "
-                                            "rung's base, bench only: when that rung's bench ran; else 0)", 0)
+
+
+class Anchor(Section):
+    """The knee of a rung's base, which the rung's knee search probes first (stats.next_rate)."""
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    pass_: PosNum | None = Field(None, alias="pass", description="a request rate > 0 or null: its last pass")
+    fail: PosNum | None = F("a request rate > 0 or null: its first fail on evidence", None)
+
+
+class Run(Section):
+    """Bookkeeping `make ladder` sets for each experiment, so that DVC's run-cache tells experiments apart: not
+    knobs (the rung in force is model, engine and env)."""
+    round: Annotated[int, at.Ge(0)] = F("an integer >= 0 (0 for rungs, k for confirm pair k)", 0)
+    remeasure: Annotated[int, at.Ge(0)] = F("an integer >= 0 (a held rung's base measured again right after it, "
+                                            "bench only: when that rung's bench ran, Unix s; else 0)", 0)
+    anchor: Anchor | None = F("the base's knee {pass, fail} (req/s) that a rung's knee search probes first, or null",
+                              None)
 
 
 class Cost(Section):
@@ -384,6 +416,7 @@ class Params(Section):
     slo: Slo
     gate: Gate
     confirm: Confirm = Confirm()
+    run: Run = Run()
     cost: Cost = Cost()
     capacity: Capacity
     roofline: Roofline = Roofline()
@@ -543,11 +576,14 @@ def _across_sections(params: dict) -> list[str]:
                 errs.append(f"workload: {total} tokens per request (prefix + input + output) exceed "
                             f"{which}.max_model_len {limit}")
     k, slo = params["knee"], params["slo"]
-    tail, need = stats.tail_requests(slo["percentile"]), stats.probe_minimum(slo["percentile"], k["ramp_fraction"])
-    if k["max_prompts"] < need:  # a probe capped below its percentile's needs would read the maximum as the p99
-        errs.append(f"knee.max_prompts: {k['max_prompts']:g} is below the {need} requests a probe needs for "
+    phi = stats.Dispersion.of(k["dispersion"]).phi
+    tail = math.ceil(stats.tail_requests(slo["percentile"]) * phi)
+    need = math.ceil(tail / (1 - k["ramp_fraction"]))
+    if k["max_prompts"] < need:  # a probe capped below what a pass needs could never pass
+        errs.append(f"knee.max_prompts: {k['max_prompts']:g} is below the {need} requests a probe needs to pass at "
                     f"slo.percentile {slo['percentile']} (at least {tail} counted after knee.ramp_fraction "
-                    f"{k['ramp_fraction']:g}); raise it or declare a lower slo.percentile")
+                    f"{k['ramp_fraction']:g}, knee.dispersion {phi:g} times a binomial's "
+                    f"{stats.tail_requests(slo['percentile'])}); raise it or declare a lower slo.percentile")
     return errs + _target_errors(params)
 
 

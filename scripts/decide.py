@@ -15,17 +15,19 @@ BASELINE, KEPT, REVERTED, NOT_CHOSEN, FAILED, INTERRUPTED, SKIPPED, CONFIRM, REC
 _TPS = ("output tok/s is better with a {level} interval that excludes zero (the engine is the unit: the rung's fresh "
         "engine against the mean of its base's engines measured just before it and again just after it, with the "
         "start-to-start SD that make benchmark measured on the card, pooled with the ladder's own re-measures)")
-RULE = ("a rung is kept only when it is significantly better than the last kept rung: its knee (req/s at the SLO) "
-        "moved up by more than the knee's resolution and start-to-start noise (the brackets apart, by a gap wider "
-        "than knee.noise_floor), or the knee moved less than that and " + _TPS + ". Anything else is reverted (no "
+_KNEE = ("its knee (req/s at the SLO) is better: it passed on evidence at a rate where the last kept rung's failed on "
+         "evidence (its search probes that rate first, on the same arrival traces), beyond knee.noise_floor")
+RULE = ("a rung is kept only when it is significantly better than the last kept rung: " + _KNEE + ", or its knee is "
+        "not worse (it did not fail on evidence where the base passed) and " + _TPS + ". Anything else is reverted (no "
         "measurable gain: the simpler config stays); a lost knee is worse. The quality gate and 'did the change take "
         "effect' come first; candidates of one rung are ranked against each other by the same rule. An instance with "
         "more GPUs is compared per GPU (knee and tok/s divided by its GPUs).").format(level=f"{stats.CONFIDENCE:.1%}")
-RULE_TPS = ("a rung is kept only when " + _TPS + " and the knee is not worse (moved down by more than its resolution "
-            "and knee.noise_floor, or lost). Anything else is reverted (no measurable gain: the simpler config stays). "
-            "The quality gate and 'did the change take effect' come first; candidates of one rung are ranked against "
-            "each other by the same rule. An instance with more GPUs is compared per GPU (knee and tok/s divided by "
-            "its GPUs).").format(level=f"{stats.CONFIDENCE:.1%}")
+RULE_TPS = ("a rung is kept only when " + _TPS + " and the knee is not worse (it did not fail on evidence at a rate "
+            "where the last kept rung's passed, beyond knee.noise_floor; a lost knee is worse). Anything else is "
+            "reverted (no measurable gain: the simpler config stays). The quality gate and 'did the change take "
+            "effect' come first; candidates of one rung are ranked against each other by the same rule. An instance "
+            "with more GPUs is compared per GPU (knee and tok/s divided by its GPUs).").format(
+                level=f"{stats.CONFIDENCE:.1%}")
 
 
 def rule(objective: str) -> str:
@@ -47,7 +49,7 @@ def gain(d_knee: dict, d_tps: dict, objective: str) -> tuple[bool, str]:
     if objective == "knee_rps" and d_knee["verdict"] == "better":
         return True, f"{knee}; {tps}"
     if d_tps["verdict"] == "better":
-        why = "the knee moved less than its resolution" if d_knee["verdict"] != "better" else "the knee is better too"
+        why = "the knee not better on evidence" if d_knee["verdict"] != "better" else "the knee is better too"
         return True, f"{tps} ({why}); {knee}"
     return False, f"no measurable gain: {knee}; {tps}; the simpler config stays"
 

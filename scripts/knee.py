@@ -33,15 +33,25 @@ PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
 COLUMNS = (["offered_rps", "num_prompts", "seed", "achieved_rps", "output_tps", "goodput_rps", "completed", "failed",
             "counted", "needed", "over_slo", "pooled_counted", "pooled_over", "evidence", "ramp_skipped",
+            "window_open_s", "window_close_s", "e2e_p50_s", "settled",
             "slo_ttft_ms", "slo_tpot_ms", "window_arrivals", "window_first_tokens",
             "window_completions", "window_allowance", "backlog", "e2e_over_window", "duration_s"]
            + [f"p{p}_{m}_ms" for m in METRICS for p in PCTS]
            + ["passed", "why"])
 
 
-def prompts_for(rate: float, k: dict, slo: dict) -> int:
+def prompts_for(rate: float, k: dict, slo: dict, e2e_s: float) -> int:
     return stats.probe_prompts(rate, k["probe_seconds"], slo["percentile"], k["ramp_fraction"], k["min_prompts"],
-                               k["max_prompts"])
+                               k["max_prompts"], e2e_s, k["settle_latencies"], k["tail_latencies"],
+                               stats.Dispersion.of(k["dispersion"]).phi)
+
+
+def e2e_estimate(rows: list[dict], warm: float | None, rate: float) -> float:
+    """The end-to-end latency a probe at `rate` is sized by (its settle and tail), before it runs: the longest median
+    of the probes at or below `rate` so far (latency rises with the rate; one above may have been overloaded), else
+    the warm-up's. A window sized short only counts fewer requests, and the row says how many."""
+    seen = [r["e2e_p50_s"] for r in rows if r.get("e2e_p50_s") and r["offered_rps"] <= rate]
+    return max(seen, default=warm or 0.0)
 
 
 def start_rate(k: dict, bench: dict | None) -> tuple[float, str]:
@@ -109,9 +119,11 @@ def row_from(result: dict, reqs: list[dict], rate: float, n: int, k: dict, slo: 
     for m in METRICS:
         for p in PCTS:
             row[f"p{p}_{m}_ms"] = result.get(f"p{p}_{m}_ms")
-    tail = stats.tail_stats(reqs, slo["percentile"], k["ramp_fraction"], k["backlog_ratio"], slo)
+    tail = stats.tail_stats(reqs, slo["percentile"], k["ramp_fraction"], k["backlog_ratio"], slo,
+                            k["settle_latencies"], k["tail_latencies"])
     row.update({"slo_ttft_ms": tail["ttft_ms"], "slo_tpot_ms": tail["tpot_ms"],
-                **{x: tail[x] for x in ("counted", "needed", "over_slo", "ramp_skipped", "window_arrivals",
+                **{x: tail[x] for x in ("counted", "needed", "over_slo", "ramp_skipped", "window_open_s",
+                                        "window_close_s", "e2e_p50_s", "settled", "window_arrivals",
                                         "window_first_tokens", "window_completions", "window_allowance", "backlog",
                                         "e2e_over_window")}})
     return row
@@ -147,12 +159,16 @@ def _import_quietly() -> None:
         vllm_compat.import_bench_serve()
 
 
-def warm_up(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> None:
-    """A short burst before any timed probe, so first-request costs are not read as latency."""
+def warm_up(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> float | None:
+    """A short burst before any timed probe, so first-request costs are not read as latency. Returns its median
+    end-to-end latency (s): the first probe's settle and tail are sized by it (e2e_estimate)."""
     rate = k["start_rate"] or 1  # sweep mode may set no start rate
     prober(probe_args(srv.url, model_path, k, slo, rate, max(4, int(k["min_prompts"]) // 2), logs, "warmup.json",
                       seed=0),
            k["probe_timeout_s"], "vllm bench serve (warm-up)")
+    got = common.read_json(logs / "warmup.json")
+    e2e = got.get("median_e2el_ms") or got.get("p50_e2el_ms")
+    return e2e / 1000 if e2e else None
 
 
 def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict,
@@ -177,7 +193,7 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
 def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs, rate: float,
           rows: list[dict]) -> dict:
     """One probe at `rate` (its seed from the `rows` so far): its row, not yet judged (stats.search judges it)."""
-    n = prompts_for(rate, k, slo)
+    n = prompts_for(rate, k, slo, e2e_estimate(rows, k.get("e2e_warm_s"), rate))
     at_rate = [(x["offered_rps"], x["passed"]) for x in rows]
     seed = (len(rows) + 1 if k["mode"] == "sweep" else stats.probe_seed(rate, at_rate, stats.grid_steps(k["rel_tol"])))
     name = f"probe-{len(rows) + 1:02d}-{rate:g}rps.json"
@@ -207,24 +223,28 @@ def batch1(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: di
 
 def method(k: dict, slo: dict, started: str) -> str:
     """How the knee was found, in the words the report prints."""
-    p = f"p{slo['percentile']:g}"
-    how = (f"search from {started}: double or halve until the SLO breaks, bisect until the bracket is at most "
-           f"{k['rel_tol'] * 100:.0f} % of its midpoint wide, then both boundaries probed again with fresh draws "
-           f"(at most {k['max_probes']} probes), on a grid of {stats.grid_steps(k['rel_tol'])} rates per doubling "
-           f"from 1 req/s, each rate and repeat with its own seed: rungs that probe a rate send it the same "
-           f"arrival sequence"
+    p, d = f"p{slo['percentile']:g}", stats.Dispersion.of(k["dispersion"])
+    anchor = k.get("anchor") or {}
+    how = (f"search on a grid of {stats.grid_steps(k['rel_tol'])} rates per doubling from 1 req/s, each rate and "
+           f"repeat with its own seed (rungs that probe a rate send it the same arrival sequence), "
+           + (f"first at its base's knee (fails {anchor.get('fail') or '–'}, passes {anchor.get('pass') or '–'} "
+              "req/s): where it does not pass at the first, its second and stop; where it passes there, or fails at "
+              "the second, on to its own bracket" if anchor.get("pass") or anchor.get("fail") else
+              f"from {started}: up until a rate fails on evidence, down while none passed")
+           + f", then bisected until the bracket (last pass, first fail on evidence) is at most "
+           f"{k['rel_tol'] * 100:.0f} % of its midpoint wide or no rate between them is left (at most "
+           f"{k['max_probes']} probes)"
            if k["mode"] == "search" else f"a sweep over {k['rates']} req/s")
-    return (f"`vllm serve` + `vllm bench serve`, Poisson arrivals, ~{k['probe_seconds']} s of traffic per probe and "
-            f"at least {stats.tail_requests(slo['percentile'])} requests counted for a {p} (the first "
-            f"{k['ramp_fraction']:.0%} of arrivals left out as ramp-up); a rate passes when the count of counted "
-            f"requests over the SLO shows at {stats.PROBE_CONFIDENCE:.0%} confidence that at most "
-            f"{100 - slo['percentile']:g} % break it (an exact binomial bound, as MLPerf LoadGen's early stopping), "
-            f"fails when it shows more do, and is probed again while neither holds (its counts pooled, at most "
-            f"{k['max_repeats']} probes in a row); no failed request and no backlog (first tokens short of arrivals "
-            f"in the second half of the arrival window by more than {1 - k['backlog_ratio']:.0%} of them and than "
-            f"their Poisson noise); a knee whose passing probes' median end-to-end latency exceeds "
-            f"{stats.SHORT_PROBE_SHARE:.0%} of that half-window is flagged (probes that short end while the batch "
-            f"still fills, and may read high); knee by {how}")
+    return (f"`vllm serve` + `vllm bench serve`, Poisson arrivals; each probe counts ~{k['probe_seconds']} s of "
+            f"arrivals once the server has filled ({k['settle_latencies']:g} end-to-end latencies after the first, "
+            f"{k['tail_latencies']:g} before the last), at least what a {p} pass needs; a rate passes when the count "
+            f"of counted requests over the SLO shows at {stats.PROBE_CONFIDENCE:.0%} confidence that at most "
+            f"{100 - slo['percentile']:g} % break it (an exact binomial bound, as MLPerf LoadGen's early stopping, on "
+            f"the counts divided by the requests' {d.words()}: they break it in bursts), fails when it shows more "
+            f"do, and is probed again while neither holds (its counts pooled, at most {k['max_repeats']} probes in a "
+            f"row); no failed request and no backlog (first tokens short of arrivals in the second half of the "
+            f"arrival window by more than {1 - k['backlog_ratio']:.0%} of them and than their Poisson noise); knee by "
+            f"{how}")
 
 
 def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, params: dict, cfg: dict) -> None:
@@ -253,14 +273,14 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     if failed:  # the rung is reverted whatever its knee: no server started for it
         write_na(out, csv_out, logs, failed, common.GATE_FAILED, params, cfg)
         return
-    if params["confirm"]["remeasure"]:  # a rung's base measured again right after it: its bench is all
-        write_na(out, csv_out, logs, "confirm.remeasure: this run measures a rung's base again, bench only",
+    if params["run"]["remeasure"]:  # a rung's base measured again right after it: its bench is all
+        write_na(out, csv_out, logs, "run.remeasure: this run measures a rung's base again, bench only",
                  common.BENCH_ONLY, params, cfg)
         return
     entry = common.model_entry(cfg["model"]["name"])
     sent, input_len = workload.prepare(params["workload"], entry["path"], logs)
     first, started = start_rate(k, common.read_json(bench_json) if bench_json.exists() else None)
-    k = {**k, "workload": sent, "start_rate": first}
+    k = {**k, "workload": sent, "start_rate": first, "anchor": params["run"]["anchor"]}
     t0 = time.monotonic()
     importing = threading.Thread(target=_import_quietly, daemon=True)
     importing.start()  # the prober's imports overlap the server's start-up
@@ -270,7 +290,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
         print(f"knee: vllm serve ready on {srv.url} in {ready_s:.0f} s")
         prober = Prober(logs / "probes.log")
         probing = time.monotonic()
-        warm_up(prober, srv, entry["path"], k, slo, logs)
+        k["e2e_warm_s"] = warm_up(prober, srv, entry["path"], k, slo, logs)
         before = vllm_compat.scrape(srv.metrics())
         rows, probes = sweep(prober, srv, entry["path"], k, slo, logs)
         after = vllm_compat.scrape(srv.metrics())  # before the batch-1 probe: hit rates are the sweep's

@@ -68,6 +68,18 @@ def stale_knobs(workspace: dict, sets: dict) -> list[str]:
     return [f"{s}.{k}" for s in planning.KNOB_SECTIONS for k in (workspace.get(s) or {}) if f"{s}.{k}" not in sets]
 
 
+def knee_anchor(base: dict, knobs: dict) -> dict | None:
+    """The base's knee as a rung's knee search starts from it (run.anchor): its last pass and its first fail on
+    evidence, in the rung's units (an instance of twice the GPUs probes twice the rates). None where the base has
+    no knee on evidence (not measured, or neither boundary known): the rung searches on its own."""
+    k = base.get("knee") or {}
+    lo, hi = k.get("knee_rps"), k.get("conclusive_fail_rps")
+    if k.get("status") == "n/a" or (lo is None and hi is None):
+        return None
+    scale = capacity.gpus_per_instance(knobs) / capacity.gpus_per_instance(base.get("knobs") or {})
+    return {"pass": lo and float(f"{lo * scale:.4g}"), "fail": hi and float(f"{hi * scale:.4g}")}
+
+
 def remeasure_key(held: list[dict]) -> int:
     """confirm.remeasure for the re-measure of these held rungs' base: when the last of them had its bench measured
     (Unix seconds), so that a held rung and the re-measure taken after it are restored or measured together."""
@@ -104,9 +116,10 @@ class Driver:
 
     # -- one experiment
     def run_exp(self, index: int, name: str, cfg_flat: dict, role: str, change: dict | None, base: dict | None,
-                note: str = "", into: list | None = None, round_: int = 0, remeasure: int = 0) -> dict:
+                note: str = "", into: list | None = None, round_: int = 0, remeasure: int = 0,
+                anchor: dict | None = None) -> dict:
         exp = f"{self.profile}-{index}-{name}"
-        sets = {**self.overrides, **cfg_flat, "confirm.round": round_, "confirm.remeasure": remeasure}
+        sets = {**self.overrides, **cfg_flat, "run.round": round_, "run.remeasure": remeasure, "run.anchor": anchor}
         # `++key=value`: Hydra's set-or-add, so a knob params.yaml does not list yet (hf_overrides, say) works too;
         # `~key`: a knob an earlier rung added stays in the workspace's params.yaml unless removed
         stale = stale_knobs(yaml.safe_load((common.ROOT / "params.yaml").read_text()) or {}, sets)
@@ -161,11 +174,14 @@ class Driver:
         recs: list[dict] = []
         self.confirm = {"pairs": pairs, "runs": recs}
         for k in range(1, pairs + 1):
+            anchor = None  # the baseline searches on its own; the final stack starts from the baseline's knee
             for which, src in (("baseline", base), ("final", final)):
                 self.progress(f"confirm {k}/{pairs}: {which}")
                 rec = self.run_exp(len(self.plan.rungs) + 1, f"confirm-{k}-{which}", src["knobs"], decide.CONFIRM,
-                                   None, None, f"re-measures {src['exp']}", into=recs, round_=k)
+                                   None, None, f"re-measures {src['exp']}", into=recs, round_=k, anchor=anchor)
                 rec["of"] = src["exp"]
+                if rec["status"] == "ok":
+                    anchor = knee_anchor(rec, final["knobs"])
                 self.save()
         self.confirm.update(record.confirm_summary(recs, self.floor()))
         self.save()
@@ -240,7 +256,8 @@ class Driver:
                                                      kept_flat)))
                 continue
             self.progress(f"rung {i} {name}")
-            rec = self.run_exp(i, name, {**kept_flat, **change}, role, change, base, rung["note"])
+            knobs = {**kept_flat, **change}
+            rec = self.run_exp(i, name, knobs, role, change, base, rung["note"], anchor=knee_anchor(base, knobs))
             if not decide.needs_again(rec, self.objective):  # its speed cannot keep it: decided as it stands
                 rec["kept"], rec["decision"] = decide.decide(rec, base, self.objective)
                 self.finish(rec)

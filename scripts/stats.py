@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import special
 from scipy import stats as sps
 
 # ---------------------------------------------------------------- intervals
@@ -165,49 +166,43 @@ def _fail_at(k: dict) -> float:
 
 
 def knee_delta(base: dict, new: dict) -> dict:
-    """Knee change vs base: 'better' / 'worse' only when the two search brackets are apart by more than the knee's
-    start-to-start noise (`noise_floor`, the larger of the two records'; records without one: none), each bracket
-    closed at the rate where it failed on evidence (a rate left inconclusive is no boundary: no gain is credited on
-    it). A knee that is lost (the SLO met at no rate) is 'worse' when the new search failed on evidence below the
-    base's knee; one gained where the base had none is 'better' when it passes above where the base failed on
-    evidence; one not measured (status n/a: its rung's gate failed) is 'unknown', never a lost knee."""
+    """Knee change vs base, on evidence only: 'better' when the new search passed on evidence at or above the rate
+    where the base's failed on evidence, 'worse' when it failed on evidence at or below the rate where the base's
+    passed; each boundary widened by the knee's start-to-start noise (`noise_floor`, the larger of the two
+    records'). Both searches send a rate the same arrival traces (probe_seed), and a rung's search probes its base's
+    two boundaries first (next_rate's anchor), so the two verdicts at one rate are a paired comparison. A rate left
+    inconclusive is no boundary: no gain is credited on it. A knee not measured (status n/a: its rung's gate failed)
+    is 'unknown', never a lost knee."""
     skipped = [k for k in (base, new) if k.get("status") == "n/a"]
     if skipped:
         return {"rel": None, "verdict": "unknown", "why": not_measured(*skipped)}
     kb, kn = base.get("knee_rps"), new.get("knee_rps")
     floor = max(base.get("noise_floor") or 0.0, new.get("noise_floor") or 0.0)
     if kb is None and kn is None:
-        return {"rel": None, "verdict": "unknown", "why": "no knee on either side (SLO broken at every rate)"}
-    if kn is None:
-        if _fail_at(new) * (1 + floor) * (1 + GRID_ROUNDING) < kb:
-            return {"rel": None, "verdict": "worse", "why": "knee lost: the SLO was met at no probed rate"}
-        return {"rel": None, "verdict": "within noise",
-                "why": "no rate passed, but none failed on evidence below the base's knee (inconclusive)"}
-    if kb is None:
-        if kn > _fail_at(base) * (1 + floor) * (1 + GRID_ROUNDING):
-            return {"rel": None, "verdict": "better", "why": "knee gained: the base met the SLO at no probed rate"}
-        return {"rel": None, "verdict": "within noise",
-                "why": "the base passed no rate, but failed on evidence at none below this knee (inconclusive)"}
-    # Each knee is known only to its bracket [last pass, first fail). The knee moved only when the brackets are
-    # apart with a gap (brackets that touch, 6-7 vs 7-8, are one probe's noise) wider than the knee's
-    # start-to-start noise: a fresh server of the same config can find its knee that much higher or lower.
+        return {"rel": None, "verdict": "unknown", "why": "no knee on either side (SLO met at no probed rate)"}
     ff_b, ff_n = _fail_at(base), _fail_at(new)
-    rel = (kn - kb) / kb
-    # grid rates carry 4 significant figures: a per-GPU knee halved can read a hair above the grid rate it equals
-    beyond = (1 + floor) * (1 + GRID_ROUNDING)
-    verdict = ("better" if kn > ff_b * beyond else "worse" if ff_n * beyond < kb else "within noise")
-    apart = kn > ff_b or ff_n < kb
-    why = f"bracket {kb:g}–{_g(ff_b)} → {kn:g}–{_g(ff_n)} req/s"
-    if verdict == "within noise":
-        why += (f", apart by less than the knee's start-to-start noise (knee.noise_floor {floor:.0%})" if apart
-                else ", overlapping or touching")
-    elif floor:
-        why += f", apart by more than the knee's start-to-start noise (knee.noise_floor {floor:.0%})"
+    # grid rates carry 4 significant figures: a per-GPU knee halved can read a hair off the grid rate it equals
+    better = kn is not None and kn >= ff_b * (1 + floor) * (1 - GRID_ROUNDING)
+    worse = kb is not None and ff_n * (1 + floor) <= kb * (1 + GRID_ROUNDING)
+    verdict = "within noise" if better == worse else "better" if better else "worse"
+    rel = (kn - kb) / kb if kb is not None and kn is not None else None
+    why = f"bracket {_g(kb)}–{_g(ff_b)} → {_g(kn)}–{_g(ff_n)} req/s (last pass – first fail on evidence)"
+    if kn is None and verdict == "worse":
+        why = "knee lost: the SLO was met at no probed rate, and failed on evidence at or below the base's knee; " + why
+    if verdict == "better":
+        why += ": passed where the base failed"
+    elif verdict == "worse":
+        why += ": failed where the base passed"
+    else:
+        why += ": neither passed where the base failed nor failed where it passed"
+    if floor:
+        why += f", by more than the knee's start-to-start noise (knee.noise_floor {floor:.0%})" if verdict != \
+            "within noise" else f" by more than the knee's start-to-start noise (knee.noise_floor {floor:.0%})"
     return {"rel": rel, "verdict": verdict, "why": why}
 
 
-def _g(v: float) -> str:
-    return "∞" if math.isinf(v) else f"{v:g}"
+def _g(v: float | None) -> str:
+    return "–" if v is None else "∞" if math.isinf(v) else "0" if not v else f"{v:g}"
 
 
 # ---------------------------------------------------------------- paired quality test
@@ -260,23 +255,101 @@ def probe_minimum(percentile: float, ramp_fraction: float) -> int:
 
 # A probe's pass/fail is a test on the count of its counted requests that broke the SLO, as MLPerf LoadGen's early
 # stopping does: a point p95 of ~80 requests in a non-steady window swung 942 / 784 / 332 ms on one trace back to back.
-PROBE_CONFIDENCE = 0.95  # one-sided, nominal per look: requests are treated as independent (they are not: a probe's
-                         # share over the SLO varies beyond the binomial), and up to max_repeats looks are pooled;
-                         # the knee's strict bracket rule, not this figure, holds the A/A rate (test_rule_simulation)
+# Requests over the SLO come in bursts (a cluster of arrivals queues together), so their count varies `phi` times as
+# much as a binomial's (knee.dispersion, measured by `make benchmark` part 6): the test counts counted/phi requests.
+PROBE_CONFIDENCE = 0.95  # one-sided, per look; up to max_repeats looks of one rate are pooled
 
 
-def slo_evidence(counted: int, over: int, percentile: float, confidence: float = PROBE_CONFIDENCE) -> dict:
-    """Whether the SLO holds at `percentile` from `over` of `counted` requests breaking it (binomial, exact): with
-    q = 1 - percentile/100 the share allowed over it, 'pass' when so few breaches would be that unlikely were q
-    (or more) breaking it (P[X <= over | counted, q] <= 1 - confidence), 'fail' when so many would be that unlikely
-    were at most q (P[X >= over] <= 1 - confidence), else 'inconclusive' (probe again)."""
-    q = round(1 - percentile / 100, 6)
-    p_pass = float(sps.binom.cdf(over, counted, q)) if counted else 1.0
-    p_fail = float(sps.binom.sf(over - 1, counted, q)) if counted else 1.0
+@dataclass(frozen=True)
+class Dispersion:
+    """How much more a probe's count of requests over the SLO varies than a binomial count would (`phi`, the
+    variance ratio; 1: independent requests), and what it rests on: `probes` repeated probes (0: not measured)."""
+    phi: float = 1.0
+    probes: int = 0
+    source: str = "not measured"
+
+    @classmethod
+    def of(cls, spec) -> Dispersion:
+        """From params `knee.dispersion` ({phi, probes, measured_on, ...}; `make benchmark` part 6 prints it)."""
+        if isinstance(spec, Dispersion):
+            return spec
+        if not spec:
+            return cls()
+        where = ", ".join(str(spec[k]) for k in ("measured_on", "vllm", "measured") if spec.get(k))
+        return cls(max(float(spec["phi"]), 1.0), int(spec.get("probes") or 0), where or "as typed")
+
+    def words(self) -> str:
+        if not self.probes:
+            return f"dispersion {self.phi:g} (not measured)"
+        return f"dispersion {self.phi:g} from {self.probes} probes ({self.source})"
+
+
+def _binom_le(k: float, n: float, q: float) -> float:
+    """P[X <= k] for X ~ Binomial(n, q), continued to real n and k (the regularized incomplete beta)."""
+    return 1.0 if k >= n else float(special.betainc(n - k, k + 1, 1 - q))
+
+
+def _binom_ge(k: float, n: float, q: float) -> float:
+    """P[X >= k] for X ~ Binomial(n, q), continued to real n and k."""
+    return 1.0 if k <= 0 else float(special.betainc(k, n - k + 1, q)) if k <= n else 0.0
+
+
+def slo_evidence(counted: int, over: int, percentile: float, confidence: float = PROBE_CONFIDENCE,
+                 phi: float = 1.0) -> dict:
+    """Whether the SLO holds at `percentile` from `over` of `counted` requests breaking it: with q = 1 -
+    percentile/100 the share allowed over it, 'pass' when so few breaches would be that unlikely were q (or more)
+    breaking it (P[X <= over | counted, q] <= 1 - confidence), 'fail' when so many would be that unlikely were at
+    most q (P[X >= over] <= 1 - confidence), else 'inconclusive' (probe again). Binomial, with every count divided
+    by `phi` (the requests' dispersion: a quasi-binomial test; phi 1 is the exact binomial)."""
+    q, phi = round(1 - percentile / 100, 6), max(phi, 1.0)
+    n, k = counted / phi, over / phi
+    p_pass = _binom_le(k, n, q) if counted else 1.0
+    p_fail = _binom_ge(k, n, q) if counted else 1.0
     alpha = 1 - confidence
     verdict = "pass" if p_pass <= alpha else "fail" if p_fail <= alpha else "inconclusive"
-    return {"counted": counted, "over_slo": over, "allowed_share": q, "confidence": confidence, "verdict": verdict,
-            "p_pass": round(p_pass, 4), "p_fail": round(p_fail, 4)}
+    return {"counted": counted, "over_slo": over, "allowed_share": q, "confidence": confidence, "phi": phi,
+            "verdict": verdict, "p_pass": round(p_pass, 4), "p_fail": round(p_fail, 4)}
+
+
+def over_slo(r: dict, slo: dict) -> bool:
+    """Whether one request broke the SLO: it failed, or its TTFT or TPOT is over budget."""
+    return (not r["ok"] or r["ttft"] * 1000 > slo["ttft_ms"]
+            or (r["tpot"] is not None and r["tpot"] * 1000 > slo["tpot_ms"]))
+
+
+def dispersion_of(probes: list[dict], slo: dict, block_s: float = 4.0) -> dict:
+    """How much more the count of requests over the SLO varies than a binomial count, from probes ({offered_rps,
+    counted, over_slo, window: their counted requests}): between the probes of one rate (Pearson chi-square over
+    each rate probed more than once, against the rate's pooled share) and within each probe, over blocks of
+    `block_s` seconds of arrivals (against the probe's own share); only probes near the knee count (a share over
+    0 and under a half). `phi`: the two pooled by their degrees of freedom, what knee.dispersion takes."""
+    def chi(groups: list[list[tuple[int, int]]]) -> tuple[float, int]:
+        x2, df = 0.0, 0
+        for g in groups:
+            n, o = sum(c for c, _ in g), sum(v for _, v in g)
+            p = o / n if n else 0.0
+            if len(g) < 2 or not 0 < p < 0.5:
+                continue
+            x2 += sum((v - c * p) ** 2 / (c * p * (1 - p)) for c, v in g if c)
+            df += sum(1 for c, _ in g if c) - 1
+        return x2, df
+    by_rate: dict[float, list[tuple[int, int]]] = {}
+    for pr in probes:
+        by_rate.setdefault(pr["offered_rps"], []).append((pr["counted"], pr["over_slo"]))
+    blocks = []
+    for pr in probes:
+        win = pr["window"]
+        cells: dict[int, list[int]] = {}
+        for r in win:
+            cells.setdefault(int((r["start"] - win[0]["start"]) // block_s), [0, 0])
+            cells[int((r["start"] - win[0]["start"]) // block_s)][0] += 1
+            cells[int((r["start"] - win[0]["start"]) // block_s)][1] += over_slo(r, slo)
+        blocks.append([tuple(c) for c in cells.values()])
+    (xb, db), (xw, dw) = chi(list(by_rate.values())), chi(blocks)
+    return {"between": round(xb / db, 2) if db else None, "between_df": db,
+            "within": round(xw / dw, 2) if dw else None, "within_df": dw, "block_s": block_s,
+            "phi": round(max((xb + xw) / (db + dw), 1.0), 1) if db + dw else None,
+            "probes": sum(len(g) for g in by_rate.values() if len(g) > 1)}
 
 
 def evidence_words(e: dict) -> str:
@@ -284,50 +357,97 @@ def evidence_words(e: dict) -> str:
             f"{e['confidence']:.0%} that at most {e['allowed_share']:.0%} break it)")
 
 
-def pooled_evidence(rows: list[dict], rate: float, percentile: float) -> dict:
+def pooled_evidence(rows: list[dict], rate: float, percentile: float, phi: float = 1.0) -> dict:
     """The evidence of the probes of one rate in `rows` (one visit of it), their counts added (each a fresh draw on
-    one server)."""
+    one server). A fail stands on every probe's counts; a pass only on probes whose window opened once the server
+    had filled (`settled`: a filling server reads low, so a pass from it is no evidence)."""
     at = [r for r in rows if r.get("offered_rps") == rate and r.get("counted") is not None]
-    return slo_evidence(sum(r["counted"] for r in at), sum(r.get("over_slo") or 0 for r in at), percentile)
+    ev = slo_evidence(sum(r["counted"] for r in at), sum(r.get("over_slo") or 0 for r in at), percentile, phi=phi)
+    if ev["verdict"] == "pass" and not all(r.get("settled", True) for r in at):
+        steady = [r for r in at if r.get("settled", True)]
+        ev = {**slo_evidence(sum(r["counted"] for r in steady), sum(r.get("over_slo") or 0 for r in steady),
+                             percentile, phi=phi), "unsettled": len(at) - len(steady)}
+        if ev["verdict"] != "pass":
+            ev = {**ev, "verdict": "inconclusive"}
+    return ev
 
 
-def probe_prompts(rate: float, seconds: float, percentile: float, ramp_fraction: float, lo: int, hi: int) -> int:
-    """Requests one probe sends: `seconds` of arrivals at `rate`, but never fewer than its percentile needs once
-    the ramp-up share is dropped, within [lo, hi]."""
-    return int(min(max(round(rate * seconds), probe_minimum(percentile, ramp_fraction), lo), hi))
+def probe_prompts(rate: float, seconds: float, percentile: float, ramp_fraction: float, lo: int, hi: int,
+                  e2e_s: float = 0.0, settle: float = 0.0, tail: float = 0.0, phi: float = 1.0) -> int:
+    """Requests one probe sends: `seconds` of counted arrivals at `rate`, and never fewer counted than a pass needs
+    (tail_requests, times the dispersion `phi`: slo_evidence counts counted/phi); before them `settle` end-to-end
+    latencies (`e2e_s`, an estimate) of arrivals that fill the server, after them `tail` more that keep it full
+    while the last counted ones finish; at least the percentile's need once the ramp-up share is dropped; within
+    [lo, hi]."""
+    counted = max(rate * seconds, COUNT_MARGIN * max(phi, 1.0) * tail_requests(percentile))
+    n = max(counted + rate * (settle + tail) * e2e_s, (counted + rate * tail * e2e_s) / (1 - ramp_fraction))
+    return int(min(max(math.ceil(n - 1e-9), probe_minimum(percentile, ramp_fraction), lo), hi))
+
+
+COUNT_MARGIN = 1.1  # a probe is sized before its latency is known: 10 % more than a pass needs, so that one that
+                    # ran a little slower than its estimate can still pass alone
 
 
 def _pct(values: list[float], p: float) -> float | None:
     """numpy's default (linear) percentile, as `vllm bench serve` computes its own."""
-    if not values:
-        return None
-    v = sorted(values)
-    x = (len(v) - 1) * p / 100
-    i = int(x)
-    return v[i] + (v[min(i + 1, len(v) - 1)] - v[i]) * (x - i)
+    return float(np.percentile(values, p)) if len(values) else None
+
+
+SETTLE_CAP = 0.5  # the window opens at the latest halfway through the arrivals: a probe short against its latency
+                 # still counts its second half (a fail there stands: the fill phase reads low), but cannot pass
+
+
+def counted_window(reqs: list[dict], ramp_fraction: float, settle: float = 0.0, tail: float = 0.0) -> dict:
+    """Which of a probe's requests (sorted by arrival) are counted: those that arrived once the server had filled,
+    and while it stayed full. A server offered a steady rate fills its batch over about one end-to-end latency (an
+    H200 probe's TPOT rose 6.6 -> 9.9 ms over its first 2 s of arrivals, then held); the last arrivals meet a batch
+    that drains. So the window opens after the first `ramp_fraction` of arrivals and `settle` end-to-end latencies,
+    and closes `tail` of them before the last arrival; the latency is the median of the requests that arrived in
+    the second half (nearest the steady state). Where that leaves less than half the arrivals, the window is their
+    second half and `settled` is False: the server may still have been filling. Returns {lo, hi: indices; open_s,
+    close_s: seconds from the first arrival; e2e_s; settled}."""
+    n = len(reqs)
+    if not n:
+        return {"lo": 0, "hi": 0, "open_s": 0.0, "close_s": 0.0, "e2e_s": None, "settled": False}
+    t0, t1 = reqs[0]["start"], reqs[-1]["start"]
+    late = [r["end"] - r["start"] for r in reqs if r["ok"] and r["start"] >= (t0 + t1) / 2]
+    e2e = _pct(late, 50) or 0.0
+    open_t, close_t = t0 + settle * e2e, t1 - tail * e2e
+    settled = open_t <= t0 + SETTLE_CAP * (close_t - t0) if close_t > t0 else not settle
+    if not settled:
+        open_t, close_t = t0 + SETTLE_CAP * (t1 - t0), t1
+    lo = int(n * ramp_fraction)
+    while lo < n and reqs[lo]["start"] < open_t:
+        lo += 1
+    hi = lo
+    while hi < n and reqs[hi]["start"] <= close_t:
+        hi += 1
+    return {"lo": lo, "hi": hi, "open_s": round((reqs[lo]["start"] if lo < n else t1) - t0, 2),
+            "close_s": round(close_t - t0, 2), "e2e_s": round(e2e, 3), "settled": settled}
 
 
 def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlog_ratio: float,
-               slo: dict | None = None) -> dict:
+               slo: dict | None = None, settle: float = 0.0, tail: float = 0.0) -> dict:
     """A probe's SLO figures from its requests ({start, ttft, tpot, end, ok}, seconds; vllm_compat.serve_requests).
 
-    - The first `ramp_fraction` of arrivals meet an empty server: their latencies are left out of the percentile.
+    - Counted: the requests of counted_window (the server full and steady): `over_slo` of them broke `slo` (a
+      failed one breaks it), slo_evidence's count; the percentiles are theirs.
     - Backlog: a queue of requests waiting to be admitted. In the second half of the arrival window, a server that
       keeps up gives about as many first tokens as requests arrive; a growing queue gives fewer. Counted inside the
       window, so the drain after the last arrival does not hide it. First tokens, not completions: completions
       trail arrivals by a whole request's latency, which keeps rising while the batch fills. On 59 saved H200
       probes, on the 27 that met their own SLO, the completions' shortfall swung by SD 0.107 of the arrivals (one
       false backlog), the first tokens' by 0.028 (none).
-    - What first tokens cannot see: a running batch that keeps growing with no admission queue yet. A short probe
-      ends before its TPOT shows that, so `e2e_over_window` (p50 end-to-end latency / the half-window) is kept: a
-      knee whose passing probes are short against their own latency is flagged (short_probes), not trusted."""
+    - What first tokens cannot see: a running batch that keeps growing with no admission queue yet. A probe short
+      against its latency ends before its TPOT shows that, so `e2e_over_window` (p50 end-to-end latency / the
+      half-window) is kept: a knee whose passing probes are short against their own latency is flagged
+      (short_probes), not trusted."""
     reqs = sorted(reqs, key=lambda r: r["start"])
-    skip = int(len(reqs) * ramp_fraction)
-    kept = [r for r in reqs[skip:] if r["ok"]]
+    w = counted_window(reqs, ramp_fraction, settle, tail)
+    window = reqs[w["lo"]:w["hi"]]
+    kept = [r for r in window if r["ok"]]
     # `slo`: the requests of the counted window that broke it (a failed one breaks it): slo_evidence's count
-    over = None if slo is None else sum(
-        1 for r in reqs[skip:] if not r["ok"] or r["ttft"] * 1000 > slo["ttft_ms"]
-        or (r["tpot"] is not None and r["tpot"] * 1000 > slo["tpot_ms"]))
+    over = None if slo is None else sum(1 for r in window if over_slo(r, slo))
     t0, t1 = (reqs[0]["start"], reqs[-1]["start"]) if reqs else (0.0, 0.0)
     mid = (t0 + t1) / 2
     arrived = sum(1 for r in reqs if r["start"] >= mid)
@@ -341,9 +461,9 @@ def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlo
     lat = _pct([r["ttft"] for r in kept], 10) or 0.0
     rate = arrived / (t1 - mid) if t1 > mid else 0.0
     allow = max((1 - backlog_ratio) * arrived, 2.33 * math.sqrt(2 * rate * lat))
-    return {"percentile": percentile, "counted": len(kept) + (0 if over is None else len(reqs[skip:]) - len(kept)),
-            "over_slo": over, "ramp_skipped": skip,
-            "needed": tail_requests(percentile),
+    return {"percentile": percentile, "counted": len(window) if over is not None else len(kept),
+            "over_slo": over, "ramp_skipped": w["lo"], "window_open_s": w["open_s"], "window_close_s": w["close_s"],
+            "e2e_p50_s": w["e2e_s"], "settled": w["settled"], "needed": tail_requests(percentile),
             "ttft_ms": _ms(_pct([r["ttft"] for r in kept], percentile)),
             "tpot_ms": _ms(_pct([r["tpot"] for r in kept if r["tpot"] is not None], percentile)),
             "window_arrivals": arrived, "window_first_tokens": first, "window_completions": done,
@@ -448,43 +568,69 @@ def probe_seed(rate: float, probes: list[tuple[float, bool]], steps: int) -> int
 
 
 def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, rel_tol: float,
-              max_probes: int, min_rate: float | None = None, confirm: bool = True) -> float | None:
-    """The next rate to probe, or None when done, on the grid of `grid_steps(rel_tol)` rates per doubling: from
-    the grid rate nearest `start`, double until the SLO breaks (or `max_rate` passes), halve while even the lowest
-    rate fails (down to `min_rate`), bisect (on the grid) until the bracket is at most `rel_tol` wide (relative to
-    its midpoint), then (`confirm`) probe each boundary once more with a fresh draw. A boundary whose repeat
-    disagrees moves the bracket (a rate passes only if every probe of it passed)."""
+              max_probes: int, min_rate: float | None = None, anchor: dict | None = None,
+              unsure: frozenset | set = frozenset()) -> float | None:
+    """The next rate to probe, or None when done, on the grid of `grid_steps(rel_tol)` rates per doubling. `unsure`:
+    rates whose evidence was left inconclusive (not passed, but not failed on evidence either).
+
+    With an `anchor` (the base's knee: {pass: its last pass, fail: its first fail on evidence}; a rung's search):
+    the base's fail first; where the rung fails or is left inconclusive there, the base's pass, and then stop if it
+    passes there or is left inconclusive: that pair of verdicts is all its knee verdict needs (within noise), and its
+    bracket is the base's. Where it passes at the base's fail, or fails on evidence at its pass, on as below, to
+    find its own bracket (better or worse: the rung's own knee, and evidence past knee.noise_floor).
+    Without one (rung 0, a confirm pair's baseline), from the grid rate nearest `start`: up (a doubling after a pass,
+    one grid step after an inconclusive rate: the wall is near) until a rate fails on evidence or `max_rate` passes;
+    down likewise while nothing passed (to `min_rate`); then bisect, on the grid, between the last pass and the
+    first fail on evidence, until the bracket is at most `rel_tol` wide or no rate between them is left unprobed
+    (inconclusive ones in between: the knee is there). Each rate is visited once: its evidence is pooled over the
+    probes of that visit, not re-drawn later."""
     if len(probes) >= max_probes:
         return None
     steps = grid_steps(rel_tol)
     top = math.floor(math.log2(max_rate) * steps + 1e-9)
+    verdicts = rate_verdicts(probes)
+    if anchor and (anchor.get("pass") or anchor.get("fail")):
+        first, then = (anchor["fail"], anchor.get("pass")) if anchor.get("fail") else (anchor["pass"], None)
+        if first not in verdicts:
+            return first
+        if not verdicts[first]:
+            if then and then not in verdicts:
+                return then
+            if not then or verdicts[then] or then in unsure:
+                return None
     if not probes:  # the grid rate nearest start, inside [min_rate, max_rate] where they are off the grid
         bottom = math.ceil(math.log2(min_rate) * steps - 1e-9) if min_rate else -math.inf
         return grid_rate(max(min(grid_index(start, steps), top), bottom), steps)
     min_rate = min_rate or start / 16
-    lo, hi = bracket(probes)
-    if hi is None:                                  # everything passed so far: go up
-        i = min(grid_index(lo, steps) + steps, top)
-        return None if lo >= max_rate or i <= grid_index(lo, steps) else grid_rate(i, steps)
-    if lo is None:                                  # everything failed so far: go down
-        bottom = math.ceil(math.log2(min_rate) * steps - 1e-9)
-        i = max(grid_index(hi, steps) - steps, bottom)
-        return None if hi <= min_rate or i >= grid_index(hi, steps) else grid_rate(i, steps)
+    bottom = math.ceil(math.log2(min_rate) * steps - 1e-9)
+    fails = [r for r, ok in verdicts.items() if not ok and r not in unsure]
+    hi = min(fails) if fails else None
+    lo = max((r for r, ok in verdicts.items() if ok and (hi is None or r < hi)), default=None)
+    if hi is None:                                  # nothing failed on evidence yet: go up
+        high = max(verdicts)
+        i = min(grid_index(high, steps) + (steps if verdicts[high] else 1), top)
+        return None if high >= max_rate or i <= grid_index(high, steps) else grid_rate(i, steps)
+    if lo is None:                                  # nothing passed below it: go down
+        low = min(verdicts)
+        i = max(grid_index(low, steps) - (1 if low in unsure else steps), bottom)
+        return None if low <= min_rate or i >= grid_index(low, steps) else grid_rate(i, steps)
+    if width(lo, hi) <= rel_tol:
+        return None
     li, hi_i = grid_index(lo, steps), grid_index(hi, steps)
-    if width(lo, hi) > rel_tol and hi_i - li > 1:
-        return grid_rate((li + hi_i) // 2, steps)
-    if confirm:
-        count = {r: sum(1 for x, _ in probes if x == r) for r in (lo, hi)}
-        return next((r for r in (lo, hi) if count[r] < 2), None)
-    return None
+    seen = {grid_index(r, steps) for r in verdicts}
+    left = [i for i in range(li + 1, hi_i) if i not in seen]
+    if not left:
+        return None
+    mid = (li + hi_i) / 2
+    return grid_rate(min(left, key=lambda i: (abs(i - mid), -i)), steps)
 
 
-def judge(rows: list[dict], slo: dict) -> dict:
+def judge(rows: list[dict], slo: dict, phi: float = 1.0) -> dict:
     """The newest row's rate judged on the evidence of its probes in `rows` (pooled_evidence: the search passes one
     visit, so a boundary probed again later is judged on its own draws), written into that row (evidence, pooled
     counts, passed, why); returns the evidence."""
     row = rows[-1]
-    ev = pooled_evidence(rows, row["offered_rps"], slo["percentile"])
+    ev = pooled_evidence(rows, row["offered_rps"], slo["percentile"], phi)
     row.update(evidence=ev["verdict"], pooled_counted=ev["counted"], pooled_over=ev["over_slo"])
     row["passed"], row["why"] = probe_passes(row, slo, ev)
     return ev
@@ -498,17 +644,19 @@ def search(probe, k: dict, slo: dict, report=None) -> tuple[list[dict], list[tup
     (rate, passed) list the bracket reads."""
     rows: list[dict] = []
     probes: list[tuple[float, bool]] = []
+    unsure: set[float] = set()  # rates whose visit ended without evidence either way
     cap = k["max_probes"] or len(k["rates"] or []) * k["max_repeats"]
     while True:
         rate = (sweep_next(probes, k["rates"]) if k["mode"] == "sweep" else
-                next_rate(probes, k["start_rate"], k["max_rate"], k["rel_tol"], k["max_probes"], k["min_rate"]))
+                next_rate(probes, k["start_rate"], k["max_rate"], k["rel_tol"], k["max_probes"], k["min_rate"],
+                          anchor=k.get("anchor"), unsure=unsure))
         if rate is None:
             return rows, probes
         visit: list[dict] = []
         while True:
             rows.append(probe(rate, rows))
             visit.append(rows[-1])
-            ev = judge(visit, slo)
+            ev = judge(visit, slo, Dispersion.of(k.get("dispersion")).phi)
             if report:
                 report(rows, ev)
             if (rows[-1].get("failed") or rows[-1].get("backlog") or ev["verdict"] != "inconclusive"
@@ -517,6 +665,9 @@ def search(probe, k: dict, slo: dict, report=None) -> tuple[list[dict], list[tup
         for row in visit:
             row["passed"] = visit[-1]["passed"]
             probes.append((rate, row["passed"]))
+        last = visit[-1]
+        if last["evidence"] == "inconclusive" and not (last.get("failed") or last.get("backlog")):
+            unsure.add(rate)
 
 
 def sweep_next(probes: list[tuple[float, bool]], rates: list[float]) -> float | None:

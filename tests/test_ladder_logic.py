@@ -100,7 +100,7 @@ def test_applied_check_reads_the_engines_own_evidence():
 
 def test_a_throughput_gain_with_the_knee_within_noise_is_kept_as_a_gain():
     keep, why = decided(rec([500.0, 505.0, 495.0], 6.5, bracket=1.0))
-    assert keep is True and "better: output tok/s +25.0 % (better" in why and "less than its resolution" in why
+    assert keep is True and "better: output tok/s +25.0 % (better" in why and "the knee not better on evidence" in why
 
 
 def candidate(name, tps, knee, bracket=1.0):
@@ -111,8 +111,9 @@ def candidate(name, tps, knee, bracket=1.0):
 
 
 def test_candidates_are_ranked_by_the_same_rule_in_like_units():
-    # a knee 1 req/s higher is inside both brackets: the significantly higher throughput decides, not the point knee
-    a, b = candidate("a", [450.0, 452.0, 448.0], 9.0), candidate("b", [520.0, 522.0, 518.0], 8.0)
+    # a point knee 0.5 req/s higher, where neither failed on a rate the other passed (9-10 vs 8.5-10): the
+    # significantly higher throughput decides, not the point knee
+    a, b = candidate("a", [450.0, 452.0, 448.0], 9.0), candidate("b", [520.0, 522.0, 518.0], 8.5, bracket=1.5)
     assert decide.choose([a, b], "knee_rps", FLOOR) is b
     assert a["verdict"] == "not chosen" and "b is kept instead" in a["decision"]
     # neither beats the other: the first listed stays
@@ -140,9 +141,13 @@ def test_the_confirm_step_re_measures_baseline_then_final_fresh_and_skips_when_n
     drv.records, drv.final_exp = [base, final], "cpu-2-b"
     calls = []
 
-    def run_exp(index, name, cfg, role, change, b, note="", into=None, round_=0):
+    anchors = []
+
+    def run_exp(index, name, cfg, role, change, b, note="", into=None, round_=0, anchor=None):
         calls.append((index, name, cfg, role, round_))
-        r = {"name": name, "exp": f"cpu-{index}-{name}", "status": "ok", "knobs": cfg}
+        anchors.append(anchor)
+        r = {"name": name, "exp": f"cpu-{index}-{name}", "status": "ok", "knobs": cfg,
+             "knee": {"knee_rps": 8.0 + round_, "conclusive_fail_rps": 9.514 + round_}}
         into.append(r)
         return r
     monkeypatch.setattr(drv, "run_exp", run_exp)
@@ -154,6 +159,8 @@ def test_the_confirm_step_re_measures_baseline_then_final_fresh_and_skips_when_n
         ("confirm-1-baseline", 1, base["knobs"]), ("confirm-1-final", 1, final["knobs"]),
         ("confirm-2-baseline", 2, base["knobs"]), ("confirm-2-final", 2, final["knobs"])]
     assert all(role == decide.CONFIRM and i == 3 for i, _, _, role, _ in calls)
+    # each pair's final stack starts its knee search from that pair's baseline's knee (common random numbers there)
+    assert anchors == [None, {"pass": 9.0, "fail": 10.51}, None, {"pass": 10.0, "fail": 11.51}]
     assert drv.confirm["summary"] == "4 runs" and [r["of"] for r in drv.confirm["runs"]][:2] == [base["exp"],
                                                                                                 final["exp"]]
     calls.clear()
@@ -235,7 +242,7 @@ def test_only_a_rung_that_may_gain_on_tok_s_waits_for_its_base_again():
 
 def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_sides(monkeypatch):
     """The driver's control flow (run_exp stands in for `dvc exp run`; the real path runs in the CI ladder):
-    two candidates that may gain share one re-measure of the base, run with its knobs and confirm.remeasure = when
+    two candidates that may gain share one re-measure of the base, run with its knobs and run.remeasure = when
     the last of them was measured; while it runs they are not kept; a rung kept on its knee waits for nothing."""
     import ladder
     import record
@@ -255,7 +262,7 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
     drv.records.append(base)
     calls = []
 
-    def run_exp(index, name, cfg, role, change, b, note="", into=None, round_=0, remeasure=0):
+    def run_exp(index, name, cfg, role, change, b, note="", into=None, round_=0, remeasure=0, anchor=None):
         calls.append((name, cfg, role, remeasure))
         if role == decide.RECHECK:  # held meanwhile: an interruption here must not leave them kept
             assert all(r["kept"] is False and r.get("verdict") is None for r in drv.records if r is not base)

@@ -104,39 +104,72 @@ def test_the_readme_states_the_tok_s_rule_in_the_codes_own_words():
 
 
 # ---------------------------------------------------------------- the knee
-# Probe-noise model (provisional: not yet measured with the evidence probe on an H200; the H200 seen so far read a
-# point p95 TTFT of 942, 784 and 332 ms on one 84-request trace back to back): at offered rate r a config with
-# knee K sends a share q (r / K)^6 of its requests over the SLO (q = 5 %, a p95 SLO: the share the SLO allows at
-# its knee); each probe's own share is drawn from a Beta of that mean and concentration 30 (probe-to-probe
-# over-dispersion, far beyond the binomial's), and its counted requests from it. The search and its settings are
-# gpu-shape-4090's (p95, 6-s probes, at least 50 prompts, 20 % brackets, 10 probes, 3 in a row while
-# inconclusive, knee.noise_floor 0); K = 14 req/s, the search starting at 10.
-# On this model a knee moved x1.41 is found in only ~30 %: at ~100 counted requests a probe cannot tell 2 % over
-# the SLO from 5 %, so a conclusive pass and a conclusive fail sit about two grid steps apart. x2 is found.
-KNEE_SETTINGS = {"mode": "search", "rates": None, "max_rate": 256, "min_rate": None, "rel_tol": 0.2, "max_probes": 10,
-                 "max_repeats": 3, "probe_seconds": 6, "ramp_fraction": 0.1, "min_prompts": 50, "max_prompts": 1500}
-KNEE_SLO = {"percentile": 95, "ttft_ms": 500, "tpot_ms": 50}
+# Probe-noise model, measured with the steady-state probe on one H200 (tests/fixtures/h200-probe-study.json: `make
+# benchmark` part 6 on gpu-shape-4090 rung 0, p95 SLO; test_the_knee_model_rests_on_the_h200_study checks it there):
+# - at offered rate r a server of knee K sends a share s = q (r / K)^GAMMA of its requests over the SLO (q = 5 %, a
+#   p95 SLO); GAMMA = 13: 5.1 % of 1,849 counted at 11.31 req/s (8 probes), 81 % at 14, none of 155 at 8 or of 186
+#   at 9.5. A knee is a wall, not a slope;
+# - requests over the SLO come in bursts: a probe's count is a compound Poisson of clusters of mean size
+#   (PHI + 1) / 2 (geometric), so it varies PHI times as much as a binomial count. PHI is the profile's
+#   knee.dispersion, which `make benchmark` part 6 printed from this study (stats.dispersion_of: between the 8 probes
+#   at 11.31 req/s 4.7, within the probes over 4-s blocks 7.3; 6.9 pooled); the rule's test uses the same;
+# - each fresh server's knee is K x (1 + N(0, 3 %)): not measured beyond one pair of servers here (17 and 20 over the
+#   SLO of 228 on one trace at 11.31 req/s), and three servers of one earlier session that found one bracket; a test
+#   below shows what 6 % needs;
+# - gpu-shape-4090's search (its profile's knee settings): p95, 20 % brackets (a grid of 2^(1/4)), probes sized for
+#   PHI, up to 3 probes of a rate pooled while inconclusive; the base's search starts at 0.7 K (about half of the
+#   bench's req/s, as the stage starts it), the rung's at the base's knee (run.anchor).
 
 
-def knee_search(rng, knee: float) -> dict:
-    k, q = {**KNEE_SETTINGS, "start_rate": 10.0}, 1 - KNEE_SLO["percentile"] / 100
+def profile_settings(profile: str) -> dict:
+    import config
+    import plan
+    eff = plan.effective_params(config.load_params(check=False), plan.load_ladder(plan.LADDER_YAML), profile,
+                                plan.committed_params())
+    return config.validate(eff)
+
+
+P4090 = profile_settings("gpu-shape-4090")
+GAMMA, PHI, SERVER_CV = 13.0, P4090["knee"]["dispersion"]["phi"], 0.03
+KNEE_SETTINGS = {**P4090["knee"], "rates": None, "min_rate": None}
+KNEE_SLO = P4090["slo"]
+
+
+def over_count(rng, n: int, share: float, phi: float = PHI) -> int:
+    """Requests over the SLO among n: clusters (Poisson) of geometric size, mean (phi + 1) / 2: variance phi x n s."""
+    m = (phi + 1) / 2
+    clusters = rng.poisson(n * share / m)
+    return int(min(n, rng.geometric(1 / m, clusters).sum())) if clusters else 0
+
+
+def knee_search(rng, knee: float, anchor: dict | None = None, server_cv: float = SERVER_CV, floor: float = 0.0) -> dict:
+    k, q = {**KNEE_SETTINGS, "start_rate": 0.7 * knee, "anchor": anchor}, 1 - KNEE_SLO["percentile"] / 100
+    server = knee * (1 + rng.normal(0, server_cv))
 
     def probe(rate, rows):
-        n = stats.probe_prompts(rate, k["probe_seconds"], KNEE_SLO["percentile"], k["ramp_fraction"],
-                                k["min_prompts"], k["max_prompts"])
-        counted, share = n - int(n * k["ramp_fraction"]), min(q * (rate / knee) ** 6, 0.999)
-        over = int(rng.binomial(counted, rng.beta(share * 30, (1 - share) * 30)))
-        return {"offered_rps": rate, "counted": counted, "over_slo": over, "failed": 0, "backlog": False}
+        counted = stats.probe_prompts(rate, k["probe_seconds"], KNEE_SLO["percentile"], 0.0, k["min_prompts"],
+                                      k["max_prompts"], phi=PHI)
+        share = min(q * (rate / server) ** GAMMA, 1.0)
+        return {"offered_rps": rate, "counted": counted, "over_slo": over_count(rng, counted, share), "failed": 0,
+                "backlog": False}
     rows, probes = stats.search(probe, k, KNEE_SLO)
     return {**stats.knee_result(probes, None, k["rel_tol"]), "conclusive_fail_rps": stats.conclusive_fail(rows),
-            "noise_floor": 0.0}
+            "noise_floor": floor, "probes": len(rows)}
 
 
-def knee_rates(factor: float, seed: int) -> dict:
+def knee_rates(factor: float, seed: int, server_cv: float = SERVER_CV, floor: float = 0.0) -> dict:
+    """A base's knee search on its own server, then a rung's (the base's knee times `factor`) on another, started
+    from the base's knee as the ladder starts it (ladder.knee_anchor), judged by stats.knee_delta."""
     rng = np.random.default_rng(seed)
-    calls = [stats.knee_delta(knee_search(rng, 14.0), knee_search(rng, 14.0 * factor))["verdict"]
-             for _ in range(TRIALS)]
-    return {v: calls.count(v) / TRIALS for v in ("better", "worse", "within noise", "unknown")}
+    calls, probes = [], []
+    for _ in range(TRIALS):
+        base = knee_search(rng, 11.0, server_cv=server_cv, floor=floor)
+        anchor = {"pass": base["knee_rps"], "fail": base["conclusive_fail_rps"]}
+        new = knee_search(rng, 11.0 * factor, anchor, server_cv, floor)
+        calls.append(stats.knee_delta(base, new)["verdict"])
+        probes.append((base["probes"], new["probes"]))
+    out = {v: calls.count(v) / TRIALS for v in ("better", "worse", "within noise", "unknown")}
+    return {**out, "probes": np.mean(probes, axis=0).round(1).tolist()}
 
 
 def test_an_a_a_knee_is_called_better_or_worse_in_at_most_2_5_percent_each_way():
@@ -144,6 +177,46 @@ def test_an_a_a_knee_is_called_better_or_worse_in_at_most_2_5_percent_each_way()
     assert r["better"] <= 0.025 and r["worse"] <= 0.025, r
 
 
-def test_a_knee_moved_2x_is_found_in_at_least_90_percent():
-    r = knee_rates(2.0, seed=22)
-    assert r["better"] >= 0.90, r
+def test_a_knee_moved_1_41x_is_found_in_at_least_80_percent_either_way():
+    up, down = knee_rates(2 ** 0.5, seed=22), knee_rates(2 ** -0.5, seed=23)
+    assert up["better"] >= 0.80 and down["worse"] >= 0.80, (up, down)
+    assert up["worse"] == down["better"] == 0.0
+
+
+def test_servers_twice_as_far_apart_need_a_knee_floor_of_one_grid_step():
+    # at 6 % between fresh servers a paired rate no longer holds the A/A rate (~6 % each way): knee.noise_floor of one
+    # grid step (2^(1/4) - 1) restores it, at the price of finding only a knee moved 2x, not 1.41x
+    bare = knee_rates(1.0, seed=24, server_cv=2 * SERVER_CV)
+    assert bare["better"] > 0.025 and bare["worse"] > 0.025, bare
+    step = 2 ** 0.25 - 1
+    r = knee_rates(1.0, seed=24, server_cv=2 * SERVER_CV, floor=step)
+    assert r["better"] <= 0.025 and r["worse"] <= 0.025, r
+    up, down = (knee_rates(f, seed=25, server_cv=2 * SERVER_CV, floor=step) for f in (2.0, 0.5))
+    assert up["better"] >= 0.90 and down["worse"] >= 0.90, (up, down)
+
+
+def test_the_knee_model_rests_on_the_h200_study():
+    """The model's constants against the study they were read from: the share over the SLO at the rate probed most
+    (11.31 req/s, near 5 %: that server's knee), the dispersion of its counts between probes, and the wall above."""
+    import json
+
+    from conftest import FIXTURES
+    study = json.loads((FIXTURES / "h200-probe-study.json").read_text())
+    rows = [r for s in study["servers"] for r in s["rows"]]
+    at = [r for r in rows if r["offered_rps"] == 11.31]
+    share = sum(r["over_slo"] for r in at) / sum(r["counted"] for r in at)
+    assert len(at) == 8 and 0.04 < share < 0.06, share
+    k = study["knee"]
+    probes = []
+    for r in rows:
+        reqs = sorted((dict(zip(study["request_fields"], x)) for x in r["requests"]), key=lambda x: x["start"])
+        w = stats.counted_window(reqs, k["ramp_fraction"], k["settle_latencies"], k["tail_latencies"])
+        probes.append({**r, "window": reqs[w["lo"]:w["hi"]]})
+        assert w["hi"] - w["lo"] == r["counted"]  # today's window is the study's
+    d = stats.dispersion_of(probes, study["slo"])
+    assert (d["between"], d["within"], d["phi"], d["probes"]) == (4.66, 7.34, PHI, 8), d
+    low = [r for r in rows if r["offered_rps"] in (8.0, 9.514)]
+    assert sum(r["over_slo"] for r in low) == 0 and sum(r["counted"] for r in low) == 341
+    wall = next(r for r in rows if r["offered_rps"] == 14)
+    assert wall["over_slo"] / wall["counted"] > 0.8  # q (14 / 11.31)^13 = 0.8
+    assert 0.05 * (14 / 11.31) ** GAMMA == pytest.approx(0.8, abs=0.05)
