@@ -577,13 +577,13 @@ def _across_sections(params: dict) -> list[str]:
                             f"{which}.max_model_len {limit}")
     k, slo = params["knee"], params["slo"]
     phi = stats.Dispersion.of(k["dispersion"]).phi
-    tail = math.ceil(stats.tail_requests(slo["percentile"]) * phi)
+    tail = stats.pass_minimum(slo["percentile"], phi, k["max_repeats"])
     need = math.ceil(tail / (1 - k["ramp_fraction"]))
     if k["max_prompts"] < need:  # a probe capped below what a pass needs could never pass
         errs.append(f"knee.max_prompts: {k['max_prompts']:g} is below the {need} requests a probe needs to pass at "
                     f"slo.percentile {slo['percentile']} (at least {tail} counted after knee.ramp_fraction "
-                    f"{k['ramp_fraction']:g}, knee.dispersion {phi:g} times a binomial's "
-                    f"{stats.tail_requests(slo['percentile'])}); raise it or declare a lower slo.percentile")
+                    f"{k['ramp_fraction']:g}, at knee.dispersion {phi:g} and knee.max_repeats {k['max_repeats']} "
+                    "looks); raise it or declare a lower slo.percentile")
     return errs + _target_errors(params)
 
 

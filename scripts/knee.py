@@ -43,7 +43,7 @@ COLUMNS = (["offered_rps", "num_prompts", "seed", "achieved_rps", "output_tps", 
 def prompts_for(rate: float, k: dict, slo: dict, e2e_s: float) -> int:
     return stats.probe_prompts(rate, k["probe_seconds"], slo["percentile"], k["ramp_fraction"], k["min_prompts"],
                                k["max_prompts"], e2e_s, k["settle_latencies"], k["tail_latencies"],
-                               stats.Dispersion.of(k["dispersion"]).phi)
+                               stats.Dispersion.of(k["dispersion"]).phi, k["max_repeats"])
 
 
 def e2e_estimate(rows: list[dict], warm: float | None, rate: float) -> float:
@@ -238,7 +238,8 @@ def method(k: dict, slo: dict, started: str) -> str:
     return (f"`vllm serve` + `vllm bench serve`, Poisson arrivals; each probe counts ~{k['probe_seconds']} s of "
             f"arrivals once the server has filled ({k['settle_latencies']:g} end-to-end latencies after the first, "
             f"{k['tail_latencies']:g} before the last), at least what a {p} pass needs; a rate passes when the count "
-            f"of counted requests over the SLO shows at {stats.PROBE_CONFIDENCE:.0%} confidence that at most "
+            f"of counted requests over the SLO shows at {stats.PROBE_CONFIDENCE:.0%} confidence (each of its up to "
+            f"{k['max_repeats']} looks at {stats.look_confidence(k['max_repeats']):.1%}) that at most "
             f"{100 - slo['percentile']:g} % break it (an exact binomial bound, as MLPerf LoadGen's early stopping, on "
             f"the counts divided by the requests' {d.words()}: they break it in bursts), fails when it shows more "
             f"do, and is probed again while neither holds (its counts pooled, at most {k['max_repeats']} probes in a "

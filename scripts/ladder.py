@@ -81,7 +81,7 @@ def knee_anchor(base: dict, knobs: dict) -> dict | None:
 
 
 def remeasure_key(held: list[dict]) -> int:
-    """confirm.remeasure for the re-measure of these held rungs' base: when the last of them had its bench measured
+    """run.remeasure for the re-measure of these held rungs' base: when the last of them had its bench measured
     (Unix seconds), so that a held rung and the re-measure taken after it are restored or measured together."""
     at = max((r.get("measured") or {}).get("at") or "" for r in held)
     return calendar.timegm(time.strptime(at, "%Y-%m-%dT%H:%M:%SZ")) if at else int(time.time())

@@ -478,30 +478,59 @@ def capacity_lines(lad: dict) -> list[str]:
     return lines
 
 
+EVIDENCE_MARK = {"pass": ("o", "tab:green"), "fail": ("X", "tab:red"), "inconclusive": ("d", "tab:orange")}
+
+
+def probe_evidence(rows: list[dict]) -> list[dict]:
+    """One point per probed rate: its visit's last probe carries the pooled counts and the verdict (a failed request
+    or a backlog fails it whatever the count)."""
+    last = {}
+    for r in rows:
+        last[r["offered_rps"]] = r
+    out = []
+    for rate, r in sorted(last.items()):
+        ev = r.get("evidence") or ("pass" if r.get("passed") else "fail")
+        if not r.get("passed") and (r.get("failed") or r.get("backlog")):
+            ev = "fail"
+        out.append({"rate": rate, "evidence": ev, "over": r.get("pooled_over", r.get("over_slo")),
+                    "counted": r.get("pooled_counted", r.get("counted"))})
+    return out
+
+
 def plots(lad: dict, out: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     slo = lad["slo"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r in lad["rungs"]:
-        rows = (r.get("knee") or {}).get("rows") or []
-        if not rows:
-            continue
-        df = pd.DataFrame(rows).sort_values("offered_rps")
-        style = "-" if r.get("kept") or r.get("role") == "baseline" else ":"
-        for ax, m in zip(axes, ("ttft", "tpot")):
-            col = f"slo_{m}_ms" if f"slo_{m}_ms" in df else f"p99_{m}_ms"  # older records: vLLM's p99
-            ax.plot(df["offered_rps"], df[col], style, marker="o", ms=3, label=f"{r['index']} {r['name']}")
-    p = f"p{slo.get('percentile', 99):g}"
-    for ax, m in zip(axes, ("ttft", "tpot")):
-        name, budget = f"{p} {m.upper()}", slo.get(f"{m}_ms", slo.get(f"p99_{m}_ms"))
-        ax.axhline(budget, color="red", lw=1, ls="--", label=f"SLO {budget:g} ms")
-        ax.set(xlabel="offered request rate (req/s)", ylabel=f"{name} (ms)", title=f"{name} vs offered rate",
-               yscale="log")
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, loc="upper left")
-    fig.suptitle("Knee curves per rung (dotted: not kept)")
+    searched = [r for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or [])
+                if (r.get("knee") or {}).get("rows")]
+    fig, ax = plt.subplots(figsize=(11, 0.55 * len(searched) + 1.8))
+    for y, r in enumerate(reversed(searched)):
+        k = r["knee"]
+        lo, hi = k.get("knee_rps"), k.get("conclusive_fail_rps", k.get("first_fail_rps"))
+        if lo and hi:  # the bracket: last pass .. first fail on evidence
+            ax.plot([lo, hi], [y, y], "-", color="tab:blue", lw=6, alpha=0.25, solid_capstyle="butt")
+        for p in probe_evidence(k["rows"]):
+            m, c = EVIDENCE_MARK.get(p["evidence"], ("s", "gray"))
+            ax.plot(p["rate"], y, m, color=c, ms=8)
+            if p["counted"]:
+                ax.annotate(f"{p['over']}/{p['counted']}", (p["rate"], y), textcoords="offset points",
+                            xytext=(0, 7), ha="center", fontsize=6)
+    ax.set_yticks(range(len(searched)))
+    ax.set_yticklabels([f"{r['index']} {r['name']}" + ("" if r.get("kept") or r.get("role") in ("baseline", "confirm")
+                                                       else " (not kept)") for r in reversed(searched)], fontsize=8)
+    ax.set_xscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="x", which="both", labelsize=7)
+    ax.set_ylim(-0.7, len(searched) - 0.3)
+    ax.set(xlabel="offered request rate (req/s)",
+           title=f"Knee evidence per rung at the SLO ({slo_text(slo)}): requests over the SLO / counted at each "
+                 "probed rate;\ngreen pass, red fail, orange inconclusive; blue bar: the bracket (last pass .. first "
+                 "fail on evidence)")
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     fig.savefig(out / "knee.png", dpi=110)
     plt.close(fig)
@@ -602,7 +631,7 @@ def render(lad: dict, out: Path) -> str:
           "highest offered rate meeting the SLO, with the first rate that broke it.", "",
           "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
           *gate_power_lines(lad), "## Capacity plan", *capacity_lines(lad), "",
-          "## Plots", "![knee curves](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
+          "## Plots", "![knee evidence per rung](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
           "## Time", *time_lines(lad), ""]
     return "\n".join(md)
 

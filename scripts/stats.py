@@ -257,7 +257,21 @@ def probe_minimum(percentile: float, ramp_fraction: float) -> int:
 # stopping does: a point p95 of ~80 requests in a non-steady window swung 942 / 784 / 332 ms on one trace back to back.
 # Requests over the SLO come in bursts (a cluster of arrivals queues together), so their count varies `phi` times as
 # much as a binomial's (knee.dispersion, measured by `make benchmark` part 6): the test counts counted/phi requests.
-PROBE_CONFIDENCE = 0.95  # one-sided, per look; up to max_repeats looks of one rate are pooled
+PROBE_CONFIDENCE = 0.95  # one-sided, per visit of a rate: its up to knee.max_repeats pooled looks share the 5 %
+                         # (look_confidence); at 5 % a look, three looks failed a share of exactly q in 9 % (simulated)
+
+
+def look_confidence(looks: int) -> float:
+    """The confidence of each look at a rate whose visit may take `looks` pooled looks (Bonferroni: the visit as a
+    whole errs in at most 1 - PROBE_CONFIDENCE each way)."""
+    return 1 - (1 - PROBE_CONFIDENCE) / max(looks, 1)
+
+
+def pass_minimum(percentile: float, phi: float = 1.0, looks: int = 1) -> int:
+    """The fewest counted requests with which one look can pass: none of them over the SLO must be that unlikely
+    (P <= 1 - look_confidence(looks)) were q of all requests breaking it, counts divided by `phi`."""
+    q = 1 - percentile / 100
+    return math.ceil(max(phi, 1.0) * math.log(1 - look_confidence(looks)) / math.log(1 - q) - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -301,6 +315,8 @@ def slo_evidence(counted: int, over: int, percentile: float, confidence: float =
     breaking it (P[X <= over | counted, q] <= 1 - confidence), 'fail' when so many would be that unlikely were at
     most q (P[X >= over] <= 1 - confidence), else 'inconclusive' (probe again). Binomial, with every count divided
     by `phi` (the requests' dispersion: a quasi-binomial test; phi 1 is the exact binomial)."""
+    if not 0 <= over <= counted:
+        raise ValueError(f"{over} requests over the SLO of {counted} counted")
     q, phi = round(1 - percentile / 100, 6), max(phi, 1.0)
     n, k = counted / phi, over / phi
     p_pass = _binom_le(k, n, q) if counted else 1.0
@@ -357,29 +373,35 @@ def evidence_words(e: dict) -> str:
             f"{e['confidence']:.0%} that at most {e['allowed_share']:.0%} break it)")
 
 
-def pooled_evidence(rows: list[dict], rate: float, percentile: float, phi: float = 1.0) -> dict:
+def pooled_evidence(rows: list[dict], rate: float, percentile: float, phi: float = 1.0,
+                    confidence: float = PROBE_CONFIDENCE) -> dict:
     """The evidence of the probes of one rate in `rows` (one visit of it), their counts added (each a fresh draw on
-    one server). A fail stands on every probe's counts; a pass only on probes whose window opened once the server
-    had filled (`settled`: a filling server reads low, so a pass from it is no evidence)."""
+    one server). A pass stands only on probes whose window opened once the server had filled (`settled`: a filling
+    server reads low); a fail on every probe's counts or on the settled ones alone."""
     at = [r for r in rows if r.get("offered_rps") == rate and r.get("counted") is not None]
-    ev = slo_evidence(sum(r["counted"] for r in at), sum(r.get("over_slo") or 0 for r in at), percentile, phi=phi)
-    if ev["verdict"] == "pass" and not all(r.get("settled", True) for r in at):
-        steady = [r for r in at if r.get("settled", True)]
-        ev = {**slo_evidence(sum(r["counted"] for r in steady), sum(r.get("over_slo") or 0 for r in steady),
-                             percentile, phi=phi), "unsettled": len(at) - len(steady)}
-        if ev["verdict"] != "pass":
-            ev = {**ev, "verdict": "inconclusive"}
-    return ev
+    steady = [r for r in at if r.get("settled", True)]
+
+    def ev(group: list[dict]) -> dict:
+        return slo_evidence(sum(r["counted"] for r in group), sum(r.get("over_slo") or 0 for r in group), percentile,
+                            confidence, phi)
+    every = ev(at)
+    if len(steady) == len(at):
+        return every
+    settled = ev(steady)
+    if every["verdict"] == "fail" or settled["verdict"] in ("pass", "fail"):
+        return {**(every if every["verdict"] == "fail" else settled), "unsettled": len(at) - len(steady)}
+    return {**every, "verdict": "inconclusive", "unsettled": len(at) - len(steady)}
 
 
 def probe_prompts(rate: float, seconds: float, percentile: float, ramp_fraction: float, lo: int, hi: int,
-                  e2e_s: float = 0.0, settle: float = 0.0, tail: float = 0.0, phi: float = 1.0) -> int:
-    """Requests one probe sends: `seconds` of counted arrivals at `rate`, and never fewer counted than a pass needs
-    (tail_requests, times the dispersion `phi`: slo_evidence counts counted/phi); before them `settle` end-to-end
+                  e2e_s: float = 0.0, settle: float = 0.0, tail: float = 0.0, phi: float = 1.0,
+                  looks: int = 1) -> int:
+    """Requests one probe sends: `seconds` of counted arrivals at `rate`, and never fewer counted than one look's
+    pass needs (pass_minimum: the dispersion `phi`, the visit's `looks`); before them `settle` end-to-end
     latencies (`e2e_s`, an estimate) of arrivals that fill the server, after them `tail` more that keep it full
     while the last counted ones finish; at least the percentile's need once the ramp-up share is dropped; within
     [lo, hi]."""
-    counted = max(rate * seconds, COUNT_MARGIN * max(phi, 1.0) * tail_requests(percentile))
+    counted = max(rate * seconds, COUNT_MARGIN * pass_minimum(percentile, phi, looks))
     n = max(counted + rate * (settle + tail) * e2e_s, (counted + rate * tail * e2e_s) / (1 - ramp_fraction))
     return int(min(max(math.ceil(n - 1e-9), probe_minimum(percentile, ramp_fraction), lo), hi))
 
@@ -574,10 +596,12 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     rates whose evidence was left inconclusive (not passed, but not failed on evidence either).
 
     With an `anchor` (the base's knee: {pass: its last pass, fail: its first fail on evidence}; a rung's search):
-    the base's fail first; where the rung fails or is left inconclusive there, the base's pass, and then stop if it
-    passes there or is left inconclusive: that pair of verdicts is all its knee verdict needs (within noise), and its
-    bracket is the base's. Where it passes at the base's fail, or fails on evidence at its pass, on as below, to
-    find its own bracket (better or worse: the rung's own knee, and evidence past knee.noise_floor).
+    the base's fail first; where the rung does not pass there, the base's pass, and then stop if it failed the
+    first on evidence and passes the second: that pair of verdicts is all its knee verdict needs (within noise), and
+    its bracket is the base's. Otherwise on as below, to its own bracket: where it passed at the base's fail or
+    failed on evidence at its pass (better or worse: the rung's own knee, and evidence past knee.noise_floor), or
+    where it was left inconclusive (a kept rung needs a fail on evidence: the next rung's gain is judged against
+    it). Anchors outside [min_rate, max_rate] are not probed.
     Without one (rung 0, a confirm pair's baseline), from the grid rate nearest `start`: up (a doubling after a pass,
     one grid step after an inconclusive rate: the wall is near) until a rate fails on evidence or `max_rate` passes;
     down likewise while nothing passed (to `min_rate`); then bisect, on the grid, between the last pass and the
@@ -589,14 +613,16 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     steps = grid_steps(rel_tol)
     top = math.floor(math.log2(max_rate) * steps + 1e-9)
     verdicts = rate_verdicts(probes)
-    if anchor and (anchor.get("pass") or anchor.get("fail")):
+    anchor = {key: v for key, v in (anchor or {}).items()
+              if v and (not min_rate or v >= min_rate) and v <= max_rate * (1 + GRID_ROUNDING)}
+    if anchor.get("pass") or anchor.get("fail"):
         first, then = (anchor["fail"], anchor.get("pass")) if anchor.get("fail") else (anchor["pass"], None)
         if first not in verdicts:
             return first
         if not verdicts[first]:
             if then and then not in verdicts:
                 return then
-            if not then or verdicts[then] or then in unsure:
+            if first not in unsure and (not then or verdicts[then]):
                 return None
     if not probes:  # the grid rate nearest start, inside [min_rate, max_rate] where they are off the grid
         bottom = math.ceil(math.log2(min_rate) * steps - 1e-9) if min_rate else -math.inf
@@ -625,12 +651,12 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     return grid_rate(min(left, key=lambda i: (abs(i - mid), -i)), steps)
 
 
-def judge(rows: list[dict], slo: dict, phi: float = 1.0) -> dict:
+def judge(rows: list[dict], slo: dict, phi: float = 1.0, looks: int = 1) -> dict:
     """The newest row's rate judged on the evidence of its probes in `rows` (pooled_evidence: the search passes one
     visit, so a boundary probed again later is judged on its own draws), written into that row (evidence, pooled
     counts, passed, why); returns the evidence."""
     row = rows[-1]
-    ev = pooled_evidence(rows, row["offered_rps"], slo["percentile"], phi)
+    ev = pooled_evidence(rows, row["offered_rps"], slo["percentile"], phi, look_confidence(looks))
     row.update(evidence=ev["verdict"], pooled_counted=ev["counted"], pooled_over=ev["over_slo"])
     row["passed"], row["why"] = probe_passes(row, slo, ev)
     return ev
@@ -656,7 +682,7 @@ def search(probe, k: dict, slo: dict, report=None) -> tuple[list[dict], list[tup
         while True:
             rows.append(probe(rate, rows))
             visit.append(rows[-1])
-            ev = judge(visit, slo, Dispersion.of(k.get("dispersion")).phi)
+            ev = judge(visit, slo, Dispersion.of(k.get("dispersion")).phi, k["max_repeats"])
             if report:
                 report(rows, ev)
             if (rows[-1].get("failed") or rows[-1].get("backlog") or ev["verdict"] != "inconclusive"

@@ -77,14 +77,16 @@ def test_defaults_are_filled_from_the_model():
 def test_a_knee_probe_too_small_for_the_slos_percentile_is_refused():
     p = copy.deepcopy(RAW)
     p["slo"]["percentile"], p["knee"]["max_prompts"] = 99, 200
-    p["knee"]["dispersion"] = {"phi": 1.0}
-    assert ("knee.max_prompts: 200 is below the 334 requests a probe needs to pass at slo.percentile 99 (at least "
-            "300 counted after knee.ramp_fraction 0.1, knee.dispersion 1 times a binomial's 300); raise it or declare "
-            "a lower slo.percentile") in errors_of(p)
+    p["knee"]["dispersion"], p["knee"]["max_repeats"] = {"phi": 1.0}, 1
+    assert ("knee.max_prompts: 200 is below the 333 requests a probe needs to pass at slo.percentile 99 (at least "
+            "299 counted after knee.ramp_fraction 0.1, at knee.dispersion 1 and knee.max_repeats 1 looks); raise it or "
+            "declare a lower slo.percentile") in errors_of(p)
     p["slo"]["percentile"] = 95
-    config.validate(p)  # 67 needed
-    p["knee"]["dispersion"] = {"phi": 4.0}  # requests over the SLO in bursts: a pass needs 4 x 60 counted
-    assert "knee.max_prompts: 200 is below the 267 requests a probe needs to pass at slo.percentile 95" in errors_of(p)
+    config.validate(p)  # 59 counted, 66 sent
+    p["knee"]["max_repeats"] = 3  # three pooled looks share the 5 %: 80 counted
+    config.validate(p)
+    p["knee"]["dispersion"] = {"phi": 4.0}  # requests over the SLO in bursts: 4 x 80 counted
+    assert "knee.max_prompts: 200 is below the 356 requests a probe needs to pass at slo.percentile 95" in errors_of(p)
 
 
 def test_values_keep_their_yaml_types():

@@ -194,12 +194,17 @@ def test_sweep_mode_and_non_monotonic_flag():
 
 def test_a_percentile_rests_on_enough_requests():
     assert [stats.tail_requests(p) for p in (99, 95, 90)] == [300, 60, 30]
-    # 10 s at 5 req/s is 50 requests, but a p99 needs 300 counted (330 with the sizing margin) after the 10 % ramp-up
-    assert stats.probe_prompts(5, 10, 99, 0.1, 16, 1000) == 367
+    # 10 s at 5 req/s is 50 requests, but a p99 pass needs 299 counted (329 with the sizing margin) after the 10 %
+    # ramp-up: 0.99^299 = 0.0495
+    assert stats.pass_minimum(99) == 299 and stats.pass_minimum(95) == 59 and stats.pass_minimum(90) == 29
+    assert stats.probe_prompts(5, 10, 99, 0.1, 16, 1000) == 366
     assert stats.probe_prompts(50, 10, 90, 0.1, 16, 1000) == 556  # 10 s counted after the ramp-up
     assert stats.probe_prompts(5, 10, 99, 0.1, 16, 200) == 200  # capped (config refuses such a cap up front)
-    # settle 3 and tail 1 end-to-end latencies of 2 s at 10 req/s: 80 more arrivals around the 330 counted
-    assert stats.probe_prompts(10, 10, 99, 0.0, 16, 1000, e2e_s=2.0, settle=3, tail=1) == 410
+    # settle 3 and tail 1 end-to-end latencies of 2 s at 10 req/s: 80 more arrivals around the 329 counted
+    assert stats.probe_prompts(10, 10, 99, 0.0, 16, 1000, e2e_s=2.0, settle=3, tail=1) == 409
+    # three pooled looks share the 5 % (each at 1.67 %: 408 counted, 449 with the margin), and bursts count phi-fold
+    assert stats.pass_minimum(99, looks=3) == 408 and stats.pass_minimum(95, phi=6.9, looks=3) == 551
+    assert stats.probe_prompts(10, 10, 99, 0.0, 16, 1000, e2e_s=2.0, settle=3, tail=1, looks=3) == 529
 
 
 def _reqs(n, rate, ttft, service, ramp_ttft=None):
