@@ -247,8 +247,11 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
 
 
 def machine(fp: dict) -> str:
-    """The machine a measurement block names: GPU (and driver), else CPU."""
-    return f"{fp.get('gpu') or fp.get('cpu')}" + (f", driver {fp['driver']}" if fp.get("driver") else "")
+    """The machine a measurement block names: its GPUs and driver, else its CPU model and cores."""
+    if fp.get("gpu"):
+        return fp["gpu"] + (f", driver {fp['driver']}" if fp.get("driver") else "")
+    cpu = fp.get("cpu") or {}
+    return f"{cpu.get('model')}, {cpu.get('cores')} cores"
 
 
 def changes(text: str) -> dict:
