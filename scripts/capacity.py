@@ -109,6 +109,11 @@ def plan(rungs: list[dict], final_exp: str | None, settings: dict, price_per_gpu
            "method": "instances = ceil(peak / (knee x (1 - headroom))), planned on the knee (last passing rate); "
                      "the range uses the first failing rate, below which the true knee lies. Cost per 1 M output "
                      "tokens = price per GPU-hour x GPUs per instance / output tokens per hour at the knee."}
+    machines = {(r.get("measured") or {}).get("machine") for r in (base, final) if r} - {None}
+    if len(machines) > 1:  # no Δ across machines: the confirm step measures both on one
+        out["saved"] = {"plan": NO_PLAN, "why": "rung 0 and the final stack were measured on two machines (the "
+                        "ladder moved); the confirm step compares them on one"}
+        return out
     if before["plan"] == NO_PLAN or after["plan"] == NO_PLAN:
         out["saved"] = {"plan": NO_PLAN, "why": "a knee is missing: " + "; ".join(
             f"{side} ({p['knee']['rung']}): {p['why']}" for side, p in (("before", before), ("after", after))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata as md
+import json
 import os
 import platform
 import subprocess
@@ -99,9 +100,33 @@ def cpu() -> dict:
     return {"model": name, "cores": len(os.sched_getaffinity(0)), "memory_gib": mem}
 
 
+# What makes two machines' numbers incomparable (README "Resume on another machine"): the GPUs by UUID (two units of
+# one model differ), the driver and CUDA, vLLM and torch; on a box without GPUs its CPU model and cores. A host name
+# or host id alone is not: containers often share one.
+TEST_MACHINE = "LADDER_TEST_MACHINE"  # tests only: this box stands in for a second machine of that name
+
+
+def machine(fp: dict) -> dict:
+    """The machine a fingerprint names: {id: a short hash of the fields above, label: how the report names it}."""
+    if fp.get("gpus"):
+        fields = {"gpus": sorted(g.get("uuid") or g["name"] for g in fp["gpus"]), "driver": fp.get("driver"),
+                  "cuda": fp.get("cuda_driver")}
+        label = f"{fp['gpu']} {' '.join((g.get('uuid') or '')[:12] for g in fp['gpus'])}".strip()
+    else:
+        cpu_ = fp.get("cpu") or {}
+        fields = {"cpu": cpu_.get("model"), "cores": cpu_.get("cores")}
+        label = f"{cpu_.get('model')}, {cpu_.get('cores')} cores"
+    fields.update(vllm=fp.get("vllm"), torch=fp.get("torch"))
+    if os.environ.get(TEST_MACHINE):
+        fields["test_machine"] = os.environ[TEST_MACHINE]
+        label += f" (test machine {os.environ[TEST_MACHINE]})"
+    mid = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
+    return {"id": mid, "label": f"{label}, vLLM {fp.get('vllm')} [{mid}]", "fields": fields}
+
+
 def fingerprint() -> dict:
     g = gpus()
-    return {
+    fp = {
         "device": "gpu" if g else "cpu",
         "gpus": g,
         "gpu": f"{len(g)}x {g[0]['name']}" if g else None,
@@ -115,6 +140,7 @@ def fingerprint() -> dict:
         "transformers": _version("transformers"),
         "python": platform.python_version(),
     }
+    return {**fp, "machine": machine(fp)}
 
 
 CHECKED = common.RESULTS / "logs" / "engine-args-checked.txt"  # not a DVC output: a cache of the last check

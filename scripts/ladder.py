@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import calendar
 import dataclasses
+import functools
+import json
 import os
 import re
 import signal
@@ -102,12 +104,89 @@ class Driver:
         # the first bench of this run that starts an engine warms the machine first (bench.warm_up)
         os.environ[bench.WARM_MARK] = str(LOGS / f"warm-up-{time.time():.0f}.done")
 
-    def latest(self, base: dict) -> dict:
-        """The base's engine measured last: its latest re-measure (taken after a rung that was then reverted), else
-        its own bench. What a rung's tok/s is compared with before the base is measured again after it."""
+    @functools.cached_property
+    def machine(self) -> dict:
+        """Where this run measures (fingerprint.machine)."""
+        return fingerprint.fingerprint()["machine"]
+
+    def latest(self, base: dict, machine: str | None = None) -> dict:
+        """The base's engine measured last (on `machine`, if named): its latest re-measure (taken after a rung that
+        was then reverted, or here after the ladder moved here), else its own bench. What a rung's tok/s is compared
+        with before the base is measured again after it."""
         again = [r for r in self.records if r.get("role") == decide.RECHECK and r.get("base") == base.get("exp")
-                 and r.get("status") == "ok" and r.get("knobs") == base.get("knobs")]
+                 and r.get("status") == "ok" and r.get("knobs") == base.get("knobs")
+                 and (machine is None or record.machine_of(r) == machine)]
         return again[-1] if again else base
+
+    def searched(self, base: dict) -> dict:
+        """The base's latest measurement with a knee search (a re-measure here after a move, else the base)."""
+        again = [r for r in self.records if r.get("role") == decide.RECHECK and r.get("base") == base.get("exp")
+                 and r.get("status") == "ok" and (r.get("knee") or {}).get("label") != common.BENCH_ONLY]
+        return again[-1] if again else base
+
+    def here(self, rec: dict) -> bool:
+        """Whether a record was measured on this machine (records from before machines were named: assumed so)."""
+        return record.machine_of(rec) in (None, self.machine["id"])
+
+    # -- experiments measured on another machine (pulled with `dvc exp pull`)
+    def elsewhere(self, exp: str, sets: dict) -> str | None:
+        """The git ref of experiment `exp` of this commit if another machine ran it with these very params: its
+        measurements are taken as they are (replay), never compared with this machine's."""
+        head = common.git_commit()
+        refs = subprocess.run(["git", "for-each-ref", "--format=%(refname)", f"refs/exps/{head[:2]}/{head[2:]}/"],
+                              cwd=common.ROOT, capture_output=True, text=True).stdout.split()
+        ref = next((r for r in refs if r.rsplit("/", 1)[-1] == exp), None)
+        if not ref or not head:
+            return None
+
+        def shown(path: str):
+            out = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=common.ROOT, capture_output=True, text=True)
+            return out.stdout if out.returncode == 0 else None
+        fp, params = shown("results/fingerprint.json"), shown("params.yaml")
+        if not fp or not params:
+            return None
+        theirs = (json.loads(fp).get("machine") or {}).get("id")
+        if not theirs or theirs == self.machine["id"]:
+            return None  # this machine's own: DVC's run-cache restores it
+        got = yaml.safe_load(params) or {}
+        try:
+            same = all(planning.get_dotted(got, k) == v for k, v in sets.items())
+        except (KeyError, TypeError):
+            return None
+        return ref if same else None
+
+    def replay(self, rec: dict, base: dict | None) -> dict:
+        """An experiment another machine ran: its results into the workspace (`dvc exp apply`), filled and
+        compared as they were measured there (against its base as measured there)."""
+        out = subprocess.run(["dvc", "exp", "apply", rec["exp"]], cwd=common.ROOT, capture_output=True, text=True)
+        if out.returncode != 0:
+            rec.update(status="failed", error=f"dvc exp apply {rec['exp']}: {common.redact(out.stderr)[-400:]}")
+            return rec
+        rec.update(seconds=0.0, reused=["eval", "bench", "knee", "gate"])
+        if base is not None:
+            baseline = self.records[0] if self.records and self.records[0].get("status") == "ok" else None
+            there = record.machine_of({"measured": {"machine": json.loads(
+                (common.RESULTS / "fingerprint.json").read_text()).get("machine", {}).get("id")}})
+            self.models = record.fill(rec, base, baseline, self.eff, self.floor(), self.latest(base, there))
+        else:
+            self.models = record.fill(rec, None, None, self.eff, self.floor())
+        rec["replayed"] = (rec.get("measured") or {}).get("machine_label")
+        print(f"  replayed: measured on {rec['replayed']} (dvc exp pull), taken as it was", flush=True)
+        return rec
+
+    def rebase(self, i: int, base: dict) -> dict:
+        """The base (the last kept rung), measured elsewhere, measured again here, bench and knee, before the next rung
+        is measured here: every Δ stays within one machine. Its own row; the rungs after it compare with it."""
+        self.progress(f"rung {i}: its base {base['exp']} on this machine")
+        rec = self.run_exp(i, f"{base['name']}-here-{self.machine['id']}", base["knobs"], decide.RECHECK, None, None,
+                           f"re-measures {base['exp']} on {self.machine['label']}: the ladder moved here")
+        rec["base"] = base["exp"]
+        rec["decision"] = (f"{base['exp']} measured again on this machine (bench and knee): the ladder moved from "
+                           f"{(base.get('measured') or {}).get('machine_label')}; the rungs after it compare with this"
+                           if rec["status"] == "ok" else
+                           f"{base['exp']} could not be measured on this machine: {rec.get('error', 'no reason')}")
+        rec["kept"] = False
+        return self.finish(rec)
 
     def floor(self):
         """The start-to-start floor of every Δ now: the card's, pooled with this ladder's own same-config engines."""
@@ -117,11 +196,12 @@ class Driver:
     # -- one experiment
     def run_exp(self, index: int, name: str, cfg_flat: dict, role: str, change: dict | None, base: dict | None,
                 note: str = "", into: list | None = None, round_: int = 0, remeasure: int = 0,
-                anchor: dict | None = None) -> dict:
+                anchor: dict | None = None, replay: bool = True) -> dict:
         exp = f"{self.profile}-{index}-{name}"
-        sets = {**self.overrides, **cfg_flat, "run.round": round_, "run.remeasure": remeasure, "run.anchor": anchor}
+        sets = self.sets_of(cfg_flat, round_, remeasure, anchor)
         # `++key=value`: Hydra's set-or-add, so a knob params.yaml does not list yet (hf_overrides, say) works too;
         # `~key`: a knob an earlier rung added stays in the workspace's params.yaml unless removed
+        ref = replay and self.elsewhere(exp, sets)
         stale = stale_knobs(yaml.safe_load((common.ROOT / "params.yaml").read_text()) or {}, sets)
         cmd = (["dvc", "exp", "run", "-n", exp]
                + [a for k, v in sets.items() for a in ("-S", f"++{k}={hydra(v)}")]
@@ -134,6 +214,8 @@ class Driver:
         log = LOGS / f"{exp}.log"
         what = ", ".join(f"{k}={v}" for k, v in (change or {}).items()) or note or "stock baseline"
         print(f"\n=== rung {exp}: {what}", flush=True)
+        if ref:
+            return self.replay(rec, base)
         # re-run: run-cache restores
         subprocess.run(["dvc", "exp", "remove", exp], cwd=common.ROOT, capture_output=True)
         t0 = time.monotonic()
@@ -173,16 +255,27 @@ class Driver:
             return
         recs: list[dict] = []
         self.confirm = {"pairs": pairs, "runs": recs}
-        for k in range(1, pairs + 1):
-            anchor = None  # the baseline searches on its own; the final stack starts from the baseline's knee
+        index = len(self.plan.rungs) + 1
+
+        def pair(k: int, replay: bool) -> list[dict]:
+            out, anchor = [], None  # the baseline searches on its own; the final stack starts from its knee
             for which, src in (("baseline", base), ("final", final)):
                 self.progress(f"confirm {k}/{pairs}: {which}")
-                rec = self.run_exp(len(self.plan.rungs) + 1, f"confirm-{k}-{which}", src["knobs"], decide.CONFIRM,
-                                   None, None, f"re-measures {src['exp']}", into=recs, round_=k, anchor=anchor)
+                rec = self.run_exp(index, f"confirm-{k}-{which}", src["knobs"], decide.CONFIRM, None, None,
+                                   f"re-measures {src['exp']}", into=recs, round_=k, anchor=anchor, replay=replay)
                 rec["of"] = src["exp"]
+                out.append(rec)
                 if rec["status"] == "ok":
                     anchor = knee_anchor(rec, final["knobs"])
                 self.save()
+            return out
+
+        for k in range(1, pairs + 1):
+            got = pair(k, replay=True)
+            if not record.same_machine(got):  # another machine measured half of it: both halves here
+                for r in got:
+                    recs.remove(r)
+                pair(k, replay=False)
         self.confirm.update(record.confirm_summary(recs, self.floor()))
         self.save()
         print(f"  -> confirm: {self.confirm['summary']}", flush=True)
@@ -249,21 +342,45 @@ class Driver:
 
     def try_rung(self, i, rung, tries, kept_flat, base) -> dict | None:
         recs = []
+
+        def measure(name: str, change: dict, role: str, replay: bool = True) -> dict:
+            """One candidate: replayed where another machine ran it (and `replay`); else measured here, after its
+            base was measured here too if the ladder moved here since."""
+            knobs = {**kept_flat, **change}
+            anchor = knee_anchor(self.searched(base), knobs)
+            exp = f"{self.profile}-{i}-{name}"
+            if not (replay and self.elsewhere(exp, self.sets_of(knobs, anchor=anchor))) \
+                    and not self.here(self.searched(base)):
+                self.rebase(i, base)
+                anchor = knee_anchor(self.searched(base), knobs)
+            self.progress(f"rung {i} {name}")
+            return self.run_exp(i, name, knobs, role, change, base, rung["note"], anchor=anchor, replay=replay)
+
         for name, change, role in tries:
             if all(kept_flat.get(k) == v for k, v in change.items()):  # only after a revert: already in force
                 recs.append(self.finish(self.skipped(i, name, role, change, rung,
                                                      "skipped: already in force (an earlier rung was reverted)",
                                                      kept_flat)))
                 continue
-            self.progress(f"rung {i} {name}")
-            knobs = {**kept_flat, **change}
-            rec = self.run_exp(i, name, knobs, role, change, base, rung["note"], anchor=knee_anchor(base, knobs))
+            rec = measure(name, change, role)
             if not decide.needs_again(rec, self.objective):  # its speed cannot keep it: decided as it stands
                 rec["kept"], rec["decision"] = decide.decide(rec, base, self.objective)
                 self.finish(rec)
             recs.append(rec)
         pending = [r for r in recs if r.get("verdict") is None]
-        before = self.latest(base)  # the base's engine measured last before these rungs (the re-measure is after)
+        if pending and any(r.get("replayed") for r in pending) and not self.elsewhere(
+                *self.again_of(i, rung, base, pending)):
+            # held on another machine that never measured their base again after them: measured again here
+            for r in pending:
+                self.records.remove(r)
+                recs[recs.index(r)] = measure(r["name"], r["change"], r["role"], replay=False)
+            pending = [r for r in recs if r.get("verdict") is None and decide.needs_again(r, self.objective)]
+            for r in recs:
+                if r.get("verdict") is None and r not in pending:
+                    r["kept"], r["decision"] = decide.decide(r, base, self.objective)
+                    self.finish(r)
+        # the base's engine measured last before these rungs, on their machine (the re-measure is after)
+        before = self.latest(base, record.machine_of(pending[0]) if pending else None)
         if pending:  # a possible gain: its base again right after it, so that drift cancels; decided on both
             for r in pending:  # held: not kept until then (an interruption here leaves it interrupted)
                 r["kept"] = False
@@ -277,6 +394,15 @@ class Driver:
         chosen = decide.choose(recs, self.objective, self.floor())
         self.save()
         return chosen
+
+    def sets_of(self, cfg_flat: dict, round_: int = 0, remeasure: int = 0, anchor: dict | None = None) -> dict:
+        """What an experiment's `dvc exp run -S` sets: the profile, the knobs, the run bookkeeping."""
+        return {**self.overrides, **cfg_flat, "run.round": round_, "run.remeasure": remeasure, "run.anchor": anchor}
+
+    def again_of(self, i: int, rung: dict, base: dict, held: list[dict]) -> tuple[str, dict]:
+        """The experiment name and sets of the re-measure of `base` after the `held` rungs of rung i."""
+        name = held[0]["name"] if len(held) == 1 else rung["name"]
+        return f"{self.profile}-{i}-{name}-base-again", self.sets_of(base["knobs"], remeasure=remeasure_key(held))
 
     def remeasure(self, i: int, name: str, base: dict, held: list[dict]) -> dict:
         """The base (the last kept rung) measured again right after the `held` rung(s) of rung i, on a fresh engine,

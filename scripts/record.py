@@ -89,7 +89,9 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
     prov = common.read_json(res / "bench.json").get("provenance") or {}
     env = prov.get("environment") or {}
     rec["measured"] = {"at": prov.get("measured_at"), "host_id": env.get("host_id"),
-                       "gpu_uuids": [g.get("uuid") for g in env.get("gpus") or []]}
+                       "gpu_uuids": [g.get("uuid") for g in env.get("gpus") or []],
+                       "machine": (env.get("machine") or {}).get("id"),
+                       "machine_label": (env.get("machine") or {}).get("label")}
     models = common.read_json(res / "models.json")["models"]
     rec.update(status="ok", model=ev.get("model"), eval=ev, gate=gate, bench=bench, knee=knee,
                stage_seconds={"eval": ev.get("wall_s") or 0, "bench": bench.get("wall_s") or 0,
@@ -111,7 +113,7 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
     rec["roofline"] = roofline(params, rec, models)
     rec["delta"] = compare(base, rec, floor, before=before) if base else {"output_tps": None, "knee_rps": None}
     ref = baseline or rec
-    if ref["bench"].get("output_tps") and bench.get("output_tps"):
+    if ref["bench"].get("output_tps") and bench.get("output_tps") and same_machine([ref, rec]):
         rec["speedup"] = bench["output_tps"] / ref["bench"]["output_tps"]
     return {n: {k: m.get(k) for k in ("id", "revision", "sha256", "path")} for n, m in models.items()}
 
@@ -161,9 +163,9 @@ def same_config_groups(recs: list[RungRecord]) -> list[list[float]]:
     """The engine means of every config this ladder measured more than once (a base and its re-measures, the
     confirm pairs): what the ladder's own start-to-start spread is estimated from (stats.pool)."""
     groups: dict[str, list[float]] = {}
-    for r in recs:
+    for r in recs:  # one config on one machine: another machine's engines are no start-to-start noise
         if r.get("status") == "ok" and r.get("knobs") is not None:
-            groups.setdefault(json.dumps(r["knobs"], sort_keys=True), []).extend(engine_means(r))
+            groups.setdefault(json.dumps([r["knobs"], machine_of(r)], sort_keys=True), []).extend(engine_means(r))
     return [g for g in groups.values() if len(g) >= 2]
 
 
@@ -173,13 +175,27 @@ def floor_of(prior, recs: list[RungRecord]) -> stats.Floor:
     return stats.pool(stats.Floor.of(prior), same_config_groups(recs))
 
 
+class CrossMachine(ValueError):
+    """A Δ asked for between measurements from two machines: never formed (their GPUs, driver or software differ)."""
+
+
+def machine_of(rec: RungRecord) -> str | None:
+    return (rec.get("measured") or {}).get("machine")
+
+
+def same_machine(recs: list[RungRecord]) -> bool:
+    """Whether the records were measured on one machine (records from before machines were named: assumed so)."""
+    return len({m for m in map(machine_of, recs) if m}) <= 1
+
+
 def compare(base: RungRecord, rec: RungRecord, floor=None, again: RungRecord | None = None,
             before: RungRecord | None = None) -> dict:
     """Deltas of rec vs base: tok/s against the base's engine measured last before rec (`before`: its latest
     re-measure, else the base's own bench) and `again`, the base measured right after rec (their mean: a machine
     drifting linearly under the rung cancels); the knee vs the base's own search."""
     flanks = [before or base] + ([again] if again and again.get("status") == "ok" else [])
-    return compare_sides(flanks, [rec], floor, knee_of=base)
+    searched = before if before and (before.get("knee") or {}).get("label") != common.BENCH_ONLY else base
+    return compare_sides(flanks, [rec], floor, knee_of=searched)
 
 
 def compare_sides(bases: list[RungRecord], recs: list[RungRecord], floor=None,
@@ -188,6 +204,9 @@ def compare_sides(bases: list[RungRecord], recs: list[RungRecord], floor=None,
     when their instances hold different numbers of GPUs, so a 2-GPU instance is never compared with a 1-GPU one as
     if they were one (the floor is relative: unchanged). The knees: the last engine of each side."""
     base, rec = bases[0], recs[-1]
+    if not same_machine([*bases, *recs, *([knee_of] if knee_of else [])]):
+        raise CrossMachine("no Δ across machines: " + ", ".join(
+            f"{r.get('exp')} on {(r.get('measured') or {}).get('machine_label')}" for r in [*bases, *recs]))
     gb, g = (capacity.gpus_per_instance(r["knobs"]) for r in (base, rec))
 
     def engines(side: list[RungRecord], gpus: int) -> list[list[float]]:

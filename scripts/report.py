@@ -124,16 +124,40 @@ MEASURED_STAGES = {"eval", "bench", "knee"}
 
 
 def measured_cell(r):
-    """Where the row's numbers come from: this run, or DVC's run-cache (an earlier run on this same machine:
-    the fingerprint is a dependency, so another machine's numbers are never restored)."""
+    """Where the row's numbers come from: this run, DVC's run-cache (an earlier run on this same machine: the
+    fingerprint is a dependency, so another machine's numbers are never restored), or another machine's experiment
+    (`dvc exp pull`, taken as it was: compared only with that machine's)."""
     if r["status"] != "ok":
         return "—"
     m = r.get("measured") or {}
+    on = f" on machine {m['machine']}" if m.get("machine") else ""
+    if r.get("replayed"):
+        return f"another machine's experiment{on} (measured {m.get('at') or '?'})"
     where = f"host {m['host_id']}" if m.get("host_id") else "this machine"
     restored = sorted(MEASURED_STAGES & set(r.get("reused") or []))
     if {"bench", "knee"} & set(restored):  # the speed figures: what the row is about (`at`: when bench measured)
-        return f"restored ({where}, measured {m.get('at') or '?'})"
-    return f"this run ({', '.join(restored)} restored)" if restored else "this run"
+        return f"restored ({where}{on}, measured {m.get('at') or '?'})"
+    return f"this run{on}" + (f" ({', '.join(restored)} restored)" if restored else "")
+
+
+def machine_lines(lad: dict) -> list[str]:
+    """The machines that measured the ladder, and where it moved: each row's numbers are compared only with its own
+    machine's (a base is measured again on the machine the ladder moved to)."""
+    seen: dict[str, str] = {}
+    moves, last = [], None  # last: (machine, experiment) of the row before
+    for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or []):
+        m = r.get("measured") or {}
+        if r.get("status") != "ok" or not m.get("machine"):
+            continue
+        seen.setdefault(m["machine"], m.get("machine_label") or m["machine"])
+        if last and m["machine"] != last[0]:
+            moves.append(f"moved after {last[1]} to machine {m['machine']} ({r['exp']})")
+        last = (m["machine"], r["exp"])
+    if len(seen) < 2:
+        return []
+    return ["- **Machines**: " + "; ".join(f"{k}: {v}" for k, v in seen.items()) + ". The ladder " + ", ".join(moves)
+            + "; every Δ is between measurements of one machine (its base measured again where it moved), and the "
+            "headline comes from the confirm step on one machine."]
 
 
 def applied_cell(r):
@@ -407,6 +431,7 @@ def header(lad: dict) -> list[str]:
         f"- **Shared prefix?** {w['shared_prefix']}",
         f"- **Throughput**: {(base.get('bench') or {}).get('method') or 'not recorded'}",
         *floor_lines(lad),
+        *machine_lines(lad),
         f"- **Latency**: {(base.get('knee') or {}).get('method') or 'not recorded'}",
         f"- **Quality**: {ev['method']}; {gate.get('method') or 'gate not recorded'}" if ev.get("status") == "ok" else
         f"- **Quality**: n/a: {ev.get('reason') or 'not recorded'}; every rung is \"not gated\"",

@@ -7,6 +7,7 @@ import subprocess
 import time
 
 import decide
+import fingerprint
 import pytest
 import yaml
 from conftest import vllm_pids, wait_no_project_process, wait_no_vllm
@@ -191,3 +192,48 @@ def test_rerunning_with_nothing_changed_reuses_every_finished_rung(project):
             assert {"eval", "bench", "knee"} <= set(r["reused"]), (r["name"], r["reused"])
     assert not wait_no_vllm()
     print(f"re-run wall time {time.monotonic() - t0:.0f} s")
+
+
+def test_a_ladder_cut_off_after_rung_2_resumes_on_another_machine(project, tmp_path):
+    """The DVC way: the experiments of rungs 0-2 (the ladder as if cut off there) pushed with `dvc exp push` to a git
+    remote and a DVC remote (local folders), pulled into a fresh clone, and `make ladder` run there as another
+    machine (a test-only identity): rungs 0-2 keep their verdicts, taken as measured; the last kept rung is measured
+    again there before rung 3; no Δ spans two machines (one would stop the run); the report names both."""
+    a = ladder_json(project)
+    names = project.dvc("exp", "list", "--name-only").stdout.split()
+    cut = sorted(n for n in names if n.split("-")[1] in ("0", "1", "2"))
+    assert "cpu-0-baseline" in cut and "cpu-2-placebo-seed" in cut, names
+    origin, store, clone = tmp_path / "origin.git", tmp_path / "store", tmp_path / "b"
+    project.run("git", "init", "-q", "--bare", str(origin))
+    project.run("git", "push", "-q", str(origin), "HEAD:refs/heads/main")
+    project.dvc("remote", "add", "--local", "-f", "-d", "store", str(store))
+    project.dvc("exp", "push", str(origin), *cut, timeout=600)
+    project.run("git", "clone", "-q", "-b", "main", str(origin), str(clone))
+    b = type(project)(clone)
+    b.env[fingerprint.TEST_MACHINE] = "B"
+    b.dvc("remote", "add", "--local", "-d", "store", str(store))
+    b.dvc("exp", "pull", str(origin), *cut, timeout=600)
+    (clone / "ci-ladder.yaml").write_text((project.path / "ci-ladder.yaml").read_text())
+    p = b.run("python", "scripts/ladder.py", "--profile", "cpu", "--ladder", str(clone / "ci-ladder.yaml"),
+              check=False, timeout=3600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    lad = json.loads((clone / "report/ladder.json").read_text())
+    there = {r["exp"]: r for r in a["rungs"]}
+    replayed = [r for r in lad["rungs"] if r.get("replayed")]
+    assert sorted(r["exp"] for r in replayed) == cut
+    for r in replayed:  # as measured and decided on the first machine
+        assert r["verdict"] == there[r["exp"]]["verdict"], r["exp"]
+        assert r["measured"]["machine"] == there[r["exp"]]["measured"]["machine"]
+    b_id = lad["environment"]["machine"]["id"]
+    assert b_id != there["cpu-0-baseline"]["measured"]["machine"]
+    order = [r["exp"] for r in lad["rungs"]]
+    moved = next(r for r in lad["rungs"] if "-here-" in (r["name"] or ""))
+    assert moved["role"] == decide.RECHECK and moved["knee"]["status"] != "n/a"  # bench and knee, here
+    assert order.index(moved["exp"]) < order.index("cpu-3-broken-rope")
+    assert moved["knobs"] == next(r for r in a["rungs"] if r["exp"] == moved["base"])["knobs"]
+    for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or []):
+        if r.get("status") == "ok" and not r.get("replayed"):
+            assert r["measured"]["machine"] == b_id, r["exp"]
+    md = (clone / "report/before_after.md").read_text()
+    assert "**Machines**" in md and b_id in md and there["cpu-0-baseline"]["measured"]["machine"] in md
+    assert not wait_no_vllm()

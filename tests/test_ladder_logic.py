@@ -143,7 +143,7 @@ def test_the_confirm_step_re_measures_baseline_then_final_fresh_and_skips_when_n
 
     anchors = []
 
-    def run_exp(index, name, cfg, role, change, b, note="", into=None, round_=0, anchor=None):
+    def run_exp(index, name, cfg, role, change, b, note="", into=None, round_=0, anchor=None, replay=True):
         calls.append((index, name, cfg, role, round_))
         anchors.append(anchor)
         r = {"name": name, "exp": f"cpu-{index}-{name}", "status": "ok", "knobs": cfg,
@@ -252,6 +252,7 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
         params = {"bench": {"noise_floor": {"cv": 0.015, "engines": 9}}}
     drv = ladder.Driver.__new__(ladder.Driver)
     drv.plan, drv.objective, drv.records, drv.t0, drv.eff, drv.confirm = P, "knee_rps", [], 0.0, P.params, None
+    drv.profile, drv.overrides = P.profile, P.overrides
     base = {**BASE, "name": "baseline", "exp": "cpu-0-baseline", "knobs": {"engine.seed": 0}, "status": "ok"}
     at = {"a": "2026-12-01T06:00:00Z", "b": "2026-12-01T06:05:00Z", "c": "2026-12-01T06:10:00Z"}
     results = {"a": rec([457.0, 458.0, 456.0], 6.5), "b": rec([520.0, 522.0, 518.0], 6.5),
@@ -262,7 +263,8 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
     drv.records.append(base)
     calls = []
 
-    def run_exp(index, name, cfg, role, change, b, note="", into=None, round_=0, remeasure=0, anchor=None):
+    def run_exp(index, name, cfg, role, change, b, note="", into=None, round_=0, remeasure=0, anchor=None,
+                replay=True):
         calls.append((name, cfg, role, remeasure))
         if role == decide.RECHECK:  # held meanwhile: an interruption here must not leave them kept
             assert all(r["kept"] is False and r.get("verdict") is None for r in drv.records if r is not base)
@@ -304,7 +306,8 @@ def test_after_a_revert_the_next_rung_is_compared_with_its_base_as_last_measured
     drv.plan, drv.objective, drv.t0, drv.eff, drv.confirm = P, "knee_rps", 0.0, P.params, None
     base = {**BASE, "name": "baseline", "exp": "cpu-0-baseline", "knobs": {"engine.seed": 0}, "status": "ok"}
     again = {**rec([390.0, 391.0, 389.0], None), "role": decide.RECHECK, "base": base["exp"], "knobs": base["knobs"],
-             "exp": "cpu-1-a-base-again", "status": "ok"}
+             "exp": "cpu-1-a-base-again", "status": "ok",
+             "knee": {"status": "n/a", "label": "bench only", "knee_rps": None}}  # a re-measure searches no knee
     drv.records = [base, again]
     assert drv.latest(base) is again and drv.latest({**base, "exp": "other"})["exp"] == "other"
     import record

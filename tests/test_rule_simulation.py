@@ -13,7 +13,7 @@ seeds, on a stated noise model:
 
 2,000 trials a case. What must hold (issue "the instrument"): an A/A pair is called better in <= 2.5 % and worse
 in <= 2.5 %, a true +10 % is called better in >= 90 %, in the warm and the cold-base case alike; a placebo on the
-cpu profile (its 4-engine floor) is falsely kept in <= 1 %.
+cpu profile (the engines its floor rests on, params.yaml) is falsely kept in <= 1 %.
 """
 import numpy as np
 import pytest
