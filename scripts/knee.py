@@ -305,7 +305,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
                                                     facts.get("enable_prefix_caching"))) == "True"
     hit_rate = hits / queries if queries else (0.0 if not caching else None)  # caching off: nothing can hit
     result = stats.knee_result(probes, k["rates"] if k["mode"] == "sweep" else None,
-                               k["rel_tol"] if k["mode"] == "search" else None)
+                               k["rel_tol"] if k["mode"] == "search" else None, rows)
     result["short_probes"] = stats.short_probes(rows, result["knee_rps"])
     result["conclusive_fail_rps"] = stats.conclusive_fail(rows)
     at = next((r for r in rows if r["offered_rps"] == result["knee_rps"]), None)

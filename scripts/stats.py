@@ -357,9 +357,9 @@ def dispersion_of(probes: list[dict], slo: dict, block_s: float = 4.0) -> dict:
         win = pr["window"]
         cells: dict[int, list[int]] = {}
         for r in win:
-            cells.setdefault(int((r["start"] - win[0]["start"]) // block_s), [0, 0])
-            cells[int((r["start"] - win[0]["start"]) // block_s)][0] += 1
-            cells[int((r["start"] - win[0]["start"]) // block_s)][1] += over_slo(r, slo)
+            cell = cells.setdefault(int((r["start"] - win[0]["start"]) // block_s), [0, 0])
+            cell[0] += 1
+            cell[1] += over_slo(r, slo)
         blocks.append([tuple(c) for c in cells.values()])
     (xb, db), (xw, dw) = chi(list(by_rate.values())), chi(blocks)
     return {"between": round(xb / db, 2) if db else None, "between_df": db,
@@ -702,11 +702,19 @@ def sweep_next(probes: list[tuple[float, bool]], rates: list[float]) -> float | 
 
 
 def knee_result(probes: list[tuple[float, bool]], rates_tried: list[float] | None = None,
-                rel_tol: float | None = None) -> dict:
+                rel_tol: float | None = None, rows: list[dict] | None = None) -> dict:
     """The knee: its bracket [last pass, first fail), midpoint +/- half-width, and whether it is trustworthy:
     `resolved` (bracket no wider than `rel_tol`), `confirmed` (both boundaries probed twice, agreeing),
-    `non_monotonic` (a rate above the first failure passed, or a repeat disagreed)."""
+    `non_monotonic` (a rate above the first failure passed, or a repeat disagreed). With the search's `rows` (their
+    evidence), the knee is the highest rate that passed on evidence below the first that failed on evidence: a rate
+    left inconclusive below a pass is no boundary (the share over the SLO rises with the rate)."""
     lo, hi = bracket(probes)
+    if rows is not None:
+        known = conclusive_fail(rows) or math.inf
+        verdicts = rate_verdicts(probes)
+        lo = max((r for r, ok in verdicts.items() if ok and r < known), default=None)
+        above = [r for r, ok in verdicts.items() if not ok and (lo is None or r > lo)]
+        hi = min(above) if above else None
     tried = sorted(rates_tried or [r for r, _ in probes])
     status = "inside" if lo is not None and hi is not None else ("below" if lo is None else "above")
     mixed = mixed_rates(probes)

@@ -154,7 +154,7 @@ def knee_search(rng, knee: float, anchor: dict | None = None, server_cv: float =
         return {"offered_rps": rate, "counted": counted, "over_slo": over_count(rng, counted, share, true_phi),
                 "failed": 0, "backlog": False}
     rows, probes = stats.search(probe, k, KNEE_SLO)
-    return {**stats.knee_result(probes, None, k["rel_tol"]), "conclusive_fail_rps": stats.conclusive_fail(rows),
+    return {**stats.knee_result(probes, None, k["rel_tol"], rows), "conclusive_fail_rps": stats.conclusive_fail(rows),
             "noise_floor": floor, "probes": len(rows)}
 
 

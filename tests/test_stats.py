@@ -463,3 +463,17 @@ def test_a_knee_per_gpu_passing_where_the_base_failed_is_a_gain_whichever_way_th
     below = {"knee_rps": 9.513, "first_fail_rps": 11.31, "conclusive_fail_rps": 11.31}  # a hair below it
     assert stats.knee_delta(base, below)["verdict"] == "better"
     assert stats.knee_delta(base, {**below, "knee_rps": 9.4})["verdict"] == "within noise"
+
+
+def test_the_knee_is_the_highest_rate_passed_on_evidence_below_the_first_failed_on_evidence():
+    # the cpu example's spend-memory: 9.514 inconclusive, 11.31 passed (0 of 166), 13.45 and 16 inconclusive, 19.03
+    # failed: a rate left inconclusive below a pass is no boundary
+    verdicts = {8.0: "pass", 9.514: "inconclusive", 11.31: "pass", 13.45: "inconclusive", 16.0: "inconclusive",
+                19.03: "fail"}
+    rows = [{"offered_rps": r, "evidence": e, "passed": e == "pass"} for r, e in verdicts.items()]
+    probes = [(r["offered_rps"], r["passed"]) for r in rows]
+    assert stats.knee_result(probes)["knee_rps"] == 8.0  # without the evidence: the last pass below the first miss
+    res = stats.knee_result(probes, rel_tol=0.2, rows=rows)
+    assert (res["knee_rps"], res["first_fail_rps"]) == (11.31, 13.45) and stats.conclusive_fail(rows) == 19.03
+    rows[-1]["evidence"] = "inconclusive"  # no fail on evidence anywhere: the highest pass
+    assert stats.knee_result(probes, rows=rows)["knee_rps"] == 11.31
