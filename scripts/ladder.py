@@ -105,9 +105,14 @@ class Driver:
         os.environ[bench.WARM_MARK] = str(LOGS / f"warm-up-{time.time():.0f}.done")
 
     @functools.cached_property
+    def environment(self) -> dict:
+        """The machine and software this run measures on (the fingerprint stage writes the same into results/,
+        where a replayed experiment's results bring the other machine's)."""
+        return fingerprint.fingerprint()
+
+    @property
     def machine(self) -> dict:
-        """Where this run measures (fingerprint.machine)."""
-        return fingerprint.fingerprint()["machine"]
+        return self.environment["machine"]
 
     def latest(self, base: dict, machine: str | None = None) -> dict:
         """The base's engine measured last (on `machine`, if named): its latest re-measure (taken after a rung that
@@ -165,8 +170,7 @@ class Driver:
         rec.update(seconds=0.0, reused=["eval", "bench", "knee", "gate"])
         if base is not None:
             baseline = self.records[0] if self.records and self.records[0].get("status") == "ok" else None
-            there = record.machine_of({"measured": {"machine": json.loads(
-                (common.RESULTS / "fingerprint.json").read_text()).get("machine", {}).get("id")}})
+            there = (common.read_json(common.RESULTS / "fingerprint.json").get("machine") or {}).get("id")
             self.models = record.fill(rec, base, baseline, self.eff, self.floor(), self.latest(base, there))
         else:
             self.models = record.fill(rec, None, None, self.eff, self.floor())
@@ -433,14 +437,13 @@ class Driver:
 
     def save(self, final: bool = False) -> None:
         """report/ladder.json, rewritten after every rung so an interruption loses nothing finished."""
-        fp = common.RESULTS / "fingerprint.json"
         ev_file = common.ROOT / self.eff["eval"]["file"]
         confirm_runs = (self.confirm or {}).get("runs") or []
         measured = sum(sum((r.get("stage_seconds") or {}).values()) for r in self.records + confirm_runs)
         lad = {
             "profile": self.profile, "started": self.started,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z") if final else None,
-            "complete": final, "environment": common.read_json(fp) if fp.exists() else {},
+            "complete": final, "environment": self.environment,
             "git_commit": common.git_commit(), "models": self.models,
             "slo": self.eff["slo"], "objective": self.objective, "rule": decide.rule(self.objective),
             "settings": {k: self.eff[k] for k in ("workload", "bench", "knee", "eval", "gate", "cost", "capacity")},
