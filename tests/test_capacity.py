@@ -148,7 +148,7 @@ def test_the_report_prints_the_recorded_plan_and_says_so_when_there_is_none(tmp_
 
 
 def test_the_examples_hold_a_capacity_plan_from_their_recorded_knees():
-    for name, unit in (("h200x2-qwen2.5-7b-shape", "gpus"),):
+    for name, unit in (("h200x2-qwen2.5-7b-shape", "gpus"), ("cpu-smollm2", "instances")):
         lad = json.loads((ROOT / "report" / "examples" / f"{name}.ladder.json").read_text())
         cap = lad["capacity"]
         assert cap["saved"]["unit"] == unit
