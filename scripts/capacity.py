@@ -97,11 +97,17 @@ def knee_plan(rec: dict | None, peak_rps: float, headroom: float, price_per_gpu_
     return out
 
 
-def plan(rungs: list[dict], final_exp: str | None, settings: dict, price_per_gpu_hour: float, on_gpu: bool) -> dict:
-    """Before (rung 0) and after (the final kept stack): fleets for the peak, cost at the knee, GPUs saved."""
+def plan(rungs: list[dict], final_exp: str | None, settings: dict, price_per_gpu_hour: float, on_gpu: bool,
+         confirm_runs: list[dict] = ()) -> dict:
+    """Before (rung 0) and after (the final kept stack): fleets for the peak, cost at the knee, GPUs saved. A final
+    stack kept on tok/s whose knee search stopped at its verdict (no pass of its own) is planned on its confirm
+    pair's knee, measured to its bracket."""
     peak, headroom = float(settings["peak_rps"]), float(settings["headroom"])
     base = next((r for r in rungs if r.get("role") == "baseline"), None)
     final = next((r for r in rungs if final_exp and r.get("exp") == final_exp), None)
+    if final is not None and (final.get("knee") or {}).get("knee_rps") is None:
+        final = next((r for r in reversed(confirm_runs) if r.get("of") == final_exp and r.get("status") == "ok"
+                      and (r.get("knee") or {}).get("knee_rps") is not None), final)
     before, after = (knee_plan(r, peak, headroom, price_per_gpu_hour, on_gpu) for r in (base, final))
     unit = "gpus" if on_gpu else "instances"
     out = {"peak_rps": peak, "headroom": headroom, "price_per_gpu_hour": price_per_gpu_hour,
@@ -137,7 +143,8 @@ def annotate(lad: dict, settings: dict | None) -> dict:
                 r["per_gpu"] = per_gpu(r, g) if on_gpu else None
     if settings:
         price = float(((lad.get("settings") or {}).get("cost") or {}).get("gpu_price_per_hour") or 0)
-        lad["capacity"] = plan(lad["rungs"], lad.get("final_exp"), settings, price, on_gpu)
+        lad["capacity"] = plan(lad["rungs"], lad.get("final_exp"), settings, price, on_gpu,
+                               (lad.get("confirm") or {}).get("runs") or [])
     return lad
 
 

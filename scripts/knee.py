@@ -228,8 +228,11 @@ def method(k: dict, slo: dict, started: str) -> str:
     how = (f"search on a grid of {stats.grid_steps(k['rel_tol'])} rates per doubling from 1 req/s, each rate and "
            f"repeat with its own seed (rungs that probe a rate send it the same arrival sequence), "
            + (f"first at its base's knee (fails {anchor.get('fail') or '–'}, passes {anchor.get('pass') or '–'} "
-              "req/s): where it does not pass at the first, its second and stop; where it passes there, or fails at "
-              "the second, on to its own bracket" if anchor.get("pass") or anchor.get("fail") else
+              + ("req/s): where it does not pass at the first, its second and stop where that is its bracket; "
+                 "else on to its own bracket" if anchor.get("bracket") else
+                 "req/s): where it does not pass at the first, its second and stop unless it fails there on evidence "
+                 "(the knee verdict needs no more); where it passes at the first, or fails at the second, on to its "
+                 "own bracket") if anchor.get("pass") or anchor.get("fail") else
               f"from {started}: up until a rate fails on evidence, down while none passed")
            + f", then bisected until the bracket (last pass, first fail on evidence) is at most "
            f"{k['rel_tol'] * 100:.0f} % of its midpoint wide or no rate between them is left (at most "

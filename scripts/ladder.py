@@ -70,16 +70,18 @@ def stale_knobs(workspace: dict, sets: dict) -> list[str]:
     return [f"{s}.{k}" for s in planning.KNOB_SECTIONS for k in (workspace.get(s) or {}) if f"{s}.{k}" not in sets]
 
 
-def knee_anchor(base: dict, knobs: dict) -> dict | None:
+def knee_anchor(base: dict, knobs: dict, bracket: bool = False) -> dict | None:
     """The base's knee as a rung's knee search starts from it (run.anchor): its last pass and its first fail on
-    evidence, in the rung's units (an instance of twice the GPUs probes twice the rates). None where the base has
-    no knee on evidence (not measured, or neither boundary known): the rung searches on its own."""
+    evidence, in the rung's units (an instance of twice the GPUs probes twice the rates); `bracket`: on to its own
+    bracket after them (a confirm pair's final stack). None where the base has no knee on evidence (not measured,
+    or neither boundary known): the rung searches on its own."""
     k = base.get("knee") or {}
     lo, hi = k.get("knee_rps"), k.get("conclusive_fail_rps")
     if k.get("status") == "n/a" or (lo is None and hi is None):
         return None
     scale = capacity.gpus_per_instance(knobs) / capacity.gpus_per_instance(base.get("knobs") or {})
-    return {"pass": lo and float(f"{lo * scale:.4g}"), "fail": hi and float(f"{hi * scale:.4g}")}
+    return {"pass": lo and float(f"{lo * scale:.4g}"), "fail": hi and float(f"{hi * scale:.4g}"),
+            **({"bracket": True} if bracket else {})}
 
 
 def remeasure_key(held: list[dict]) -> int:
@@ -262,7 +264,8 @@ class Driver:
         index = len(self.plan.rungs) + 1
 
         def pair(k: int, replay: bool) -> list[dict]:
-            out, anchor = [], None  # the baseline searches on its own; the final stack starts from its knee
+            # the baseline starts from rung 0's knee, the final stack from the baseline's: each on to its own bracket
+            out, anchor = [], knee_anchor(self.searched(base), base["knobs"], bracket=True)
             for which, src in (("baseline", base), ("final", final)):
                 self.progress(f"confirm {k}/{pairs}: {which}")
                 rec = self.run_exp(index, f"confirm-{k}-{which}", src["knobs"], decide.CONFIRM, None, None,
@@ -270,7 +273,7 @@ class Driver:
                 rec["of"] = src["exp"]
                 out.append(rec)
                 if rec["status"] == "ok":
-                    anchor = knee_anchor(rec, final["knobs"])
+                    anchor = knee_anchor(rec, final["knobs"], bracket=True)  # the headline prints its knee
                 self.save()
             return out
 

@@ -596,12 +596,13 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     rates whose evidence was left inconclusive (not passed, but not failed on evidence either).
 
     With an `anchor` (the base's knee: {pass: its last pass, fail: its first fail on evidence}; a rung's search):
-    the base's fail first; where the rung does not pass there, the base's pass, and then stop if it failed the
-    first on evidence and passes the second: that pair of verdicts is all its knee verdict needs (within noise), and
-    its bracket is the base's. Otherwise on as below, to its own bracket: where it passed at the base's fail or
-    failed on evidence at its pass (better or worse: the rung's own knee, and evidence past knee.noise_floor), or
-    where it was left inconclusive (a kept rung needs a fail on evidence: the next rung's gain is judged against
-    it). Anchors outside [min_rate, max_rate] are not probed.
+    the base's fail first; where the rung does not pass there, the base's pass, and then stop unless it failed the
+    second on evidence: not passing where the base failed and not failing where it passed is all its knee verdict
+    needs (within noise), whatever is left inconclusive. Otherwise on as below, to its own bracket: where it passed
+    at the base's fail or failed on evidence at its pass (better or worse: the rung's own knee, and evidence past
+    knee.noise_floor). With `bracket` set (a confirm pair's final stack, whose knee the headline prints) it stops
+    after the anchors only where they are its bracket (a fail on evidence, then a pass). Anchors outside
+    [min_rate, max_rate] are not probed.
     Without one (rung 0, a confirm pair's baseline), from the grid rate nearest `start`: up (a doubling after a pass,
     one grid step after an inconclusive rate: the wall is near) until a rate fails on evidence or `max_rate` passes;
     down likewise while nothing passed (to `min_rate`); then bisect, on the grid, between the last pass and the
@@ -613,8 +614,8 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     steps = grid_steps(rel_tol)
     top = math.floor(math.log2(max_rate) * steps + 1e-9)
     verdicts = rate_verdicts(probes)
-    anchor = {key: v for key, v in (anchor or {}).items()
-              if v and (not min_rate or v >= min_rate) and v <= max_rate * (1 + GRID_ROUNDING)}
+    anchor = {key: v for key, v in (anchor or {}).items() if key == "bracket" or
+              (v and (not min_rate or v >= min_rate) and v <= max_rate * (1 + GRID_ROUNDING))}
     if anchor.get("pass") or anchor.get("fail"):
         first, then = (anchor["fail"], anchor.get("pass")) if anchor.get("fail") else (anchor["pass"], None)
         if first not in verdicts:
@@ -622,7 +623,10 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
         if not verdicts[first]:
             if then and then not in verdicts:
                 return then
-            if first not in unsure and (not then or verdicts[then]):
+            if anchor.get("bracket"):
+                if first not in unsure and (not then or verdicts[then]):
+                    return None
+            elif not then or verdicts[then] or then in unsure:
                 return None
     if not probes:  # the grid rate nearest start, inside [min_rate, max_rate] where they are off the grid
         bottom = math.ceil(math.log2(min_rate) * steps - 1e-9) if min_rate else -math.inf

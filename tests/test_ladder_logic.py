@@ -136,7 +136,7 @@ def test_the_confirm_step_re_measures_baseline_then_final_fresh_and_skips_when_n
         experiments = 3
     drv = ladder.Driver.__new__(ladder.Driver)
     drv.plan, drv.eff, drv.confirm, drv.t0, drv.out = P, P.params, None, 0.0, None
-    base = {"exp": "cpu-0-baseline", "knobs": {"engine.seed": 0}}
+    base = {"exp": "cpu-0-baseline", "knobs": {"engine.seed": 0}, "knee": {"knee_rps": 7.0, "conclusive_fail_rps": 8.0}}
     final = {"exp": "cpu-2-b", "knobs": {"engine.seed": 0, "engine.max_num_seqs": 32}}
     drv.records, drv.final_exp = [base, final], "cpu-2-b"
     calls = []
@@ -159,8 +159,11 @@ def test_the_confirm_step_re_measures_baseline_then_final_fresh_and_skips_when_n
         ("confirm-1-baseline", 1, base["knobs"]), ("confirm-1-final", 1, final["knobs"]),
         ("confirm-2-baseline", 2, base["knobs"]), ("confirm-2-final", 2, final["knobs"])]
     assert all(role == decide.CONFIRM and i == 3 for i, _, _, role, _ in calls)
-    # each pair's final stack starts its knee search from that pair's baseline's knee (common random numbers there)
-    assert anchors == [None, {"pass": 9.0, "fail": 10.51}, None, {"pass": 10.0, "fail": 11.51}]
+    # each pair's baseline starts its knee search from rung 0's knee, its final stack from that baseline's (common
+    # random numbers there), each on to its own bracket: the headline and the capacity plan print them
+    rung0 = {"pass": 7.0, "fail": 8.0, "bracket": True}
+    assert anchors == [rung0, {"pass": 9.0, "fail": 10.51, "bracket": True}, rung0,
+                       {"pass": 10.0, "fail": 11.51, "bracket": True}]
     assert drv.confirm["summary"] == "4 runs" and [r["of"] for r in drv.confirm["runs"]][:2] == [base["exp"],
                                                                                                 final["exp"]]
     calls.clear()

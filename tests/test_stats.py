@@ -149,6 +149,24 @@ def test_a_rung_probes_its_bases_failing_rate_first_then_its_passing_one_and_sto
     assert anchored(12.0, None) == anchored(12.0, {"pass": None, "fail": None}) == search(12.0)[0]
 
 
+def test_a_rung_stops_once_its_knee_verdict_is_settled_even_where_a_rate_is_left_inconclusive():
+    base = {"pass": 11.31, "fail": 13.45}
+
+    def nxt(probes, unsure, anchor=base):
+        return stats.next_rate(probes, 4.0, 256.0, 0.2, 10, anchor=anchor, unsure=unsure)
+    # neither passed nor failed on evidence at the base's pass: not worse on evidence, and not better: stop
+    assert nxt([(13.45, False), (11.31, False)], {11.31}) is None
+    # inconclusive at the base's fail, passes at its pass: within noise, stop
+    assert nxt([(13.45, False), (11.31, True)], {13.45}) is None
+    # failed on evidence at the base's pass: on down to its own fail (worse needs it past knee.noise_floor)
+    assert nxt([(13.45, False), (11.31, False)], set()) == 5.657
+    # a confirm pair's final stack (bracket): on to its own bracket where the anchors are not one
+    full = {**base, "bracket": True}
+    assert nxt([(13.45, False), (11.31, False)], {11.31}, full) is not None
+    assert nxt([(13.45, False), (11.31, True)], {13.45}, full) is not None
+    assert nxt([(13.45, False), (11.31, True)], set(), full) is None  # fail on evidence, then a pass: its bracket
+
+
 def test_every_rung_probes_the_same_rates_with_the_same_arrival_sequences():
     assert [stats.grid_steps(t) for t in (0.2, 0.1, 0.5)] == [4, 7, 2]
     assert stats.grid_rate(4, 4) == 2.0 and stats.grid_rate(3, 4) == 1.682 and stats.grid_rate(-4, 4) == 0.5
