@@ -2,8 +2,6 @@
 
 On the rung in params.yaml (the cpu profile by default) it measures:
   1. output tok/s of N timed repeats inside one engine (bench.mode engine): spread and 95 % interval width;
-  2. the same with a fresh engine per repeat (bench.mode cli): the start-to-start noise on top;
-  3. the knee found by the bracket-then-bisect search vs a fixed 10-rate sweep: probes used, knee, time;
   2. the same with a fresh engine per repeat after a discarded first one (the first engine on a machine reads
      slow): the start-to-start floor, printed as the `bench.noise_floor` block a profile reads;
   3. the knee found by the bracket-then-bisect search vs a fixed 10-rate sweep: probes used, knee, time;
@@ -100,7 +98,11 @@ def main():
 
     t0 = time.monotonic()
     if 2 in parts:  # the first engine is discarded: it reads slow (a fresh H200: 6,639 then 7,242 and 7,337 tok/s)
-        got = [engine_means(argv, b, logs / "cli" / f"engine{e}", cfg["env"], sent) for e in range(args.repeats + 1)]
+        got = []
+        for e in range(args.repeats + 1):  # each engine printed as it ends: a run cut off keeps what it measured
+            got.append(engine_means(argv, b, logs / "cli" / f"engine{e}", cfg["env"], sent))
+            print(f"2. engine {e}{' (discarded)' if not e else ''}: {got[-1][0]:.1f} output tok/s (start "
+                  f"{got[-1][1]['start_s']:.0f} s, measure {got[-1][1]['measure_s']:.0f} s)", flush=True)
         means = [m for m, _ in got]
         spread(f"2. {args.repeats} fresh engines after a discarded first ({time.monotonic() - t0:.0f} s)", means[1:])
         print(f"   the first engine: {means[0]:.1f} tok/s, {(means[0] / statistics.fmean(means[1:]) - 1) * 100:+.1f} % "
