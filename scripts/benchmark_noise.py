@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import statistics
 import time
 
@@ -108,8 +109,7 @@ def main():
         print(f"   the first engine: {means[0]:.1f} tok/s, {(means[0] / statistics.fmean(means[1:]) - 1) * 100:+.1f} % "
               "vs the mean of the rest")
         split("2", time.monotonic() - t0, {k_: sum(t[k_] for _, t in got) for k_ in ("start_s", "measure_s")})
-        fp = common.read_json(common.RESULTS / "fingerprint.json") if (common.RESULTS / "fingerprint.json").exists() \
-            else fingerprint.fingerprint()
+        fp = this_machine()
         block = {"cv": round(statistics.stdev(means[1:]) / statistics.fmean(means[1:]), 4), "engines": len(means) - 1,
                  "measured_on": machine(fp), "vllm": fp.get("vllm"), "measured": time.strftime("%Y-%m-%d")}
         print("   the profile's bench.noise_floor (ladder.yaml settings, or params.yaml for the cpu profile):\n"
@@ -240,12 +240,19 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
     print(f"6. dispersion of the count over the SLO: between probes of one rate {d['between']} (df {d['between_df']}), "
           f"within probes over {d['block_s']:g}-s blocks {d['within']} (df {d['within_df']}); pooled {d['phi']}")
     if d["phi"]:
-        fp = common.read_json(common.RESULTS / "fingerprint.json")
+        fp = this_machine()
         block = {"phi": d["phi"], "probes": d["probes"], "measured_on": machine(fp), "vllm": fp.get("vllm"),
                  "measured": time.strftime("%Y-%m-%d")}
         print("   the profile's knee.dispersion (ladder.yaml settings, or params.yaml for the cpu profile):\n"
               + yaml.safe_dump({"knee.dispersion": block}, sort_keys=False, width=200))
     print(f"6. study written: {logs / 'study.json'}")
+
+
+@functools.cache
+def this_machine() -> dict:
+    """The fingerprint of the machine this benchmark runs on, taken once: a block it prints names the machine that
+    measured it, never a results/fingerprint.json another machine or an older checkout left in the workspace."""
+    return fingerprint.fingerprint()
 
 
 def machine(fp: dict) -> str:
@@ -279,7 +286,7 @@ def profile_params(params: dict, profile: str) -> dict:
     for name in dl["fetch"]:
         download.provide(name, dl["catalog"], store, done)
     common.write_json(common.RESULTS / "models.json", {"store": str(store), "models": done})
-    common.write_json(common.RESULTS / "fingerprint.json", fingerprint.fingerprint())
+    common.write_json(common.RESULTS / "fingerprint.json", this_machine())
     return eff
 
 
