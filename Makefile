@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 VENV ?= .venv
 PROFILE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
-# SYSTEM_PYTHON=1: use the python/vllm/dvc already on PATH (a box with no package registry: see README)
+# SYSTEM_PYTHON=1: use the python/vllm/dvc already on PATH (a box with no package registry: docs/air-gapped.md)
 ifeq ($(SYSTEM_PYTHON),1)
 SETUP :=
 else
@@ -60,7 +60,7 @@ benchmark: setup ## measurement-noise benchmark: spread of repeats, knee probes,
 	python scripts/benchmark_noise.py $(ARGS)
 
 # ARCHIVE=: the models archive (split: ARCHIVE.001-of-N ...); PART_MB=: split it into parts of at most this many
-# MiB; MODELS=a,b: only these (README: Moving models to an air-gapped box)
+# MiB; MODELS=a,b: only these (docs/air-gapped.md: Moving models to an air-gapped box)
 ARCHIVE ?= ladder-models.tar
 pack-models: setup ## pack the download stage's model folders: one plain tar + .sha256 (ARCHIVE=, PART_MB=, MODELS=)
 	dvc repro download

@@ -73,7 +73,9 @@ def knee_plan(rec: dict | None, peak_rps: float, headroom: float, price_per_gpu_
     if knee.get("status") == "n/a":
         return {**out, "plan": NO_PLAN, "why": stats.not_measured(knee)}
     if k is None:
-        return {**out, "plan": NO_PLAN, "why": "no knee: the SLO was met at no probed rate"}
+        return {**out, "plan": NO_PLAN, "why": "no knee: " + (
+            "no rate passed on evidence (the search stopped at its verdict)" if knee.get("status") == "open" else
+            "the SLO was met at no probed rate")}
     gpus = gpus_per_instance(rec.get("knobs") or {}) if on_gpu else None
     n = instances_needed(peak_rps, k, headroom)
     # The true knee is below the first failing rate, so at least this many; none known when the SLO held

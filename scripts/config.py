@@ -396,8 +396,8 @@ class Roofline(Section):
 
 
 class Target(Section):
-    """A smaller card emulated on this GPU: its memory only (common.target_engine; README "Emulating a smaller
-    card"). gpu_memory_utilization keeps its meaning on the target; the engine gets this card's equivalent."""
+    """A smaller card emulated on this GPU: its memory only (common.target_engine; docs/method.md "Emulating a
+    smaller card"). gpu_memory_utilization keeps its meaning on the target; the engine gets this card's equivalent."""
     name: StrictStr | None = F("the emulated card's name, or null", None)
     memory_gib: PosNum | None = F("the emulated card's total memory in GiB as CUDA reports it, or null: no "
                                   "emulation", None)

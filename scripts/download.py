@@ -93,8 +93,8 @@ def from_pypi_gguf(name: str, spec: dict, folder: Path) -> dict:
     if not found or not found.submodule_search_locations:
         raise ModelError(f"download.catalog.{name}.package: {spec['package']} is not installed and "
                          f"{folder.parent / name} holds no verified build of it; run `make setup`, or on a box "
-                         f"without a registry `make unpack-models ARCHIVE=…` (README: Moving models to an "
-                         f"air-gapped box)")
+                         f"without a registry `make unpack-models ARCHIVE=…` (docs/air-gapped.md: Moving "
+                         f"models to an air-gapped box)")
     gguf = Path(found.submodule_search_locations[0], spec["gguf"])
     if not gguf.exists():
         raise ModelError(f"download.catalog.{name}.gguf: {gguf} not found in {spec['package']}")

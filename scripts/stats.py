@@ -84,7 +84,8 @@ def summarize(values: list[float]) -> dict:
     return out
 
 
-# How a Δ on output tok/s is drawn, as the report's legend and README say it (delta below is what it describes).
+# How a Δ on output tok/s is drawn, as the report's legend and docs/method.md say it (delta below is what it
+# describes).
 DELTA_WORDS = (f"Δ vs base: the rung's fresh engine against its base's engine measured just before it and, where that "
                f"could be a gain, the mean of that and one measured again just after it (a machine drifting under the "
                f"rung cancels), with a {CONFIDENCE:.1%} interval whose degrees of freedom include the start-to-start "
@@ -709,7 +710,9 @@ def knee_result(probes: list[tuple[float, bool]], rates_tried: list[float] | Non
                 rel_tol: float | None = None, rows: list[dict] | None = None) -> dict:
     """The knee: its bracket [last pass, first fail), midpoint +/- half-width, and whether it is trustworthy:
     `resolved` (bracket no wider than `rel_tol`), `confirmed` (both boundaries probed twice, agreeing),
-    `non_monotonic` (a rate above the first failure passed, or a repeat disagreed). With the search's `rows` (their
+    `non_monotonic` (a rate above the first failure passed, or a repeat disagreed). Status: inside (a bracket),
+    above (passed up to the top), below (failed on evidence down to the lowest rate), open (no pass, the lowest
+    rate left inconclusive: a rung's search that stopped at its verdict). With the search's `rows` (their
     evidence), the knee is the highest rate that passed on evidence below the first that failed on evidence: a rate
     left inconclusive below a pass is no boundary (the share over the SLO rises with the rate)."""
     lo, hi = bracket(probes)
@@ -721,6 +724,8 @@ def knee_result(probes: list[tuple[float, bool]], rates_tried: list[float] | Non
         hi = min(above) if above else None
     tried = sorted(rates_tried or [r for r, _ in probes])
     status = "inside" if lo is not None and hi is not None else ("below" if lo is None else "above")
+    if status == "below" and rows is not None and tried and tried[0] < (conclusive_fail(rows) or math.inf):
+        status = "open"  # no pass, and the lowest rate probed was left inconclusive: the knee is below the fail
     mixed = mixed_rates(probes)
     noisy = bool(mixed) or (hi is not None and any(ok and r > hi for r, ok in probes))
     inside = status == "inside"

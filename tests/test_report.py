@@ -119,3 +119,11 @@ def test_the_knee_cell_flags_a_knee_from_probes_short_against_their_latency():
          "probes": 6, "resolved": True, "non_monotonic": False}
     assert "⚠" not in report.knee_cell({"knee": {**k, "short_probes": False}})
     assert "⚠ probes short against latency: may read high" in report.knee_cell({"knee": {**k, "short_probes": True}})
+
+
+def test_a_knee_search_stopped_at_its_verdict_reads_as_open_not_as_an_slo_never_met():
+    k = {"status": "open", "knee_rps": None, "first_fail_rps": 8.0, "conclusive_fail_rps": 9.514, "probes": 2}
+    cell = report.knee_cell({"knee": k})
+    assert cell.startswith("< 9.514 (fails there on evidence, 8 inconclusive; stopped at its verdict") and \
+        "never met" not in cell
+    assert report.knee_cell({"knee": {**k, "conclusive_fail_rps": None}}).startswith("no pass or fail on evidence")

@@ -98,11 +98,6 @@ def test_a_cpu_placebo_is_falsely_kept_in_at_most_1_percent():
     assert r["better"] <= 0.01, r
 
 
-def test_the_readme_states_the_tok_s_rule_in_the_codes_own_words():
-    from conftest import ROOT
-    assert stats.DELTA_WORDS.replace("Δ vs base: ", "") in (ROOT / "README.md").read_text()
-
-
 # ---------------------------------------------------------------- the knee
 # Probe-noise model, measured with the steady-state probe on one H200 (tests/fixtures/h200-probe-study.json: `make
 # benchmark` part 6 on gpu-shape-4090 rung 0, p95 SLO; test_the_knee_model_rests_on_the_h200_study checks it there):

@@ -165,6 +165,13 @@ def test_a_rung_stops_once_its_knee_verdict_is_settled_even_where_a_rate_is_left
     assert nxt([(13.45, False), (11.31, False)], {11.31}, full) is not None
     assert nxt([(13.45, False), (11.31, True)], {13.45}, full) is not None
     assert nxt([(13.45, False), (11.31, True)], set(), full) is None  # fail on evidence, then a pass: its bracket
+    # such a search's knee is open (no pass; its lowest rate inconclusive), not "the SLO never met"
+    rows = [{"offered_rps": 13.45, "passed": False, "evidence": "fail"},
+            {"offered_rps": 11.31, "passed": False, "evidence": "inconclusive"}]
+    res = stats.knee_result([(13.45, False), (11.31, False)], rel_tol=0.2, rows=rows)
+    assert res["status"] == "open" and res["knee_rps"] is None and stats.conclusive_fail(rows) == 13.45
+    rows[1]["evidence"] = "fail"
+    assert stats.knee_result([(13.45, False), (11.31, False)], rel_tol=0.2, rows=rows)["status"] == "below"
 
 
 def test_every_rung_probes_the_same_rates_with_the_same_arrival_sequences():
