@@ -351,7 +351,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
                                 + (f"; {stats.SHORT_PROBE_FLAG}" if result["short_probes"] else "") + ")"),
              "below": lambda: f"SLO broken at every rate down to {result['first_fail_rps']:g} req/s",
              "open": lambda: (f"no pass on evidence: fails on evidence at {result['conclusive_fail_rps'] or '–'} "
-                              f"req/s, inconclusive at {result['first_fail_rps']:g} (stopped at its verdict)"),
+                              f"req/s, inconclusive at {result['first_fail_rps']:g}"),
              "above": lambda: f"SLO met up to {result['last_pass_rps']:g} req/s, the top of the range",
              }[result["status"]]()
     print(f"knee: {where}; {len(rows)} probes, {measure_s:.0f} s")

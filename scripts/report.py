@@ -92,8 +92,7 @@ def knee_cell(r):
     if k.get("status") == "open":  # no pass on evidence: a rung's search stopped once its verdict was settled
         known = k.get("conclusive_fail_rps")
         return ((f"< {known:g} (fails there on evidence, " if known else "no pass or fail on evidence (")
-                + f"{fmt(k.get('first_fail_rps'), 'g')} inconclusive; stopped at its verdict; "
-                  f"{k.get('probes')} probes)")
+                + f"{fmt(k.get('first_fail_rps'), 'g')} inconclusive, no pass; {k.get('probes')} probes)")
     if k.get("status") == "above":
         return f"≥ {fmt(k.get('knee_rps'), 'g')} (SLO met at top of range)"
     if k.get("mid_rps") is None:  # a record from before the bracket was reported as midpoint ± half-width

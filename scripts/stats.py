@@ -604,7 +604,7 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     knee.noise_floor). With `bracket` set (a confirm pair's final stack, whose knee the headline prints) it stops
     after the anchors only where they are its bracket (a fail on evidence, then a pass). Anchors outside
     [min_rate, max_rate] are not probed.
-    Without one (rung 0, a confirm pair's baseline), from the grid rate nearest `start`: up (a doubling after a pass,
+    Without one (rung 0), from the grid rate nearest `start`: up (a doubling after a pass,
     one grid step after an inconclusive rate: the wall is near) until a rate fails on evidence or `max_rate` passes;
     down likewise while nothing passed (to `min_rate`); then bisect, on the grid, between the last pass and the
     first fail on evidence, until the bracket is at most `rel_tol` wide or no rate between them is left unprobed
@@ -712,7 +712,7 @@ def knee_result(probes: list[tuple[float, bool]], rates_tried: list[float] | Non
     `resolved` (bracket no wider than `rel_tol`), `confirmed` (both boundaries probed twice, agreeing),
     `non_monotonic` (a rate above the first failure passed, or a repeat disagreed). Status: inside (a bracket),
     above (passed up to the top), below (failed on evidence down to the lowest rate), open (no pass, the lowest
-    rate left inconclusive: a rung's search that stopped at its verdict). With the search's `rows` (their
+    rate left inconclusive: e.g. a rung's search that stopped at its verdict). With the search's `rows` (their
     evidence), the knee is the highest rate that passed on evidence below the first that failed on evidence: a rate
     left inconclusive below a pass is no boundary (the share over the SLO rises with the rate)."""
     lo, hi = bracket(probes)

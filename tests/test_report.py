@@ -124,6 +124,6 @@ def test_the_knee_cell_flags_a_knee_from_probes_short_against_their_latency():
 def test_a_knee_search_stopped_at_its_verdict_reads_as_open_not_as_an_slo_never_met():
     k = {"status": "open", "knee_rps": None, "first_fail_rps": 8.0, "conclusive_fail_rps": 9.514, "probes": 2}
     cell = report.knee_cell({"knee": k})
-    assert cell.startswith("< 9.514 (fails there on evidence, 8 inconclusive; stopped at its verdict") and \
+    assert cell.startswith("< 9.514 (fails there on evidence, 8 inconclusive, no pass; 2 probes)") and \
         "never met" not in cell
     assert report.knee_cell({"knee": {**k, "conclusive_fail_rps": None}}).startswith("no pass or fail on evidence")
