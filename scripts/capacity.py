@@ -74,7 +74,8 @@ def knee_plan(rec: dict | None, peak_rps: float, headroom: float, price_per_gpu_
         return {**out, "plan": NO_PLAN, "why": stats.not_measured(knee)}
     if k is None:
         return {**out, "plan": NO_PLAN, "why": "no knee: " + (
-            "no rate passed on evidence (the search stopped at its verdict)" if knee.get("status") == "open" else
+            "no rate passed on evidence (its lowest probed rate was left inconclusive)"
+            if knee.get("status") == "open" else
             "the SLO was met at no probed rate")}
     gpus = gpus_per_instance(rec.get("knobs") or {}) if on_gpu else None
     n = instances_needed(peak_rps, k, headroom)

@@ -367,8 +367,8 @@ class Anchor(Section):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     pass_: PosNum | None = Field(None, alias="pass", description="a request rate > 0 or null: its last pass")
     fail: PosNum | None = F("a request rate > 0 or null: its first fail on evidence", None)
-    bracket: bool = F("true or false (true: on to its own bracket after the anchors, for a confirm pair's final "
-                      "stack; false: stop once the knee verdict is settled)", False)
+    bracket: bool = F("true or false (true: on to its own bracket after the anchors, for a confirm pair's runs; "
+                      "false: stop once the knee verdict is settled)", False)
 
 
 class Run(Section):

@@ -73,7 +73,7 @@ def stale_knobs(workspace: dict, sets: dict) -> list[str]:
 def knee_anchor(base: dict, knobs: dict, bracket: bool = False) -> dict | None:
     """The base's knee as a rung's knee search starts from it (run.anchor): its last pass and its first fail on
     evidence, in the rung's units (an instance of twice the GPUs probes twice the rates); `bracket`: on to its own
-    bracket after them (a confirm pair's final stack). None where the base has no knee on evidence (not measured,
+    bracket after them (a confirm pair's runs). None where the base has no knee on evidence (not measured,
     or neither boundary known): the rung searches on its own."""
     k = base.get("knee") or {}
     lo, hi = k.get("knee_rps"), k.get("conclusive_fail_rps")

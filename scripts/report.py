@@ -89,7 +89,7 @@ def knee_cell(r):
         return na_cell(k)
     if k.get("status") == "below":
         return f"< {fmt(k.get('first_fail_rps'), 'g')} (SLO never met)"
-    if k.get("status") == "open":  # no pass on evidence: a rung's search stopped once its verdict was settled
+    if k.get("status") == "open":  # no pass, the lowest rate inconclusive (e.g. a search stopped at its verdict)
         known = k.get("conclusive_fail_rps")
         return ((f"< {known:g} (fails there on evidence, " if known else "no pass or fail on evidence (")
                 + f"{fmt(k.get('first_fail_rps'), 'g')} inconclusive, no pass; {k.get('probes')} probes)")

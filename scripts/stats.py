@@ -601,7 +601,7 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     second on evidence: not passing where the base failed and not failing where it passed is all its knee verdict
     needs (within noise), whatever is left inconclusive. Otherwise on as below, to its own bracket: where it passed
     at the base's fail or failed on evidence at its pass (better or worse: the rung's own knee, and evidence past
-    knee.noise_floor). With `bracket` set (a confirm pair's final stack, whose knee the headline prints) it stops
+    knee.noise_floor). With `bracket` set (a confirm pair's runs, whose knees the headline prints) it stops
     after the anchors only where they are its bracket (a fail on evidence, then a pass). Anchors outside
     [min_rate, max_rate] are not probed.
     Without one (rung 0), from the grid rate nearest `start`: up (a doubling after a pass,
