@@ -1,5 +1,5 @@
 # ladder — a reproducible before→after optimization report for LLM serving with vLLM.
-# `make help` lists the targets. PROFILE: cpu | gpu | gpu-small | gpu-shape | gpu-shape-4090 (default: gpu
+# `make help` lists the targets. PROFILE: cpu | gpu | gpu-small | gpu-shape | gpu-shape-4090 | gpu-shape-4090-check (default: gpu
 # where nvidia-smi finds one).
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c

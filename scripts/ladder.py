@@ -6,7 +6,7 @@ reads the gate and the measurements and keeps or reverts it; a rung that fails (
 OOM, timeout) is recorded with the engine's own error and the ladder goes on. Finished rungs are saved to
 report/ladder.json as they finish; a re-run restores them from DVC's run-cache instead of re-measuring.
 
-  python scripts/ladder.py [--profile cpu|gpu|gpu-small|gpu-shape|gpu-shape-4090] [--check] [--rungs N]
+  python scripts/ladder.py [--profile cpu|gpu|gpu-small|gpu-shape|gpu-shape-4090|gpu-shape-4090-check] [--check] [--rungs N]
                            [--ladder FILE]
                            [--model NAME|FOLDER|ORG/NAME@REV] [--quant-model ...] [--workload KIND|FILE]
 """

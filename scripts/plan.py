@@ -320,8 +320,18 @@ def resolve(params: dict, lad: dict, profile: str, defaults: dict | None, gpus: 
 
 def engine_arg_errors(p: Plan) -> list[str]:
     """Every engine arg of rung 0 and of every rung (candidates and fallbacks too) through vLLM's own parser,
-    once per ladder, before any engine starts; each error names the rung."""
+    once per ladder, before any engine starts; each error names the rung. Where none is refused they are remembered
+    as accepted (vllm_compat.ACCEPTED): the fingerprint stage of each rung then need not import vLLM to check them."""
     import vllm_compat
+    knobs = ladder_engine_args(p)
+    errors = vllm_compat.engine_arg_errors(knobs)
+    if not errors:
+        vllm_compat.remember_accepted(knobs)
+    return errors
+
+
+def ladder_engine_args(p: Plan) -> list[tuple[str, str, object]]:
+    """(where, name, value) of every engine arg the ladder may run: rung 0's, then each rung's changes."""
     knobs = common.engine_args(p.params)
     for i, rung in enumerate(p.rungs, 1):
         if rung.get("skip"):
@@ -332,7 +342,7 @@ def engine_arg_errors(p: Plan) -> list[str]:
                 if knob.startswith("engine."):
                     for v in value if isinstance(value, list) else [value]:
                         knobs.append((f"ladder.yaml {p.profile} rung {i} {rung['name']!r}{label}: engine", knob[7:], v))
-    return vllm_compat.engine_arg_errors(knobs)
+    return knobs
 
 
 def check_target(p: Plan, gpus: list[dict]) -> None:

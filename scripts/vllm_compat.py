@@ -26,8 +26,10 @@ import argparse
 import ast
 import difflib
 import functools
+import hashlib
 import importlib.metadata
 import inspect
+import json
 import math
 import os
 import re
@@ -431,6 +433,27 @@ def engine_arg_parser():
 
     parser.error = error
     return parser
+
+
+ACCEPTED = Path(__file__).resolve().parent.parent / "results" / "logs" / "engine-args-accepted.txt"
+# not a DVC output: a cache of engine args this vLLM's parser accepted (one key per arg and value)
+
+
+def arg_key(name: str, value) -> str:
+    """One accepted (engine arg, value) under the installed vLLM, as ACCEPTED keeps it."""
+    blob = json.dumps([name, value, installed_version()], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def accepted_args() -> set[str]:
+    return set(ACCEPTED.read_text().split()) if ACCEPTED.exists() else set()
+
+
+def remember_accepted(knobs: list[tuple[str, str, object]]) -> None:
+    """Record args vLLM's parser accepted (engine_arg_errors found nothing wrong with them)."""
+    ACCEPTED.parent.mkdir(parents=True, exist_ok=True)
+    keys = accepted_args() | {arg_key(name, value) for _, name, value in knobs}
+    ACCEPTED.write_text("\n".join(sorted(keys)) + "\n")
 
 
 def engine_arg_errors(knobs: list[tuple[str, str, object]]) -> list[str]:

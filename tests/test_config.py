@@ -146,7 +146,7 @@ def test_every_key_a_ladder_profile_sets_is_a_params_key():
 def test_the_shipped_ladder_validates_with_its_defaults_filled():
     lad = config.load_ladder(ROOT / "ladder.yaml")
     assert lad["objective"] == "knee_rps"
-    assert set(lad["profiles"]) == {"cpu", "gpu", "gpu-small", "gpu-shape", "gpu-shape-4090"}
+    assert set(lad["profiles"]) == {"cpu", "gpu", "gpu-small", "gpu-shape", "gpu-shape-4090", "gpu-shape-4090-check"}
     rung = lad["profiles"]["cpu"]["rungs"][0]
     assert rung["fallback"] is None and rung["when"] is None and rung["note"]
     two = next(r for r in lad["profiles"]["gpu"]["rungs"] if r["name"] == "second-gpu")

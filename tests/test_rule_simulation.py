@@ -2,11 +2,12 @@
 seeds, on a stated noise model:
 
 - an engine's mean output tok/s = the config's true rate x (1 + e), e ~ N(0, 1.5 %) between fresh engines
-  (start-to-start); each of its 3 timed repeats x (1 + u), u ~ N(0, 0.5 %) (in-engine);
+  (start-to-start); each of its timed repeats x (1 + u), u ~ N(0, 0.5 %) (in-engine): gpu-shape-4090's
+  bench.repeats of them (one: the engine is the unit), the cpu profile's for its own test;
 - "cold base": the first engine started on a machine reads 6 % low (three fresh engines on a fresh H200: 6,639,
   then 7,242 and 7,337 tok/s);
-- the card's floor (`make benchmark --parts 2`): a discarded first engine, then 8 fresh engines, on its own
-  machine;
+- the card's floor (`make benchmark --parts 2`): a discarded first engine, then 8 fresh engines of as many
+  timed repeats, on its own machine;
 - a ladder rung (ladder.Driver): the first bench warms the machine with an untimed engine
   (bench.warm_up_engine), then base, rung, base again, each a fresh engine; the rung is judged against the mean of
   the two base engines, the floor pooled with them.
@@ -20,36 +21,49 @@ import pytest
 import stats
 
 TRIALS = 2000
+
+
+def profile_settings(profile: str) -> dict:
+    import config
+    import plan
+    eff = plan.effective_params(config.load_params(check=False), plan.load_ladder(plan.LADDER_YAML), profile,
+                                plan.committed_params())
+    return config.validate(eff)
+
+
+GPU_REPEATS = profile_settings("gpu-shape-4090")["bench"]["repeats"]
 IN_ENGINE, START_TO_START, COLD = 0.005, 0.015, 0.06
 
 
 class Machine:
-    """Fresh engines started one after another on one machine; the first reads COLD low if `cold`."""
+    """Fresh engines started one after another on one machine; the first reads COLD low if `cold`. Each engine runs
+    `repeats` timed repeats."""
 
-    def __init__(self, rng, cold: bool):
-        self.rng, self.cold, self.started = rng, cold, 0
+    def __init__(self, rng, cold: bool, repeats: int):
+        self.rng, self.cold, self.started, self.repeats = rng, cold, 0, repeats
 
-    def engine(self, rate: float, repeats: int = 3) -> list[float]:
+    def engine(self, rate: float, repeats: int | None = None) -> list[float]:
         first = self.started == 0
         self.started += 1
         mean = rate * (1 + self.rng.normal(0, START_TO_START)) * (1 - COLD if first and self.cold else 1)
-        return list(mean * (1 + self.rng.normal(0, IN_ENGINE, repeats)))
+        return list(mean * (1 + self.rng.normal(0, IN_ENGINE, repeats or self.repeats)))
 
 
-def card_floor(rng, cold: bool, engines: int = 8) -> stats.Floor:
+def card_floor(rng, cold: bool, engines: int = 8, repeats: int = 1) -> stats.Floor:
     """`make benchmark --parts 2` on its own machine: the first engine discarded, then `engines` fresh ones."""
-    m = Machine(rng, cold)
+    m = Machine(rng, cold, repeats)
     m.engine(100.0)
     means = [float(np.mean(m.engine(100.0))) for _ in range(engines)]
     return stats.Floor(float(np.std(means, ddof=1) / np.mean(means)), engines, 1, "simulated card")
 
 
 def rung(rng, effect: float, cold: bool, warm_up: bool = True, floor_engines: int = 8, always_again: bool = False,
-         engines: list | None = None) -> str:
+         engines: list | None = None, repeats: int | None = None) -> str:
     """One rung as the ladder measures and judges it (decide.needs_again): its verdict on output tok/s. The base is
     measured again after the rung unless its Δ against the base before it shows no gain (stats.may_gain), or always."""
-    prior = card_floor(rng, cold, floor_engines)
-    m = Machine(rng, cold)
+    repeats = repeats or GPU_REPEATS
+    prior = card_floor(rng, cold, floor_engines, repeats)
+    m = Machine(rng, cold, repeats)
     if warm_up:
         m.engine(100.0, repeats=1)  # untimed, discarded
     before = m.engine(100.0)
@@ -93,8 +107,8 @@ def test_without_the_warm_up_engine_a_cold_base_credits_placebos_twice_as_often(
 
 def test_a_cpu_placebo_is_falsely_kept_in_at_most_1_percent():
     # the cpu profile's floor rests on the engines params.yaml's bench.noise_floor says, pooled with the ladder's own
-    import config
-    r = rates(0.0, True, seed=14, floor_engines=config.load_params()["bench"]["noise_floor"]["engines"])
+    cpu = profile_settings("cpu")["bench"]
+    r = rates(0.0, True, seed=14, floor_engines=cpu["noise_floor"]["engines"], repeats=cpu["repeats"])
     assert r["better"] <= 0.01, r
 
 
@@ -114,14 +128,6 @@ def test_a_cpu_placebo_is_falsely_kept_in_at_most_1_percent():
 # - gpu-shape-4090's search (its profile's knee settings): p95, 20 % brackets (a grid of 2^(1/4)), probes sized for
 #   PHI, up to 3 probes of a rate pooled while inconclusive; the base's search starts at 0.7 K (about half of the
 #   bench's req/s, as the stage starts it), the rung's at the base's knee (run.anchor).
-
-
-def profile_settings(profile: str) -> dict:
-    import config
-    import plan
-    eff = plan.effective_params(config.load_params(check=False), plan.load_ladder(plan.LADDER_YAML), profile,
-                                plan.committed_params())
-    return config.validate(eff)
 
 
 P4090 = profile_settings("gpu-shape-4090")
