@@ -536,11 +536,12 @@ def _engine_config_error(model_path: str, flags: tuple[str, ...], env: tuple[tup
     except _Refused:
         return None  # engine_arg_errors names it, with the parser's message
     saved = dict(os.environ)
+    fresh = {**engine.child_env(dict(env)), "VLLM_LOGGING_LEVEL": "ERROR"}  # from ours, before it is cleared
     try:
         for usage, what in CONFIG_ENTRIES[0 if offline else 1:]:
             # the knobs' environment, fresh for each build: the CPU platform sets variables while it builds one
             os.environ.clear()
-            os.environ.update({**engine.child_env(dict(env)), "VLLM_LOGGING_LEVEL": "ERROR"})
+            os.environ.update(fresh)
             try:
                 EngineArgs.from_cli_args(args).create_engine_config(usage_context=getattr(UsageContext, usage))
             except REFUSALS as e:
