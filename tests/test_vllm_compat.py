@@ -184,3 +184,22 @@ def test_the_bench_draws_its_prompts_with_the_workload_seed_not_the_engines(monk
     monkeypatch.setattr(throughput, "main", main)
     vllm_compat.run_throughput(["--model", "m", "--num-prompts", "8", "--seed", "1"], 1, dataset_seed=0)
     assert drawn == {"engine": 1, "timed": 0, "warmup": 1}  # the engine keeps seed 1; the prompts are seed 0's
+
+
+def test_an_engine_config_is_built_in_our_environment_plus_the_rungs_knobs(monkeypatch):
+    # vLLM's model inspection runs `python -m vllm...` in a child: where vLLM is found through PYTHONPATH (an
+    # air-gapped box), a build in an emptied environment refused every config as "failed to be inspected"
+    from vllm.engine.arg_utils import EngineArgs
+    seen = {}
+
+    class Built:
+        def create_engine_config(self, usage_context=None):
+            seen.update(mark=__import__("os").environ.get("LADDER_TEST_MARK"),
+                        knob=__import__("os").environ.get("VLLM_TEST_KNOB"))
+            return None
+    monkeypatch.setenv("LADDER_TEST_MARK", "kept")
+    monkeypatch.setattr(EngineArgs, "from_cli_args", classmethod(lambda cls, args: Built()))
+    vllm_compat._engine_config_error.cache_clear()
+    assert vllm_compat._engine_config_error("some/model", (), (("VLLM_TEST_KNOB", "1"),), True) is None
+    assert seen == {"mark": "kept", "knob": "1"}
+    assert __import__("os").environ.get("VLLM_TEST_KNOB") is None  # and ours is as it was after
