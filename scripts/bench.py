@@ -98,10 +98,9 @@ def method(b: dict, mode: str) -> str:
              f"repeats inside one engine (vLLM's own bench code)" if mode == "engine" else
              f"{b['repeats']} runs, each its own engine start ({b['warmups']} warm-up requests each)")
     timed += f", prompts drawn with seed {workload.SEED} whatever engine.seed"
-    floor = stats.Floor.of(b["noise_floor"]).words()
     return (f"`vllm bench throughput`, {b['num_prompts']} prompts, {timed}, the prefix cache reset before each; "
-            f"median with a 95 % t-interval of the repeats; each Δ counts fresh engines as the unit ({floor} on the "
-            "card, pooled with the ladder's own re-measures; stats.delta)")
+            "median with a 95 % t-interval of the repeats; each Δ counts fresh engines as the unit (the card's "
+            "start-to-start floor, bench.noise_floor, pooled with the ladder's own re-measures; stats.delta)")
 
 
 # The ladder names a file here per run (ladder.Driver): the first bench of the run that starts an engine finds it
@@ -131,7 +130,7 @@ def write_na(out: Path, logs: Path, reason: str, label: str, params: dict, cfg: 
     common.write_json(out, {
         "status": "n/a", "reason": reason, "label": label,
         "output_tps": None, "total_tps": None, "requests_per_s": None,
-        "output_tps_ci95": None, "output_tps_runs": [], "noise_floor": b["noise_floor"], "repeats": 0,
+        "output_tps_ci95": None, "output_tps_runs": [], "repeats": 0,
         "mode": b["mode"], "wall_s": 0, "time": common.stage_time(0, 0),
         "provenance": common.provenance(params, cfg)})
     print(f"bench: n/a — {reason}")
@@ -170,7 +169,6 @@ def main(out: Path, logs: Path, gate_json: Path):
         "requests_per_s": summ["requests_per_s"]["median"],
         "output_tps_ci95": summ["output_tps"]["ci95"],
         "output_tps_runs": summ["output_tps"]["values"],  # what a Δ vs another rung is computed from
-        "noise_floor": b["noise_floor"],  # ... with this start-to-start floor on its interval
         "repeats": len(runs),
         "mode": mode,
         "workload": workload.describe(w),

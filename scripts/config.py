@@ -54,6 +54,11 @@ _ARG_NAME = re.compile(r"[a-z][a-z0-9_]*")
 ENV_PREFIX = "VLLM_"      # env knobs are vLLM's own environment variables
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY")
 
+# Thresholds the ladder judges with, never measures with: no measuring stage (bench, knee) lists them in dvc.yaml, so
+# editing one re-judges every rung from the run-cache instead of measuring it again (tests/test_dvc_deps.py).
+JUDGEMENT = ("bench.noise_floor", "knee.noise_floor", "gate.max_overall_drop", "gate.max_category_drop", "gate.alpha",
+             "gate.min_items")
+
 
 def knob_error(field: str, value, allowed: str) -> str:
     return f"{field}: {value!r} is not allowed; expected {allowed}"
@@ -367,6 +372,8 @@ class Anchor(Section):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     pass_: PosNum | None = Field(None, alias="pass", description="a request rate > 0 or null: its last pass")
     fail: PosNum | None = F("a request rate > 0 or null: its first fail on evidence", None)
+    worse: PosNum | None = F("a request rate > 0 or null: where a fail on evidence is worse beyond knee.noise_floor "
+                             "(null: at its pass)", None)
     bracket: bool = F("true or false (true: on to its own bracket after the anchors, for a confirm pair's runs; "
                       "false: stop once the knee verdict is settled)", False)
 

@@ -230,9 +230,9 @@ def method(k: dict, slo: dict, started: str) -> str:
            + (f"first at its base's knee (fails {anchor.get('fail') or '–'}, passes {anchor.get('pass') or '–'} "
               + ("req/s): where it does not pass at the first, its second and stop where that is its bracket; "
                  "else on to its own bracket" if anchor.get("bracket") else
-                 "req/s): where it does not pass at the first, its second and stop unless it fails there on evidence "
-                 "(the knee verdict needs no more); where it passes at the first, or fails at the second, on to its "
-                 "own bracket") if anchor.get("pass") or anchor.get("fail") else
+                 "req/s): where it does not pass at the first, its second and stop (the knee verdict needs no more, "
+                 "and a rung not better is not kept); where it passes at the first, on to its own bracket")
+              if anchor.get("pass") or anchor.get("fail") else
               f"from {started}: up until a rate fails on evidence, down while none passed")
            + f", then bisected until the bracket (last pass, first fail on evidence) is at most "
            f"{k['rel_tol'] * 100:.0f} % of its midpoint wide or no rate between them is left (at most "
@@ -263,7 +263,7 @@ def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, para
                          "tpot_ms_at_knee", "counted_at_knee", "batch1", "output_tps_at_knee", "kv_cache_tokens",
                          "max_concurrency")),
         "resolved": False, "confirmed": False, "non_monotonic": False, "mixed_rates": [], "probes": 0,
-        "short_probes": False, "slo": params["slo"], "noise_floor": params["knee"]["noise_floor"],
+        "short_probes": False, "slo": params["slo"],
         "mode": params["knee"]["mode"], "requests_sent": 0,
         "server_ready_s": 0, "wall_s": 0, "time": common.stage_time(0, 0), "applied": {}, "rows": [],
         "provenance": common.provenance(params, cfg)})
@@ -316,7 +316,6 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     common.write_json(out, {
         **result,
         "slo": slo,
-        "noise_floor": k["noise_floor"],  # what a change of this knee must exceed (stats.knee_delta)
         "mode": k["mode"],
         "method": method(k, slo, started),
         "start_rate": first,

@@ -6,8 +6,8 @@ reads the gate and the measurements and keeps or reverts it; a rung that fails (
 OOM, timeout) is recorded with the engine's own error and the ladder goes on. Finished rungs are saved to
 report/ladder.json as they finish; a re-run restores them from DVC's run-cache instead of re-measuring.
 
-  python scripts/ladder.py [--profile cpu|gpu|gpu-small|gpu-shape|gpu-shape-4090|gpu-shape-4090-check] [--check] [--rungs N]
-                           [--ladder FILE]
+  python scripts/ladder.py [--profile cpu|gpu|gpu-small|gpu-shape|gpu-shape-4090|gpu-shape-4090-check] [--check]
+                           [--rungs N] [--ladder FILE]
                            [--model NAME|FOLDER|ORG/NAME@REV] [--quant-model ...] [--workload KIND|FILE]
 """
 from __future__ import annotations
@@ -70,18 +70,20 @@ def stale_knobs(workspace: dict, sets: dict) -> list[str]:
     return [f"{s}.{k}" for s in planning.KNOB_SECTIONS for k in (workspace.get(s) or {}) if f"{s}.{k}" not in sets]
 
 
-def knee_anchor(base: dict, knobs: dict, bracket: bool = False) -> dict | None:
+def knee_anchor(base: dict, knobs: dict, bracket: bool = False, floor: float = 0.0) -> dict | None:
     """The base's knee as a rung's knee search starts from it (run.anchor): its last pass and its first fail on
     evidence, in the rung's units (an instance of twice the GPUs probes twice the rates); `bracket`: on to its own
-    bracket after them (a confirm pair's runs). None where the base has no knee on evidence (not measured,
-    or neither boundary known): the rung searches on its own."""
+    bracket after them (a confirm pair's runs); `floor` (knee.noise_floor): `worse`, the rate at or below which a fail
+    on evidence is worse beyond it (stats.knee_delta), probed once after a fail at the base's pass. None where the
+    base has no knee on evidence (not measured, or neither boundary known): the rung searches on its own."""
     k = base.get("knee") or {}
     lo, hi = k.get("knee_rps"), k.get("conclusive_fail_rps")
     if k.get("status") == "n/a" or (lo is None and hi is None):
         return None
     scale = capacity.gpus_per_instance(knobs) / capacity.gpus_per_instance(base.get("knobs") or {})
+    worse = lo and floor and float(f"{lo * scale / (1 + floor):.4g}")
     return {"pass": lo and float(f"{lo * scale:.4g}"), "fail": hi and float(f"{hi * scale:.4g}"),
-            **({"bracket": True} if bracket else {})}
+            **({"worse": worse} if worse else {}), **({"bracket": True} if bracket else {})}
 
 
 def remeasure_key(held: list[dict]) -> int:
@@ -193,6 +195,11 @@ class Driver:
                            f"{base['exp']} could not be measured on this machine: {rec.get('error', 'no reason')}")
         rec["kept"] = False
         return self.finish(rec)
+
+    @property
+    def knee_floor(self) -> float:
+        """knee.noise_floor: how far past its base's boundary a rung's knee must move (its search's `worse` rate)."""
+        return (self.eff.get("knee") or {}).get("noise_floor") or 0.0
 
     def floor(self):
         """The start-to-start floor of every Δ now: the card's, pooled with this ladder's own same-config engines."""
@@ -354,12 +361,12 @@ class Driver:
             """One candidate: replayed where another machine ran it (and `replay`); else measured here, after its
             base was measured here too if the ladder moved here since."""
             knobs = {**kept_flat, **change}
-            anchor = knee_anchor(self.searched(base), knobs)
+            anchor = knee_anchor(self.searched(base), knobs, floor=self.knee_floor)
             exp = f"{self.profile}-{i}-{name}"
             if not (replay and self.elsewhere(exp, self.sets_of(knobs, anchor=anchor))) \
                     and not self.here(self.searched(base)):
                 self.rebase(i, base)
-                anchor = knee_anchor(self.searched(base), knobs)
+                anchor = knee_anchor(self.searched(base), knobs, floor=self.knee_floor)
             self.progress(f"rung {i} {name}")
             return self.run_exp(i, name, knobs, role, change, base, rung["note"], anchor=anchor, replay=replay)
 

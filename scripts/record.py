@@ -86,6 +86,7 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
     """Fill a rung that ran to the end from results/; returns the download manifest's models."""
     res = common.RESULTS
     ev, bench, knee, gate = (_summary(res / f) for f in ("eval.json", "bench.json", "knee.json", "gate.json"))
+    knee["noise_floor"] = params["knee"]["noise_floor"]  # a judgement threshold: the params judging now, not measuring
     prov = common.read_json(res / "bench.json").get("provenance") or {}
     env = prov.get("environment") or {}
     rec["measured"] = {"at": prov.get("measured_at"), "host_id": env.get("host_id"),

@@ -597,13 +597,14 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     rates whose evidence was left inconclusive (not passed, but not failed on evidence either).
 
     With an `anchor` (the base's knee: {pass: its last pass, fail: its first fail on evidence}; a rung's search):
-    the base's fail first; where the rung does not pass there, the base's pass, and then stop unless it failed the
-    second on evidence: not passing where the base failed and not failing where it passed is all its knee verdict
-    needs (within noise), whatever is left inconclusive. Otherwise on as below, to its own bracket: where it passed
-    at the base's fail or failed on evidence at its pass (better or worse: the rung's own knee, and evidence past
-    knee.noise_floor). With `bracket` set (a confirm pair's runs, whose knees the headline prints) it stops
-    after the anchors only where they are its bracket (a fail on evidence, then a pass). Anchors outside
-    [min_rate, max_rate] are not probed.
+    the base's fail first; where the rung does not pass there, the base's pass, and then stop: its knee verdict
+    (within noise, or worse where it failed on evidence at the base's pass) needs no more, and a rung that is not
+    better is not kept, so no later rung starts from its knee. With a knee.noise_floor (the anchor's `worse`: the
+    base's pass / (1 + floor)), a fail at the base's pass is followed by one visit to the grid rate at or below
+    `worse`, where a fail on evidence is worse beyond the floor. Where it passed at the base's fail (better: it may be
+    the next base), on as below, to its own bracket. With `bracket` set (a confirm pair's runs, whose knees the
+    headline prints) it stops after the anchors only where they are its bracket (a fail on evidence, then a pass).
+    Anchors outside [min_rate, max_rate] are not probed.
     Without one (rung 0), from the grid rate nearest `start`: up (a doubling after a pass,
     one grid step after an inconclusive rate: the wall is near) until a rate fails on evidence or `max_rate` passes;
     down likewise while nothing passed (to `min_rate`); then bisect, on the grid, between the last pass and the
@@ -624,10 +625,16 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
         if not verdicts[first]:
             if then and then not in verdicts:
                 return then
-            if anchor.get("bracket"):
-                if first not in unsure and (not then or verdicts[then]):
-                    return None
-            elif not then or verdicts[then] or then in unsure:
+            if not anchor.get("bracket"):
+                # failed on evidence at the base's pass: worse beyond knee.noise_floor only at or below `worse`: one
+                # visit there (its grid rate at or below it), then stop whatever it found
+                worse = anchor.get("worse")
+                if worse and then and then not in unsure and not verdicts[then]:
+                    below = grid_rate(math.floor(math.log2(worse) * steps + 1e-9), steps)
+                    if below not in verdicts and (not min_rate or below >= min_rate):
+                        return below
+                return None
+            if first not in unsure and (not then or verdicts[then]):
                 return None
     if not probes:  # the grid rate nearest start, inside [min_rate, max_rate] where they are off the grid
         bottom = math.ceil(math.log2(min_rate) * steps - 1e-9) if min_rate else -math.inf

@@ -36,3 +36,16 @@ def test_every_stage_depends_on_exactly_the_code_it_runs():
 
 def test_the_import_walk_sees_function_level_imports():
     assert "shape_model" in local_imports("download")  # imported inside a function
+
+
+def test_the_measuring_stages_list_every_setting_of_their_sections_but_the_judgements():
+    # a setting left out would not make its stage stale when edited; a judgement threshold listed would re-measure
+    import config
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    sections = {"bench": config.Bench, "knee": config.Knee}
+    for name in ("bench", "knee"):
+        listed = set(stages[name]["params"])
+        own = {f"{name}.{f}" for f in sections[name].model_fields}
+        assert listed & own == own - set(config.JUDGEMENT), name
+        assert not listed & set(config.JUDGEMENT), name
+        assert "gate" not in listed and "gate.measure_failed" in listed, name

@@ -51,7 +51,7 @@ def test_repro_runs_every_stage_and_writes_the_results(project):
     assert all(int(r["ramp_skipped"]) > 0 and int(r["counted"]) > 0 for r in rows)
     assert all(int(r["pooled_counted"]) >= need for r in rows if r["passed"] == "True")
     assert knee["start_rate"] > 0 and "the bench's" in knee["method"]  # the search started from the bench
-    assert knee["slo"] == params["slo"] and knee["noise_floor"] == params["knee"]["noise_floor"]
+    assert knee["slo"] == params["slo"] and "noise_floor" not in knee  # a judgement threshold: not the stage's
     # the search's rates lie on the grid every rung shares, and each (rate, repeat) drew its own arrival sequence
     steps = stats.grid_steps(params["knee"]["rel_tol"])
     assert all(stats.grid_rate(stats.grid_index(float(r["offered_rps"]), steps), steps) == float(r["offered_rps"])
@@ -98,6 +98,18 @@ def test_a_second_repro_does_no_work(project):
     # the environment probe always re-checks the machine, the download stage the models' files; their outputs
     # did not change, so nothing downstream ran
     assert "Running stage 'fingerprint'" in p.stdout and "Running stage 'download'" in p.stdout
+    assert "changed" not in project.dvc("status", *TARGETS).stdout.replace("didn't change", "")
+
+
+def test_editing_a_judgement_threshold_leaves_every_measuring_stage_as_it_is(project):
+    params = project.params()
+    before = (project.path / "params.yaml").read_text()
+    project.set_params(bench__noise_floor__cv=params["bench"]["noise_floor"]["cv"] * 2,
+                       knee__noise_floor=params["knee"]["noise_floor"] + 0.25,
+                       gate__alpha=params["gate"]["alpha"] / 2, gate__max_overall_drop=0.2)
+    stale = json.loads(project.dvc("status", "--json", *TARGETS).stdout or "{}")
+    assert set(stale) == {"gate"}, stale  # the gate judges; eval, bench and knee measured and stay as they are
+    (project.path / "params.yaml").write_text(before)
     assert "changed" not in project.dvc("status", *TARGETS).stdout.replace("didn't change", "")
 
 

@@ -16,6 +16,7 @@ seeds, on a stated noise model:
 in <= 2.5 %, a true +10 % is called better in >= 90 %, in the warm and the cold-base case alike; a placebo on the
 cpu profile (the engines its floor rests on, params.yaml) is falsely kept in <= 1 %.
 """
+import ladder
 import numpy as np
 import pytest
 import stats
@@ -170,7 +171,7 @@ def knee_rates(factor: float, seed: int, server_cv: float = SERVER_CV, floor: fl
     calls, probes = [], []
     for _ in range(TRIALS):
         base = knee_search(rng, knee, server_cv=server_cv, floor=floor, true_phi=true_phi)
-        anchor = {"pass": base["knee_rps"], "fail": base["conclusive_fail_rps"]}
+        anchor = ladder.knee_anchor({"knee": base}, {}, floor=floor)
         new = knee_search(rng, knee * factor, anchor, server_cv, floor, true_phi)
         calls.append(stats.knee_delta(base, new)["verdict"])
         probes.append((base["probes"], new["probes"]))

@@ -133,10 +133,18 @@ def test_a_rung_probes_its_bases_failing_rate_first_then_its_passing_one_and_sto
     base = {"pass": 11.31, "fail": 13.45}
     # no better: it fails where the base failed; it passes where the base passed; done, in two probes
     assert anchored(12.0, base) == [(13.45, False), (11.31, True)]
-    # worse: it fails at both, then searches on down for its own bracket (past knee.noise_floor, if any)
+    # worse: it fails at both and stops (a rung not better is not kept: no later rung starts from its knee) ...
     down = anchored(7.0, base)
-    assert down[:2] == [(13.45, False), (11.31, False)] and down[2] == (5.657, True)
-    assert stats.knee_result(down, rel_tol=0.2)["last_pass_rps"] <= 7.0
+    assert down == [(13.45, False), (11.31, False)]
+    assert stats.knee_delta({"knee_rps": 11.31, "conclusive_fail_rps": 13.45},
+                            {"knee_rps": None, "conclusive_fail_rps": 11.31})["verdict"] == "worse"
+    # ... but for one visit where a fail is worse beyond knee.noise_floor (the anchor's `worse`): the grid rate at or
+    # below it (11.31 / 1.5 = 7.54: 6.727), and stops whatever it found there
+    floor = {**base, "worse": 7.54}
+    assert anchored(7.0, floor) == [(13.45, False), (11.31, False), (6.727, True)]
+    assert anchored(5.0, floor) == [(13.45, False), (11.31, False), (6.727, False)]
+    assert stats.knee_delta({"knee_rps": 11.31, "conclusive_fail_rps": 13.45, "noise_floor": 0.5},
+                            {"knee_rps": None, "conclusive_fail_rps": 6.727})["verdict"] == "worse"
     # better: it passes where the base failed, then searches on up for its own bracket (it may be the next base)
     up = anchored(20.0, base)
     assert up[0] == (13.45, True) and len(up) > 2
@@ -158,8 +166,11 @@ def test_a_rung_stops_once_its_knee_verdict_is_settled_even_where_a_rate_is_left
     assert nxt([(13.45, False), (11.31, False)], {11.31}) is None
     # inconclusive at the base's fail, passes at its pass: within noise, stop
     assert nxt([(13.45, False), (11.31, True)], {13.45}) is None
-    # failed on evidence at the base's pass: on down to its own fail (worse needs it past knee.noise_floor)
-    assert nxt([(13.45, False), (11.31, False)], set()) == 5.657
+    # failed on evidence at the base's pass: worse (no knee.noise_floor), stop; with one, one visit where a fail is
+    # worse beyond it, not where it is left inconclusive at the base's pass
+    assert nxt([(13.45, False), (11.31, False)], set()) is None
+    assert nxt([(13.45, False), (11.31, False)], set(), {**base, "worse": 7.54}) == 6.727
+    assert nxt([(13.45, False), (11.31, False)], {11.31}, {**base, "worse": 7.54}) is None
     # a confirm pair's final stack (bracket): on to its own bracket where the anchors are not one
     full = {**base, "bracket": True}
     assert nxt([(13.45, False), (11.31, False)], {11.31}, full) is not None
