@@ -1,4 +1,4 @@
-"""`make compare`: `dvc exp show`, one row per rung of the last ladder, with the ladder's own verdict.
+"""`make compare`: DVC's experiments (`dvc.api.exp_show`), one row per rung of the last ladder, with its verdict.
 
 DVC knows each experiment's params and metrics; only the ladder knows which rung was kept (the gate's pass is
 not the verdict: a candidate that passed the gate can still be "not chosen"). This joins the two.
@@ -6,12 +6,12 @@ Usage: python scripts/compare.py [LADDER_JSON]
 """
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 import common
+import dvc.api
+from dvc.exceptions import DvcException
 from tabulate import tabulate
 
 import report
@@ -20,18 +20,15 @@ METRICS = {"results/eval.json": ["overall"], "results/bench.json": ["output_tps"
            "results/knee.json": ["knee_rps", "first_fail_rps"]}
 
 
-def experiments(show: list[dict]) -> dict[str, dict]:
-    """`dvc exp show --json` → {experiment name: {"params": {...}, "metrics": {...}}} (DVC 3 layout)."""
-    out = {}
-    for commit in show:
-        for exp in commit.get("experiments") or []:
-            for rev in exp.get("revs") or []:
-                data = rev.get("data") or {}
-                params = ((data.get("params") or {}).get("params.yaml") or {}).get("data") or {}
-                metrics = {path: (m or {}).get("data") or {} for path, m in (data.get("metrics") or {}).items()}
-                if rev.get("name"):
-                    out[rev["name"]] = {"params": params, "metrics": metrics}
-    return out
+def experiments(shown: list[dict]) -> dict[str, dict]:
+    """`dvc.api.exp_show()`'s rows (one per revision; a metric's column is `<file>:<key>`, or `<key>` alone where
+    no other file has it) → {experiment name: {"metrics": {file: {key: value}}}}, for the METRICS this table shows."""
+    def value(row: dict, path: str, key: str):
+        v = row.get(f"{path}:{key}", row.get(key))
+        return None if v in ("None", "-", "") else v  # how exp_show spells a null or a metric a revision lacks
+    return {row["Experiment"]: {"metrics": {path: {key: value(row, path, key) for key in keys}
+                                            for path, keys in METRICS.items()}}
+            for row in shown if row.get("Experiment")}
 
 
 def rows(lad: dict, exps: dict[str, dict]) -> list[dict]:
@@ -53,10 +50,11 @@ def main() -> int:
     if not src.exists():
         common.die(f"{src.name}: no ladder has run here yet; run `make ladder` first")
     lad = common.read_json(src)
-    shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=common.ROOT, capture_output=True, text=True)
-    if shown.returncode != 0:
-        common.die(f"dvc exp show failed: {shown.stderr.strip()[-500:]}")
-    table = rows(lad, experiments(json.loads(shown.stdout or "[]")))
+    try:
+        shown = dvc.api.exp_show(repo=str(common.ROOT))
+    except DvcException as e:
+        common.die(f"dvc exp show failed: {e}")
+    table = rows(lad, experiments(shown))
     print(tabulate(table, headers="keys", tablefmt="github", missingval="—"))
     return 0
 

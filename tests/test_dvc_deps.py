@@ -49,3 +49,11 @@ def test_the_measuring_stages_list_every_setting_of_their_sections_but_the_judge
         assert listed & own == own - set(config.JUDGEMENT), name
         assert not listed & set(config.JUDGEMENT), name
         assert "gate" not in listed and "gate.measure_failed" in listed, name
+    # DVC refuses to run a stage whose listed param params.yaml does not hold, even one the config defaults
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for name, stage in stages.items():
+        for dotted in stage.get("params") or []:
+            node = params
+            for part in dotted.split("."):
+                assert isinstance(node, dict) and part in node, f"stage {name}: {dotted} is not in params.yaml"
+                node = node[part]
