@@ -19,7 +19,7 @@ from pathlib import Path
 
 import common
 import engine
-import stats
+import probing
 import vllm_compat
 import workload
 
@@ -160,7 +160,7 @@ def main(out: Path, logs: Path, gate_json: Path):
     for i, run in enumerate(runs, 1):
         run["applied"] = check_shape(run, b["num_prompts"], input_len, w["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
-    summ = {key: stats.summarize([run[key] for run in runs]) for key in ("output_tps", "total_tps", "requests_per_s")}
+    summ = {key: probing.summarize([run[key] for run in runs]) for key in ("output_tps", "total_tps", "requests_per_s")}
     common.write_json(out, {
         "status": "ok",
         "method": method(b, mode),

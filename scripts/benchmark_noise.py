@@ -37,13 +37,14 @@ import engine
 import fingerprint
 import knee
 import plan as planning
+import probing
 import stats
 import workload
 import yaml
 
 
 def spread(name: str, values: list[float]) -> None:
-    s = stats.summarize(values)
+    s = probing.summarize(values)
     lo, hi = s["ci95"]
     print(f"{name}: n={s['n']} median {s['median']:.1f} tok/s, min {min(values):.1f}, max {max(values):.1f}, "
           f"range {(max(values) - min(values)) / s['median'] * 100:.1f} %, "
@@ -141,7 +142,7 @@ def main():
             t0 = time.monotonic()
             rows, probes = knee.sweep(prober, srv, entry["path"], kk, slo, out)
             probed = time.monotonic()
-        res = stats.knee_result(probes, rates if over["mode"] == "sweep" else None)
+        res = probing.knee_result(probes, rates if over["mode"] == "sweep" else None)
         print(f"{label}: knee {res['knee_rps']} req/s (first break {res['first_fail_rps']}), {res['probes']} probes, "
               f"{probed - t0:.0f} s of probing")
         split(label.split(".")[0], time.monotonic() - began, {"start_s": srv.ready_s, "measure_s": probed - warming})
@@ -159,10 +160,10 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
     """Part 6 (see the module's docstring). Server 1: the coarse rates up to the first that fails on evidence,
     `at` `repeats` times on one seed, then the grid rates between the highest coarse pass and that fail, twice
     each with fresh seeds. Each later server: those fine rates once, and `at` twice. Writes study.json as it goes."""
-    steps = stats.grid_steps(k["rel_tol"])
+    steps = probing.grid_steps(k["rel_tol"])
     if not coarse:
-        i0 = stats.grid_index(k["start_rate"], steps)
-        coarse = [stats.grid_rate(i0 + 2 * j, steps) for j in range(-1, 5)]
+        i0 = probing.grid_index(k["start_rate"], steps)
+        coarse = [probing.grid_rate(i0 + 2 * j, steps) for j in range(-1, 5)]
     out: dict = {"slo": slo, "knee": {x: k[x] for x in ("probe_seconds", "settle_latencies", "tail_latencies",
                                                          "ramp_fraction", "backlog_ratio")},
                  "servers": []}
@@ -179,7 +180,7 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
                f"study probe at {rate:g} req/s")
         result, reqs = knee.slim(folder / name)
         row = knee.row_from(result, reqs, rate, n, kk, slo)
-        ev = stats.slo_evidence(row["counted"], row["over_slo"], slo["percentile"])
+        ev = probing.slo_evidence(row["counted"], row["over_slo"], slo["percentile"])
         row.update(seed=seed, label=label, evidence=ev["verdict"], wall_s=round(time.monotonic() - t0, 1),
                    requests=reqs, server_seq=len(out["servers"]))
         rows.append(row)
@@ -205,26 +206,26 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
             if s_i == 0:
                 passed = None
                 for r in coarse:
-                    row = one(srv, prober, folder, r, stats.SEED_BASE + 100 * stats.grid_index(r, steps), "coarse")
+                    row = one(srv, prober, folder, r, probing.SEED_BASE + 100 * probing.grid_index(r, steps), "coarse")
                     if row["evidence"] == "fail" or row["backlog"]:
                         top = r
                         break
                     passed = r
                 else:
                     top = coarse[-1]
-                lo_i = stats.grid_index(passed or coarse[0], steps)
-                fine = [stats.grid_rate(i, steps) for i in range(lo_i, stats.grid_index(top, steps) + 1)
-                        if i in {stats.grid_index(c, steps) for c in coarse}]
+                lo_i = probing.grid_index(passed or coarse[0], steps)
+                fine = [probing.grid_rate(i, steps) for i in range(lo_i, probing.grid_index(top, steps) + 1)
+                        if i in {probing.grid_index(c, steps) for c in coarse}]
                 for j in range(repeats):
                     one(srv, prober, folder, at, 90_000, f"at {at:g} #{j + 1}")
                 for r in fine:
-                    one(srv, prober, folder, r, stats.SEED_BASE + 100 * stats.grid_index(r, steps) + 1, "fine")
+                    one(srv, prober, folder, r, probing.SEED_BASE + 100 * probing.grid_index(r, steps) + 1, "fine")
                 for r in extra:
                     for j in (1, 2):
                         one(srv, prober, folder, r, 91_000 + j, "extra")
             else:
                 for r in fine:
-                    one(srv, prober, folder, r, stats.SEED_BASE + 100 * stats.grid_index(r, steps) + 1, "fine")
+                    one(srv, prober, folder, r, probing.SEED_BASE + 100 * probing.grid_index(r, steps) + 1, "fine")
                 for j in range(2):
                     one(srv, prober, folder, at, 90_000, f"at {at:g} #{j + 1}")
         out["servers"][-1]["wall_s"] = round(time.monotonic() - began, 1)
@@ -232,9 +233,9 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
     probes = []
     for row in (r for srv in out["servers"] for r in srv["rows"]):
         reqs = sorted(row["requests"], key=lambda r: r["start"])
-        w = stats.counted_window(reqs, k["ramp_fraction"], k["settle_latencies"], k["tail_latencies"])
+        w = probing.counted_window(reqs, k["ramp_fraction"], k["settle_latencies"], k["tail_latencies"])
         probes.append({**row, "window": reqs[w["lo"]:w["hi"]]})
-    d = stats.dispersion_of(probes, slo)
+    d = probing.dispersion_of(probes, slo)
     out["dispersion"] = d
     common.write_json(logs / "study.json", out)
     print(f"6. dispersion of the count over the SLO: between probes of one rate {d['between']} (df {d['between_df']}), "

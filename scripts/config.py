@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import annotated_types as at
-import stats
+import probing
 import yaml
 from pydantic import (
     AfterValidator,
@@ -274,7 +274,7 @@ class NoiseFloor(Section):
 class Dispersion(Section):
     """How much more a knee probe's count of requests over the SLO varies than a binomial count (they come in bursts):
     `make benchmark` part 6 measures it from repeated probes and prints this block; every probe's evidence counts
-    counted/phi requests (stats.slo_evidence)."""
+    counted/phi requests (probing.slo_evidence)."""
     phi: Annotated[StrictFloat | StrictInt, at.Ge(1), at.Lt(100)] = F("a number in [1, 100)", 1.0)
     probes: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0: the probes it was measured on (0: none)", 0)
     measured_on: StrictStr | None = F("the machine it was measured on (GPU name and driver, or CPU), or null", None)
@@ -346,7 +346,7 @@ class Knee(Section):
 
 class Slo(Section):
     """The serving budget: TTFT and TPOT at `percentile` (p99 by default; a p95/p90 SLO needs fewer requests
-    per knee probe: stats.tail_requests)."""
+    per knee probe: probing.tail_requests)."""
     percentile: Literal[90, 95, 99] = F("90, 95 or 99", 99)
     ttft_ms: PosNum = F("a number of milliseconds > 0")
     tpot_ms: PosNum = F("a number of milliseconds > 0")
@@ -368,7 +368,7 @@ class Confirm(Section):
 
 
 class Anchor(Section):
-    """The knee of a rung's base, which the rung's knee search probes first (stats.next_rate)."""
+    """The knee of a rung's base, which the rung's knee search probes first (probing.next_rate)."""
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     pass_: PosNum | None = Field(None, alias="pass", description="a request rate > 0 or null: its last pass")
     fail: PosNum | None = F("a request rate > 0 or null: its first fail on evidence", None)
@@ -585,8 +585,8 @@ def _across_sections(params: dict) -> list[str]:
                 errs.append(f"workload: {total} tokens per request (prefix + input + output) exceed "
                             f"{which}.max_model_len {limit}")
     k, slo = params["knee"], params["slo"]
-    phi = stats.Dispersion.of(k["dispersion"]).phi
-    tail = stats.pass_minimum(slo["percentile"], phi, k["max_repeats"])
+    phi = probing.Dispersion.of(k["dispersion"]).phi
+    tail = probing.pass_minimum(slo["percentile"], phi, k["max_repeats"])
     need = math.ceil(tail / (1 - k["ramp_fraction"]))
     if k["max_prompts"] < need:  # a probe capped below what a pass needs could never pass
         errs.append(f"knee.max_prompts: {k['max_prompts']:g} is below the {need} requests a probe needs to pass at "

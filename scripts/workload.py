@@ -19,7 +19,7 @@ from pathlib import Path
 import common
 
 KINDS = ("random", "shared-prefix", "file")
-SEED = 0  # the bench's prompts are drawn with this seed, whatever engine.seed (the knee's: stats.probe_seed)
+SEED = 0  # the bench's prompts are drawn with this seed, whatever engine.seed (the knee's: probing.probe_seed)
 ROLES = ("system", "user", "assistant")
 
 

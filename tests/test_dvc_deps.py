@@ -57,3 +57,42 @@ def test_the_measuring_stages_list_every_setting_of_their_sections_but_the_judge
             for part in dotted.split("."):
                 assert isinstance(node, dict) and part in node, f"stage {name}: {dotted} is not in params.yaml"
                 node = node[part]
+
+
+def direct_imports(module: str) -> set[str]:
+    """The scripts/ modules `module` imports itself (function-level imports included)."""
+    tree = ast.parse((SCRIPTS / f"{module}.py").read_text())
+    out = set()
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+        out |= {n.split(".")[0] for n in names if (SCRIPTS / f"{n.split('.')[0]}.py").exists()}
+    return out - {module}
+
+
+def test_no_two_modules_import_each_other_at_any_depth():
+    # a cycle makes every stage on it depend on all of it, and hides which part of the code a stage stands on
+    graph = {p.stem: direct_imports(p.stem) for p in SCRIPTS.glob("*.py")}
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in done:
+                visit(nxt, path + [nxt])
+        done.add(node)
+    done: set[str] = set()
+    for m in sorted(graph):
+        if m not in done:
+            visit(m, [m])
+    assert not cycles, cycles
+
+
+def test_no_measuring_stage_stands_on_the_judgement_or_the_report():
+    # editing how a number is judged or shown re-judges and re-renders; it never measures a rung again
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    judging = {"scripts/stats.py", "scripts/decide.py", "scripts/record.py", "scripts/report.py", "scripts/gate.py",
+               "scripts/capacity.py"}
+    for name in ("fingerprint", "download", "eval_baseline", "eval", "bench", "knee"):
+        assert not judging & set(stages[name]["deps"]), name

@@ -3,8 +3,8 @@ eval_baseline + eval → gate → bench → knee, on the embedded SmolLM2-135M. 
 import csv
 import json
 
+import probing
 import pytest
-import stats
 from conftest import wait_no_vllm
 
 pytestmark = pytest.mark.engine
@@ -46,15 +46,15 @@ def test_repro_runs_every_stage_and_writes_the_results(project):
     assert all(float(r["e2e_over_window"]) > 0 for r in rows) and isinstance(knee["short_probes"], bool)
     # each probe counts a steady state (its first arrivals left out while the server fills), and a rate that passed
     # rests on the requests one look's pass needs at the measured dispersion
-    need = stats.pass_minimum(params["slo"]["percentile"], params["knee"]["dispersion"]["phi"],
+    need = probing.pass_minimum(params["slo"]["percentile"], params["knee"]["dispersion"]["phi"],
                               params["knee"]["max_repeats"])
     assert all(int(r["ramp_skipped"]) > 0 and int(r["counted"]) > 0 for r in rows)
     assert all(int(r["pooled_counted"]) >= need for r in rows if r["passed"] == "True")
     assert knee["start_rate"] > 0 and "the bench's" in knee["method"]  # the search started from the bench
     assert knee["slo"] == params["slo"] and "noise_floor" not in knee  # a judgement threshold: not the stage's
     # the search's rates lie on the grid every rung shares, and each (rate, repeat) drew its own arrival sequence
-    steps = stats.grid_steps(params["knee"]["rel_tol"])
-    assert all(stats.grid_rate(stats.grid_index(float(r["offered_rps"]), steps), steps) == float(r["offered_rps"])
+    steps = probing.grid_steps(params["knee"]["rel_tol"])
+    assert all(probing.grid_rate(probing.grid_index(float(r["offered_rps"]), steps), steps) == float(r["offered_rps"])
                for r in rows)
     assert len({r["seed"] for r in rows}) == len(rows)
     lo, hi = knee["range_rps"]

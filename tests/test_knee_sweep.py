@@ -52,7 +52,7 @@ def test_search_brackets_the_synthetic_knee_and_every_call_has_its_own_seed(tmp_
     prober, srv = FakeProber(), FakeServer()
     knee.warm_up(prober, srv, "model", K, SLO, tmp_path)
     rows, probes = knee.sweep(prober, srv, "model", K, SLO, tmp_path)
-    res = knee.stats.knee_result(probes, rel_tol=K["rel_tol"])
+    res = knee.probing.knee_result(probes, rel_tol=K["rel_tol"])
     lo, hi = res["last_pass_rps"], res["first_fail_rps"]
     assert lo <= CAPACITY < hi and res["resolved"]
     assert len(rows) == len(probes) <= K["max_probes"]

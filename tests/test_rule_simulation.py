@@ -18,6 +18,7 @@ cpu profile (the engines its floor rests on, params.yaml) is falsely kept in <= 
 """
 import ladder
 import numpy as np
+import probing
 import pytest
 import stats
 
@@ -121,7 +122,7 @@ def test_a_cpu_placebo_is_falsely_kept_in_at_most_1_percent():
 #   at 9.5. A knee is a wall, not a slope;
 # - requests over the SLO come in bursts: a probe's count is a compound Poisson of clusters of mean size
 #   (PHI + 1) / 2 (geometric), so it varies PHI times as much as a binomial count. PHI is the profile's
-#   knee.dispersion, which `make benchmark` part 6 printed from this study (stats.dispersion_of: between the 8 probes
+#   knee.dispersion, which `make benchmark` part 6 printed from this study (probing.dispersion_of: between the 8 probes
 #   at 11.31 req/s 4.7, within the probes over 4-s blocks 7.3; 6.9 pooled); the rule's test uses the same;
 # - each fresh server's knee is K x (1 + N(0, 3 %)): not measured beyond one pair of servers here (17 and 20 over the
 #   SLO of 228 on one trace at 11.31 req/s), and three servers of one earlier session that found one bracket; a test
@@ -150,14 +151,14 @@ def knee_search(rng, knee: float, anchor: dict | None = None, server_cv: float =
     server = knee * (1 + rng.normal(0, server_cv))
 
     def probe(rate, rows):
-        counted = stats.probe_prompts(rate, k["probe_seconds"], KNEE_SLO["percentile"], 0.0, k["min_prompts"],
+        counted = probing.probe_prompts(rate, k["probe_seconds"], KNEE_SLO["percentile"], 0.0, k["min_prompts"],
                                       k["max_prompts"], phi=PHI, looks=k["max_repeats"])
         share = min(q * (rate / server) ** GAMMA, 1.0)
         return {"offered_rps": rate, "counted": counted, "over_slo": over_count(rng, counted, share, true_phi),
                 "failed": 0, "backlog": False}
-    rows, probes = stats.search(probe, k, KNEE_SLO)
-    return {**stats.knee_result(probes, None, k["rel_tol"], rows), "conclusive_fail_rps": stats.conclusive_fail(rows),
-            "noise_floor": floor, "probes": len(rows)}
+    rows, probes = probing.search(probe, k, KNEE_SLO)
+    return {**probing.knee_result(probes, None, k["rel_tol"], rows),
+            "conclusive_fail_rps": probing.conclusive_fail(rows), "noise_floor": floor, "probes": len(rows)}
 
 
 KNEE = 11.31  # on a grid rate: the worst place for a knee (the rate at it is inconclusive half the time)
@@ -224,10 +225,10 @@ def test_the_knee_model_rests_on_the_h200_study():
     probes = []
     for r in rows:
         reqs = sorted((dict(zip(study["request_fields"], x)) for x in r["requests"]), key=lambda x: x["start"])
-        w = stats.counted_window(reqs, k["ramp_fraction"], k["settle_latencies"], k["tail_latencies"])
+        w = probing.counted_window(reqs, k["ramp_fraction"], k["settle_latencies"], k["tail_latencies"])
         probes.append({**r, "window": reqs[w["lo"]:w["hi"]]})
         assert w["hi"] - w["lo"] == r["counted"]  # today's window is the study's
-    d = stats.dispersion_of(probes, study["slo"])
+    d = probing.dispersion_of(probes, study["slo"])
     assert (d["between"], d["within"], d["phi"], d["probes"]) == (4.66, 7.34, PHI, 8), d
     low = [r for r in rows if r["offered_rps"] in (8.0, 9.514)]
     assert sum(r["over_slo"] for r in low) == 0 and sum(r["counted"] for r in low) == 341

@@ -4,17 +4,18 @@ import math
 import os
 import re
 
+import probing
 import pytest
 import stats
 from conftest import FIXTURES
 
 
 def test_summary_interval_matches_students_t():
-    s = stats.summarize([90.0, 100.0, 110.0])
+    s = probing.summarize([90.0, 100.0, 110.0])
     assert s["median"] == 100 and s["mean"] == 100 and s["sd"] == pytest.approx(10)
     half = 4.303 * 10 / math.sqrt(3)
     assert s["ci95"] == pytest.approx([100 - half, 100 + half], rel=1e-4)
-    assert stats.summarize([5.0])["ci95"] is None  # one run: no interval
+    assert probing.summarize([5.0])["ci95"] is None  # one run: no interval
 
 
 FLOOR = stats.Floor(0.015, engines=9, source="fixture")  # 1.5 % from 9 engines: df 8
@@ -101,12 +102,12 @@ def test_paired_verdict():
 
 def search(true_knee, start=4.0, max_rate=256.0, tol=0.2, max_probes=10, flaky=None):
     probes = []
-    while (r := stats.next_rate(probes, start, max_rate, tol, max_probes)) is not None:
+    while (r := probing.next_rate(probes, start, max_rate, tol, max_probes)) is not None:
         ok = r <= true_knee  # synthetic latency curve: meets the SLO up to the knee ...
         if flaky is not None and r == flaky and any(x == r for x, _ in probes):
             ok = not ok      # ... except a repeat at `flaky`, which disagrees with the first probe there
         probes.append((r, ok))
-    return probes, stats.knee_result(probes, rel_tol=tol)
+    return probes, probing.knee_result(probes, rel_tol=tol)
 
 
 @pytest.mark.parametrize("true_knee", [4.5, 5.0, 9.3, 13.7, 27.0, 37.0, 50.0, 63.0])
@@ -124,7 +125,7 @@ def test_the_search_brackets_the_knee_to_20_percent_visiting_each_rate_once(true
 
 def anchored(true_knee, anchor, max_probes=10):
     probes = []
-    while (r := stats.next_rate(probes, 4.0, 256.0, 0.2, max_probes, anchor=anchor)) is not None:
+    while (r := probing.next_rate(probes, 4.0, 256.0, 0.2, max_probes, anchor=anchor)) is not None:
         probes.append((r, r <= true_knee))
     return probes
 
@@ -148,7 +149,7 @@ def test_a_rung_probes_its_bases_failing_rate_first_then_its_passing_one_and_sto
     # better: it passes where the base failed, then searches on up for its own bracket (it may be the next base)
     up = anchored(20.0, base)
     assert up[0] == (13.45, True) and len(up) > 2
-    res = stats.knee_result(up, rel_tol=0.2)
+    res = probing.knee_result(up, rel_tol=0.2)
     assert res["last_pass_rps"] <= 20.0 < res["first_fail_rps"] and res["resolved"]
     # a base that passed everywhere it probed: its top pass first, then up where the rung passes too
     assert anchored(12.0, {"pass": 64.0, "fail": None}) == [(64.0, False)]
@@ -161,7 +162,7 @@ def test_a_rung_stops_once_its_knee_verdict_is_settled_even_where_a_rate_is_left
     base = {"pass": 11.31, "fail": 13.45}
 
     def nxt(probes, unsure, anchor=base):
-        return stats.next_rate(probes, 4.0, 256.0, 0.2, 10, anchor=anchor, unsure=unsure)
+        return probing.next_rate(probes, 4.0, 256.0, 0.2, 10, anchor=anchor, unsure=unsure)
     # neither passed nor failed on evidence at the base's pass: not worse on evidence, and not better: stop
     assert nxt([(13.45, False), (11.31, False)], {11.31}) is None
     # inconclusive at the base's fail, passes at its pass: within noise, stop
@@ -179,34 +180,34 @@ def test_a_rung_stops_once_its_knee_verdict_is_settled_even_where_a_rate_is_left
     # such a search's knee is open (no pass; its lowest rate inconclusive), not "the SLO never met"
     rows = [{"offered_rps": 13.45, "passed": False, "evidence": "fail"},
             {"offered_rps": 11.31, "passed": False, "evidence": "inconclusive"}]
-    res = stats.knee_result([(13.45, False), (11.31, False)], rel_tol=0.2, rows=rows)
-    assert res["status"] == "open" and res["knee_rps"] is None and stats.conclusive_fail(rows) == 13.45
+    res = probing.knee_result([(13.45, False), (11.31, False)], rel_tol=0.2, rows=rows)
+    assert res["status"] == "open" and res["knee_rps"] is None and probing.conclusive_fail(rows) == 13.45
     rows[1]["evidence"] = "fail"
-    assert stats.knee_result([(13.45, False), (11.31, False)], rel_tol=0.2, rows=rows)["status"] == "below"
+    assert probing.knee_result([(13.45, False), (11.31, False)], rel_tol=0.2, rows=rows)["status"] == "below"
 
 
 def test_every_rung_probes_the_same_rates_with_the_same_arrival_sequences():
-    assert [stats.grid_steps(t) for t in (0.2, 0.1, 0.5)] == [4, 7, 2]
-    assert stats.grid_rate(4, 4) == 2.0 and stats.grid_rate(3, 4) == 1.682 and stats.grid_rate(-4, 4) == 0.5
-    assert all(stats.grid_index(stats.grid_rate(i, 7), 7) == i for i in range(-60, 80))
+    assert [probing.grid_steps(t) for t in (0.2, 0.1, 0.5)] == [4, 7, 2]
+    assert probing.grid_rate(4, 4) == 2.0 and probing.grid_rate(3, 4) == 1.682 and probing.grid_rate(-4, 4) == 0.5
+    assert all(probing.grid_index(probing.grid_rate(i, 7), 7) == i for i in range(-60, 80))
     # the CI's placebo and its base started from 1.88 and 1.96 req/s (half their benches' req/s): one grid rate
-    assert stats.next_rate([], 1.88, 64, 0.2, 10) == stats.next_rate([], 1.96, 64, 0.2, 10) == 2.0
-    assert stats.next_rate([], 49, 50, 0.2, 10) == 45.25  # never above an off-grid max_rate ...
-    assert stats.next_rate([], 0.28, 64, 0.2, 10, min_rate=0.3) == 0.3536  # ... nor below min_rate
+    assert probing.next_rate([], 1.88, 64, 0.2, 10) == probing.next_rate([], 1.96, 64, 0.2, 10) == 2.0
+    assert probing.next_rate([], 49, 50, 0.2, 10) == 45.25  # never above an off-grid max_rate ...
+    assert probing.next_rate([], 0.28, 64, 0.2, 10, min_rate=0.3) == 0.3536  # ... nor below min_rate
     runs = []
     for start, knee in ((1.3, 2.2), (3.1, 2.9), (0.7, 1.5)):
         probes = []
-        while (r := stats.next_rate(probes, start, 64, 0.2, 10)) is not None:
+        while (r := probing.next_rate(probes, start, 64, 0.2, 10)) is not None:
             probes.append((r, r <= knee))
         runs.append(probes)
-    steps = stats.grid_steps(0.2)
+    steps = probing.grid_steps(0.2)
     rates = {r for probes in runs for r, _ in probes}
-    assert all(stats.grid_rate(stats.grid_index(r, steps), steps) == r for r in rates)  # every rate on the grid
+    assert all(probing.grid_rate(probing.grid_index(r, steps), steps) == r for r in rates)  # every rate on the grid
     seeds = {}
     for probes in runs:
         for i, (r, _) in enumerate(probes):
             seeds.setdefault((r, sum(1 for x, _ in probes[:i] if x == r)), set()).add(
-                stats.probe_seed(r, probes[:i], steps))
+                probing.probe_seed(r, probes[:i], steps))
     assert all(len(s) == 1 for s in seeds.values())  # one (rate, repeat): one seed, whichever search probed it
     assert len({s.pop() for s in seeds.values()}) == len(seeds)  # and a repeat is a fresh draw
 
@@ -221,26 +222,26 @@ def test_knee_below_and_above_the_range_are_reported_as_such():
 def test_sweep_mode_and_non_monotonic_flag():
     rates = [1, 2, 4, 8]
     probes = []
-    while (r := stats.sweep_next(probes, rates)) is not None:
+    while (r := probing.sweep_next(probes, rates)) is not None:
         probes.append((r, r in (1, 2, 8)))  # 4 fails, 8 passes again: noise
-    res = stats.knee_result(probes, rates)
+    res = probing.knee_result(probes, rates)
     assert res["knee_rps"] == 2 and res["first_fail_rps"] == 4 and res["non_monotonic"] is True
     assert res["range_rps"] == [1, 8]
 
 
 def test_a_percentile_rests_on_enough_requests():
-    assert [stats.tail_requests(p) for p in (99, 95, 90)] == [300, 60, 30]
+    assert [probing.tail_requests(p) for p in (99, 95, 90)] == [300, 60, 30]
     # 10 s at 5 req/s is 50 requests, but a p99 pass needs 299 counted (329 with the sizing margin) after the 10 %
     # ramp-up: 0.99^299 = 0.0495
-    assert stats.pass_minimum(99) == 299 and stats.pass_minimum(95) == 59 and stats.pass_minimum(90) == 29
-    assert stats.probe_prompts(5, 10, 99, 0.1, 16, 1000) == 366
-    assert stats.probe_prompts(50, 10, 90, 0.1, 16, 1000) == 556  # 10 s counted after the ramp-up
-    assert stats.probe_prompts(5, 10, 99, 0.1, 16, 200) == 200  # capped (config refuses such a cap up front)
+    assert probing.pass_minimum(99) == 299 and probing.pass_minimum(95) == 59 and probing.pass_minimum(90) == 29
+    assert probing.probe_prompts(5, 10, 99, 0.1, 16, 1000) == 366
+    assert probing.probe_prompts(50, 10, 90, 0.1, 16, 1000) == 556  # 10 s counted after the ramp-up
+    assert probing.probe_prompts(5, 10, 99, 0.1, 16, 200) == 200  # capped (config refuses such a cap up front)
     # settle 3 and tail 1 end-to-end latencies of 2 s at 10 req/s: 80 more arrivals around the 329 counted
-    assert stats.probe_prompts(10, 10, 99, 0.0, 16, 1000, e2e_s=2.0, settle=3, tail=1) == 409
+    assert probing.probe_prompts(10, 10, 99, 0.0, 16, 1000, e2e_s=2.0, settle=3, tail=1) == 409
     # three pooled looks share the 5 % (each at 1.67 %: 408 counted, 449 with the margin), and bursts count phi-fold
-    assert stats.pass_minimum(99, looks=3) == 408 and stats.pass_minimum(95, phi=6.9, looks=3) == 551
-    assert stats.probe_prompts(10, 10, 99, 0.0, 16, 1000, e2e_s=2.0, settle=3, tail=1, looks=3) == 529
+    assert probing.pass_minimum(99, looks=3) == 408 and probing.pass_minimum(95, phi=6.9, looks=3) == 551
+    assert probing.probe_prompts(10, 10, 99, 0.0, 16, 1000, e2e_s=2.0, settle=3, tail=1, looks=3) == 529
 
 
 def _reqs(n, rate, ttft, service, ramp_ttft=None):
@@ -256,7 +257,7 @@ def _reqs(n, rate, ttft, service, ramp_ttft=None):
 def test_tail_stats_leave_out_the_ramp_up_and_read_the_percentile_of_the_rest():
     reqs = _reqs(334, 10, ttft=0.4, service=1.0, ramp_ttft=0.05)
     reqs[-1]["ttft"] = 5.0  # one slow request among 301 counted: the p99 is not the maximum
-    t = stats.tail_stats(reqs, 99, 0.1, 0.8)
+    t = probing.tail_stats(reqs, 99, 0.1, 0.8)
     assert t["ramp_skipped"] == 33 and t["counted"] == 301 and t["needed"] == 300
     assert t["ttft_ms"] == pytest.approx(400) and t["tpot_ms"] == pytest.approx(20)
     assert not t["backlog"]
@@ -266,7 +267,7 @@ def test_a_growing_admission_queue_is_backlog_even_when_p50_latency_hides_it():
     # arrivals at 10 req/s, admitted (first token) at 5 req/s: the queue grows through the whole window
     reqs = [{"start": i / 10, "ttft": i / 5 + 0.1 - i / 10, "tpot": 0.02, "end": i / 5 + 1.1, "ok": True}
             for i in range(300)]
-    t = stats.tail_stats(reqs, 99, 0.1, 0.8)
+    t = probing.tail_stats(reqs, 99, 0.1, 0.8)
     assert t["backlog"] and t["window_first_tokens"] < 0.8 * t["window_arrivals"]
 
 
@@ -275,7 +276,7 @@ def test_completions_trailing_arrivals_while_the_batch_fills_are_not_backlog():
     # 24 short of 70 arrivals (end-to-end latency rose while the batch filled), which the old completions count
     # called backlog; first tokens kept up (69 of 70)
     data = json.loads((FIXTURES / "h200-4090-fp8kv-21.25rps.json").read_text())
-    t = stats.tail_stats(data["requests"], 95, 0.1, 0.8)
+    t = probing.tail_stats(data["requests"], 95, 0.1, 0.8)
     assert t["ttft_ms"] < 500 and (t["window_arrivals"], t["window_first_tokens"]) == (70, 69)
     assert not t["backlog"]
 
@@ -293,8 +294,8 @@ def _stalled(reqs, share):
 def test_backlog_allows_a_fifth_of_the_arrivals_and_no_more():
     # 150 window arrivals at 10 req/s with a 0.1-s TTFT: the Poisson term (2.33 * sqrt(2 * 10 * 0.1) = 3.3)
     # is below the floor (0.2 * 150 = 30), which decides
-    ok = stats.tail_stats(_stalled(_reqs(300, 10, ttft=0.1, service=1.0), 0.15), 90, 0.1, 0.8)
-    late = stats.tail_stats(_stalled(_reqs(300, 10, ttft=0.1, service=1.0), 0.25), 90, 0.1, 0.8)
+    ok = probing.tail_stats(_stalled(_reqs(300, 10, ttft=0.1, service=1.0), 0.15), 90, 0.1, 0.8)
+    late = probing.tail_stats(_stalled(_reqs(300, 10, ttft=0.1, service=1.0), 0.25), 90, 0.1, 0.8)
     assert ok["window_allowance"] == late["window_allowance"] == 30.0
     assert not ok["backlog"] and late["backlog"]
 
@@ -302,7 +303,7 @@ def test_backlog_allows_a_fifth_of_the_arrivals_and_no_more():
 def test_on_a_slow_small_probe_the_poisson_noise_decides():
     # 21 window arrivals in 10 s with a 3-s TTFT: the floor allows 4.2, the two counts' Poisson noise
     # 2.33 * sqrt(2 * 2.1 * 3) = 8.3: a shortfall of 6 is noise, not backlog
-    t = stats.tail_stats(_stalled(_reqs(41, 2, ttft=3.0, service=1.0), 0.3), 90, 0.1, 0.8)
+    t = probing.tail_stats(_stalled(_reqs(41, 2, ttft=3.0, service=1.0), 0.3), 90, 0.1, 0.8)
     assert t["window_allowance"] == pytest.approx(8.3, abs=0.05)
     assert t["window_arrivals"] - t["window_first_tokens"] > 0.2 * t["window_arrivals"] and not t["backlog"]
 
@@ -310,25 +311,25 @@ def test_on_a_slow_small_probe_the_poisson_noise_decides():
 def test_a_knee_from_probes_short_against_their_latency_is_flagged():
     # the fixture probe: p50 end-to-end ~2 s against a 3-s half-window
     data = json.loads((FIXTURES / "h200-4090-fp8kv-21.25rps.json").read_text())
-    t = stats.tail_stats(data["requests"], 95, 0.1, 0.8)
-    assert t["e2e_over_window"] > stats.SHORT_PROBE_SHARE
+    t = probing.tail_stats(data["requests"], 95, 0.1, 0.8)
+    assert t["e2e_over_window"] > probing.SHORT_PROBE_SHARE
     assert t["window_completions"] == 46  # completions trail: reported, not judged
     short = {"offered_rps": 20.0, "passed": True, "e2e_over_window": 0.6}
     long = {**short, "e2e_over_window": 0.2}
     failed = {**short, "offered_rps": 24.0, "passed": False}
-    assert stats.short_probes([short, failed], 20.0)
-    assert not stats.short_probes([long, failed], 20.0)
-    assert not stats.short_probes([long, {**short, "passed": False}, failed], 20.0)  # only passing probes count
+    assert probing.short_probes([short, failed], 20.0)
+    assert not probing.short_probes([long, failed], 20.0)
+    assert not probing.short_probes([long, {**short, "passed": False}, failed], 20.0)  # only passing probes count
 
 
 def test_probe_passes_checks_slo_failures_backlog_and_enough_requests():
     slo = {"percentile": 99, "ttft_ms": 500, "tpot_ms": 50}
     row = {"slo_ttft_ms": 400, "slo_tpot_ms": 40, "failed": 0, "backlog": False, "counted": 301, "needed": 300}
-    assert stats.probe_passes(row, slo) == (True, "")
-    assert "p99 TTFT 501 ms > 500 ms" in stats.probe_passes({**row, "slo_ttft_ms": 501}, slo)[1]
-    assert "failed" in stats.probe_passes({**row, "failed": 2}, slo)[1]
-    assert "backlog" in stats.probe_passes({**row, "backlog": True}, slo)[1]
-    assert "120 requests counted, a p99 needs 300" in stats.probe_passes({**row, "counted": 120}, slo)[1]
+    assert probing.probe_passes(row, slo) == (True, "")
+    assert "p99 TTFT 501 ms > 500 ms" in probing.probe_passes({**row, "slo_ttft_ms": 501}, slo)[1]
+    assert "failed" in probing.probe_passes({**row, "failed": 2}, slo)[1]
+    assert "backlog" in probing.probe_passes({**row, "backlog": True}, slo)[1]
+    assert "120 requests counted, a p99 needs 300" in probing.probe_passes({**row, "counted": 120}, slo)[1]
 
 
 def test_a_knee_moves_only_where_one_side_passed_on_a_rate_the_other_failed():
@@ -424,29 +425,30 @@ def test_the_fingerprint_sees_only_the_gpus_cuda_visible_devices_allows():
 # ---------------------------------------------------------------- a probe's verdict on counted evidence
 def test_slo_evidence_is_the_exact_binomial_bound_on_the_share_over_the_slo():
     from scipy import stats as sps
-    assert stats.slo_evidence(59, 0, 95)["verdict"] == "pass"       # 0.95^59 = 0.048: fewest for a p95 pass
-    assert stats.slo_evidence(58, 0, 95)["verdict"] == "inconclusive"
-    assert stats.slo_evidence(29, 0, 90)["verdict"] == "pass" and stats.slo_evidence(299, 0, 99)["verdict"] == "pass"
-    e = stats.slo_evidence(100, 2, 95)  # 2 % over a 5 % allowance: not yet evidence either way
+    assert probing.slo_evidence(59, 0, 95)["verdict"] == "pass"       # 0.95^59 = 0.048: fewest for a p95 pass
+    assert probing.slo_evidence(58, 0, 95)["verdict"] == "inconclusive"
+    assert probing.slo_evidence(29, 0, 90)["verdict"] == "pass"
+    assert probing.slo_evidence(299, 0, 99)["verdict"] == "pass"
+    e = probing.slo_evidence(100, 2, 95)  # 2 % over a 5 % allowance: not yet evidence either way
     assert e["verdict"] == "inconclusive" and e["p_pass"] == pytest.approx(sps.binom.cdf(2, 100, 0.05), abs=1e-4)
-    assert stats.slo_evidence(300, 5, 95)["verdict"] == "pass"
-    assert stats.slo_evidence(100, 11, 95)["verdict"] == "fail"     # P[X >= 11 | 100, 5 %] = 0.011
-    assert stats.slo_evidence(0, 0, 95)["verdict"] == "inconclusive"
+    assert probing.slo_evidence(300, 5, 95)["verdict"] == "pass"
+    assert probing.slo_evidence(100, 11, 95)["verdict"] == "fail"     # P[X >= 11 | 100, 5 %] = 0.011
+    assert probing.slo_evidence(0, 0, 95)["verdict"] == "inconclusive"
 
 
 def test_a_probe_passes_on_evidence_and_says_the_count_when_it_does_not():
     slo, row = {"percentile": 95, "ttft_ms": 500, "tpot_ms": 50}, {"failed": 0, "backlog": False}
-    assert stats.probe_passes(row, slo, stats.slo_evidence(116, 0, 95)) == (True, "")
-    ok, why = stats.probe_passes(row, slo, stats.slo_evidence(76, 3, 95))
+    assert probing.probe_passes(row, slo, probing.slo_evidence(116, 0, 95)) == (True, "")
+    ok, why = probing.probe_passes(row, slo, probing.slo_evidence(76, 3, 95))
     assert not ok and why == "3 of 76 counted requests over the SLO (inconclusive at 95% that at most 5% break it)"
-    assert "failed" in stats.probe_passes({**row, "failed": 1}, slo, stats.slo_evidence(116, 0, 95))[1]
+    assert "failed" in probing.probe_passes({**row, "failed": 1}, slo, probing.slo_evidence(116, 0, 95))[1]
 
 
 def test_tail_stats_count_the_requests_over_the_slo_in_the_counted_window():
     data = json.loads((FIXTURES / "h200-4090-fp8kv-21.25rps.json").read_text())  # a saved H200 probe
-    t = stats.tail_stats(data["requests"], 95, 0.1, 0.8, {"ttft_ms": 500, "tpot_ms": 50})
+    t = probing.tail_stats(data["requests"], 95, 0.1, 0.8, {"ttft_ms": 500, "tpot_ms": 50})
     assert t["counted"] == 116 and t["over_slo"] == 0
-    tight = stats.tail_stats(data["requests"], 95, 0.1, 0.8, {"ttft_ms": 100, "tpot_ms": 50})
+    tight = probing.tail_stats(data["requests"], 95, 0.1, 0.8, {"ttft_ms": 100, "tpot_ms": 50})
     slow = [r for r in sorted(data["requests"], key=lambda r: r["start"])[12:] if r["ttft"] > 0.1]
     assert tight["over_slo"] == len(slow) > 0
 
@@ -459,11 +461,11 @@ def test_an_inconclusive_rate_is_probed_again_with_its_counts_pooled_up_to_the_c
     def probe(rate, rows):
         counted, over = draws[rate][sum(1 for r in rows if r["offered_rps"] == rate)]
         return {"offered_rps": rate, "counted": counted, "over_slo": over, "failed": 0, "backlog": False}
-    rows, probes = stats.search(probe, k, slo)
+    rows, probes = probing.search(probe, k, slo)
     assert [r["offered_rps"] for r in rows] == [1.0, 1.0, 2.0, 2.0, 2.0]
     assert probes == [(1.0, True), (1.0, True), (2.0, False), (2.0, False), (2.0, False)]
     assert rows[1]["pooled_counted"] == 80 and rows[-1]["evidence"] == "inconclusive"
-    assert stats.conclusive_fail(rows) is None  # 2 req/s failed for want of evidence, not on it
+    assert probing.conclusive_fail(rows) is None  # 2 req/s failed for want of evidence, not on it
 
 
 def test_a_knee_moves_only_past_a_boundary_known_on_evidence():
@@ -508,8 +510,8 @@ def test_the_knee_is_the_highest_rate_passed_on_evidence_below_the_first_failed_
                 19.03: "fail"}
     rows = [{"offered_rps": r, "evidence": e, "passed": e == "pass"} for r, e in verdicts.items()]
     probes = [(r["offered_rps"], r["passed"]) for r in rows]
-    assert stats.knee_result(probes)["knee_rps"] == 8.0  # without the evidence: the last pass below the first miss
-    res = stats.knee_result(probes, rel_tol=0.2, rows=rows)
-    assert (res["knee_rps"], res["first_fail_rps"]) == (11.31, 13.45) and stats.conclusive_fail(rows) == 19.03
+    assert probing.knee_result(probes)["knee_rps"] == 8.0  # without the evidence: the last pass below the first miss
+    res = probing.knee_result(probes, rel_tol=0.2, rows=rows)
+    assert (res["knee_rps"], res["first_fail_rps"]) == (11.31, 13.45) and probing.conclusive_fail(rows) == 19.03
     rows[-1]["evidence"] = "inconclusive"  # no fail on evidence anywhere: the highest pass
-    assert stats.knee_result(probes, rows=rows)["knee_rps"] == 11.31
+    assert probing.knee_result(probes, rows=rows)["knee_rps"] == 11.31
