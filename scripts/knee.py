@@ -294,13 +294,13 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
         ready_s = srv.ready_s
         print(f"knee: vllm serve ready on {srv.url} in {ready_s:.0f} s")
         prober = Prober(logs / "probes.log")
-        probing = time.monotonic()
+        probed = time.monotonic()
         k["e2e_warm_s"] = warm_up(prober, srv, entry["path"], k, slo, logs)
         before = vllm_compat.scrape(srv.metrics())
         rows, probes = sweep(prober, srv, entry["path"], k, slo, logs)
         after = vllm_compat.scrape(srv.metrics())  # before the batch-1 probe: hit rates are the sweep's
         one = batch1(prober, srv, entry["path"], k, slo, logs)
-        probing = time.monotonic() - probing  # the sweep and the batch-1 probe
+        probed = time.monotonic() - probed  # the sweep and the batch-1 probe
     measure_s = time.monotonic() - t0
     queries = after.get("vllm:prefix_cache_queries", 0) - before.get("vllm:prefix_cache_queries", 0)
     hits = after.get("vllm:prefix_cache_hits", 0) - before.get("vllm:prefix_cache_hits", 0)
@@ -334,7 +334,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
                   "arrivals": "poisson", "ignore_eos": True, "temperature": 0, "probe_seconds": k["probe_seconds"]},
         "server_ready_s": round(ready_s, 1),
         "wall_s": round(measure_s, 1),
-        "time": common.stage_time(ready_s, probing),  # start: the server's; measure: warm-up and probes
+        "time": common.stage_time(ready_s, probed),  # start: the server's; measure: warm-up and probes
         "kv_cache_tokens": facts.get("kv_cache_tokens"),
         "max_concurrency": facts.get("max_concurrency"),
         "applied": {**facts, "received": vllm_compat.non_default_args(srv.log),
