@@ -147,7 +147,8 @@ def check_engine_args(params: dict) -> None:
     """Every engine arg through vLLM's own parser. Importing vLLM costs seconds (~15 s on 2 cores, once per rung), so
     an arg this very vLLM already accepted, here or in `make ladder`'s pre-flight, is not checked again."""
     args = common.engine_args(params)
-    todo = [a for a in args if vllm_compat.arg_key(a[1], a[2]) not in vllm_compat.accepted_args()]
+    accepted = vllm_compat.accepted_args()
+    todo = [a for a in args if vllm_compat.arg_key(a[1], a[2]) not in accepted]
     if not todo:
         return
     errors = vllm_compat.engine_arg_errors(todo)

