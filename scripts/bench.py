@@ -46,7 +46,7 @@ def worker(job_path: str) -> None:
     """In the child: vLLM's own throughput benchmark, one engine, warm-up then `repeats` timed runs."""
     job = common.read_json(job_path)
     vllm_compat.run_throughput(job["argv"], job["repeats"], job["warmup_repeats"], job.get("prompts"),
-                               job.get("output_len"), job["dataset_seed"])
+                               job.get("output_len"), job["dataset_seed"], job.get("warmup_prompts"))
 
 
 def throughput_argv(model_path: str, b: dict, w: dict, engine_knobs: dict) -> list[str]:
@@ -65,13 +65,13 @@ def job_of(sent: dict) -> dict:
 
 
 def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float, warmup_repeats: int,
-                  job: dict) -> tuple[list[dict], dict]:
+                  job: dict, warmup_prompts: int | None = None) -> tuple[list[dict], dict]:
     """`repeats` timed runs inside one engine (bench.mode engine), after `warmup_repeats` untimed ones: their
     results and the engine's facts (with the warm-up passes' tok/s and the `timing` split of the worker's wall).
     `job`: job_of(the workload sent)."""
     spawned = time.time()
     proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats, "warmup_repeats": warmup_repeats,
-                                        **job}, logs, env_knobs, timeout,
+                                        "warmup_prompts": warmup_prompts, **job}, logs, env_knobs, timeout,
                              "vllm bench throughput (in-engine repeats)")
     text = proc.log.read_text(encoding="utf-8", errors="replace")
     return (vllm_compat.parse_output(text)[:repeats],
@@ -94,8 +94,9 @@ def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float
 
 def method(b: dict, mode: str) -> str:
     """How the figures were measured, in the words the report prints."""
-    timed = (f"{b['warmups']} warm-up requests and {b['warmup_repeats']} untimed pass(es), then {b['repeats']} timed "
-             f"repeats inside one engine (vLLM's own bench code)" if mode == "engine" else
+    untimed = f" of {b['warmup_prompts']} prompts" if b.get("warmup_prompts") else ""
+    timed = (f"{b['warmups']} warm-up requests and {b['warmup_repeats']} untimed pass(es){untimed}, then "
+             f"{b['repeats']} timed repeats inside one engine (vLLM's own bench code)" if mode == "engine" else
              f"{b['repeats']} runs, each its own engine start ({b['warmups']} warm-up requests each)")
     timed += f", prompts drawn with seed {workload.SEED} whatever engine.seed"
     return (f"`vllm bench throughput`, {b['num_prompts']} prompts, {timed}, the prefix cache reset before each; "
@@ -154,7 +155,7 @@ def main(out: Path, logs: Path, gate_json: Path):
     warm = warm_up(argv, logs, cfg["env"], b["timeout_s"], job_of(sent)) if b["warm_up_engine"] else None
     if mode == "engine":
         runs, facts = run_in_engine(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], b["warmup_repeats"],
-                                    job_of(sent))
+                                    job_of(sent), b["warmup_prompts"])
     else:
         runs, facts = run_cli(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], job_of(sent))
     for i, run in enumerate(runs, 1):
@@ -174,7 +175,8 @@ def main(out: Path, logs: Path, gate_json: Path):
         "workload": workload.describe(w),
         "shape": {"num_prompts": b["num_prompts"], "input_len": input_len, "output_len": w["output_len"],
                   "dataset": w["kind"], "ignore_eos": True, "warmups": b["warmups"],
-                  "warmup_repeats": b["warmup_repeats"] if mode == "engine" else 0},
+                  "warmup_repeats": b["warmup_repeats"] if mode == "engine" else 0,
+                  "warmup_prompts": b["warmup_prompts"] if mode == "engine" else None},
         "warmup_output_tps": facts.get("warmup_output_tps"),  # the untimed passes: how slow a cold pass was
         "warm_up_engine": warm,  # the untimed engine before this one (the first bench of a ladder run), or None
         "applied_shape": runs[0]["applied"],

@@ -10,6 +10,8 @@ On the rung in params.yaml (the cpu profile by default) it measures:
      change (base, change 1, base, change 2, base, ...), each change judged as a rung is (stats.delta against
      both flanks, the floor pooled with the base's own engines); placebos show its false calls, a real change its
      power.
+  7. the probe as the knee stage sizes and judges it, `--study-repeats` times back to back at each `--study-at` rate
+     on one warm server and one trace: how often one rate's verdict (pass / fail / inconclusive) changes;
   6. the knee probe's noise (--study): on `--knee-servers` fresh servers, probes at a coarse ladder of grid rates
      (up to the first that fails on evidence), one rate `--study-at` probed `--study-repeats` times back to back
      on one trace, then the grid rates around the knee twice each with fresh draws. Every probe's requests are
@@ -63,13 +65,14 @@ def split(name: str, wall: float, timing: dict) -> None:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--engines", type=int, default=1, help="part 1: fresh engines one after another")
     ap.add_argument("--sweep-rates", default="1,2,3,4,5,6,7,8,9,10")
     ap.add_argument("--knee-servers", type=int, default=3)
     ap.add_argument("--parts", default="1,2,3,4", help="which of the measurements above to run")
     ap.add_argument("--profile", help="a ladder.yaml profile: measure its rung 0")
     ap.add_argument("--set", default="", help="';'-separated key=value settings on top (bench.num_prompts=512)")
     ap.add_argument("--compare", default="", help="part 5: ';'-separated changes, each key=value[,key=value]")
-    ap.add_argument("--study-at", type=float, default=14.0, help="part 6: the rate probed again and again")
+    ap.add_argument("--study-at", default="14", help="part 6: the rate probed again and again (part 7: rates, ',')")
     ap.add_argument("--study-repeats", type=int, default=5, help="part 6: how often, on one trace")
     ap.add_argument("--study-extra", default="", help="part 6: rates probed twice more on the first server, last")
     ap.add_argument("--study-rates", default="", help="part 6: the coarse rates (default: every 2nd grid rate "
@@ -92,8 +95,12 @@ def main():
 
     if 1 in parts:
         t0 = time.monotonic()
-        runs, facts = bench.run_in_engine(argv, args.repeats, logs / "in-engine", cfg["env"], 1800, 1,
-                                          bench.job_of(sent))
+        for e in range(args.engines):
+            runs, facts = bench.run_in_engine(argv, args.repeats, logs / "in-engine" / f"engine{e}", cfg["env"], 1800,
+                                              b["warmup_repeats"], bench.job_of(sent), b["warmup_prompts"])
+            print(f"1. engine {e}: untimed pass(es) {facts['warmup_output_tps']} ({b['warmup_prompts'] or 'all'} "
+                  f"prompts), then timed {[round(r['output_tps'], 1) for r in runs]} tok/s; start "
+                  f"{facts['timing']['start_s']:.0f} s, engine init {facts.get('engine_init_s')} s", flush=True)
         spread(f"1. {args.repeats} repeats in one engine ({time.monotonic() - t0:.0f} s)",
                [r["output_tps"] for r in runs])
         split("1", time.monotonic() - t0, facts["timing"])
@@ -117,12 +124,16 @@ def main():
               + yaml.safe_dump({"bench.noise_floor": block}, sort_keys=False, width=200))
         common.write_json(logs / "noise_floor.json", {**block, "engine_means": means})
 
+    if 7 in parts:
+        probe_repeats(entry["path"], cfg, k, slo, logs / "repeats", [float(x) for x in str(args.study_at).split(",")],
+                      args.study_repeats)
+
     if 5 in parts:
         compare_rule(params, b, logs / "rule", changes_list(args.compare))
 
     if 6 in parts:
         coarse = [float(x) for x in args.study_rates.split(",") if x.strip()]
-        probe_study(entry["path"], cfg, k, slo, logs / "study", coarse, args.study_at, args.study_repeats,
+        probe_study(entry["path"], cfg, k, slo, logs / "study", coarse, float(args.study_at), args.study_repeats,
                     max(args.knee_servers, 1), [float(x) for x in args.study_extra.split(",") if x.strip()])
 
     rates = [float(x) for x in args.sweep_rates.split(",")]
@@ -249,6 +260,41 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
     print(f"6. study written: {logs / 'study.json'}")
 
 
+def probe_repeats(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: list[float], repeats: int) -> None:
+    """Part 7 (see the module's docstring): each probe sized as the stage sizes a look (knee.prompts_for) and judged
+    alone as the stage judges a first look (probing.judge: the evidence at the visit's look confidence)."""
+    out: dict = {"slo": slo, "rates": {}}
+    with engine.Server(model_path, cfg["engine"], cfg["env"], logs / "server.log") as srv:
+        print(f"7. server ready in {srv.ready_s:.0f} s", flush=True)
+        prober = knee.Prober(logs / "probes.log")
+        warm = knee.warm_up(prober, srv, model_path, {**k, "start_rate": rates[0]}, slo, logs)
+        kk = {**k, "e2e_warm_s": warm}
+        for rate in rates:
+            rows: list[dict] = []
+            for j in range(repeats):
+                n = knee.prompts_for(rate, kk, slo, knee.e2e_estimate(rows, warm, rate))
+                name = f"probe-{rate:g}rps-{j + 1}.json"
+                t0 = time.monotonic()
+                prober(knee.probe_args(srv.url, model_path, kk, slo, rate, n, logs, name, 90_000),
+                       k["probe_timeout_s"], f"probe at {rate:g} req/s")
+                result, reqs = knee.slim(logs / name)
+                row = knee.row_from(result, reqs, rate, n, kk, slo)
+                ev = probing.judge([row], slo, probing.Dispersion.of(k["dispersion"]).phi, k["max_repeats"])
+                row.update(wall_s=round(time.monotonic() - t0, 1), verdict=ev["verdict"])
+                rows.append(row)
+                print(f"7. {rate:g} req/s #{j + 1} x{n}: {row['over_slo']} of {row['counted']} over the SLO: "
+                      f"{ev['verdict']} (p_pass {ev.get('p_pass')}, p_fail {ev.get('p_fail')}); p{slo['percentile']} "
+                      f"TTFT {row['slo_ttft_ms'] or 0:.0f} ms; {row['wall_s']:.0f} s", flush=True)
+                out["rates"][f"{rate:g}"] = [{x: r.get(x) for x in ("num_prompts", "counted", "over_slo", "verdict",
+                                                                    "slo_ttft_ms", "slo_tpot_ms", "wall_s")}
+                                             for r in rows]
+                common.write_json(logs / "repeats.json", out)
+            verdicts = [r["verdict"] for r in rows]
+            top = max(set(verdicts), key=verdicts.count)
+            print(f"7. {rate:g} req/s: {', '.join(verdicts)}: the most common ({top}) in {verdicts.count(top)} of "
+                  f"{len(verdicts)}; pass and fail both: {'pass' in verdicts and 'fail' in verdicts}", flush=True)
+
+
 @functools.cache
 def this_machine() -> dict:
     """The fingerprint of the machine this benchmark runs on, taken once: a block it prints names the machine that
@@ -294,7 +340,7 @@ def profile_params(params: dict, profile: str) -> dict:
 def engine_means(argv: list[str], b: dict, logs, env: dict, sent: dict) -> tuple[float, dict]:
     """One fresh engine (its own process) of `b["repeats"]` timed repeats: their mean and its timing."""
     runs, facts = bench.run_in_engine(argv, b["repeats"], logs, env, b["timeout_s"], b["warmup_repeats"],
-                                      bench.job_of(sent))
+                                      bench.job_of(sent), b["warmup_prompts"])
     return statistics.fmean(r["output_tps"] for r in runs), {**facts["timing"], "runs": [r["output_tps"] for r in runs]}
 
 

@@ -287,7 +287,8 @@ class Bench(Section):
     repeats: PosInt = F("an integer > 0")
     mode: Literal["engine", "cli"] = F("engine or cli", "engine")
     warmups: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 0)
-    warmup_repeats: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 1)  # whole untimed passes (mode engine)
+    warmup_repeats: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 1)  # untimed passes (mode engine)
+    warmup_prompts: PosInt | None = F("an integer > 0, or null (each untimed pass sends every prompt)", None)
     # the first engine on a machine reads slow (fresh H200: 6,639 then 7,242 and 7,337 tok/s): the first bench of a
     # ladder run starts an untimed engine of its config before the timed one
     warm_up_engine: StrictBool = F("true or false: an untimed engine before the first timed one of a ladder run",

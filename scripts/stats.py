@@ -113,14 +113,39 @@ def delta(base, new, floor: Floor | dict | None = None, confidence: float = CONF
     ci = [(mn - mb - half) / mb, (mn - mb + half) / mb]
     verdict = "better" if ci[0] > 0 else "worse" if ci[1] < 0 else "within noise"
     why = f"{sides}, {confidence:.1%} interval, {floor.words()}, df {df:.1f}"
-    return {"rel": rel, "ci": ci, "verdict": verdict, "why": why, "engines": [len(b), len(n)],
-            "confidence": confidence, "df": round(df, 2), "floor_cv": floor.cv}
+    out = {"rel": rel, "ci": ci, "verdict": verdict, "why": why, "engines": [len(b), len(n)],
+           "confidence": confidence, "df": round(df, 2), "floor_cv": floor.cv}
+    if len(b) == 1 and verdict != "better":
+        out["again_odds"] = round(again_odds(b[0], n, floor, confidence), 4)
+    return out
+
+
+# The base is measured again after a rung (a fresh engine, minutes of GPU) only where that could still make the rung
+# "better": a rung that reads +0.3 % cannot become a gain unless the base's next engine reads several floors low.
+AGAIN_ODDS = 0.01
+
+
+def again_odds(base_engine: list[float], new, floor: Floor, confidence: float = CONFIDENCE) -> float:
+    """The chance that the base measured once more (one fresh engine, right after the rung) reads low enough for the
+    rung to be called better against both base engines, were that engine to differ from the first by the floor alone
+    (relative SD cv x sqrt 2): the Δ against both is better where the rung's lead over their mean beats the interval of
+    two base engines against the rung's (taken as if the second read like the first)."""
+    both = delta([base_engine, base_engine], new, floor, confidence)
+    if not floor.cv or both["ci"] is None:
+        return 1.0
+    half = (both["ci"][1] - both["ci"][0]) / 2
+    # better iff mean(new) - b1 (1 + x / 2) > half x b1: the second engine's relative reading x must be below this
+    x_max = 2 * (both["rel"] - half)
+    return float(sps.norm.cdf(x_max / (floor.cv * math.sqrt(2))))
 
 
 def may_gain(d: dict) -> bool:
     """Whether a Δ against one measurement of the base could still become a gain once the base is measured again
-    right after the rung: anything but a change that reads no faster (rel <= 0) or significantly worse."""
-    return d.get("rel") is not None and d["rel"] > 0 and d["verdict"] != "worse"
+    right after the rung: it reads faster, not significantly worse, and (where a floor was measured) that re-measure
+    would call it better with a chance of at least AGAIN_ODDS (again_odds)."""
+    if d.get("rel") is None or d["rel"] <= 0 or d["verdict"] == "worse":
+        return False
+    return d["verdict"] == "better" or d.get("again_odds", 1.0) >= AGAIN_ODDS
 
 
 def not_measured(*results: dict) -> str:

@@ -151,14 +151,15 @@ def seeded_requests(get_requests, seed: int, engine_seed: int | None):
 
 
 def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, prompts: str | None = None,
-                   output_len: int | None = None, dataset_seed: int = 0) -> None:
+                   output_len: int | None = None, dataset_seed: int = 0, warmup_prompts: int | None = None) -> None:
     """vLLM's own `bench throughput` main, its arguments parsed by its own parser, with its `run_vllm` replaced
     so that ONE engine serves the warm-up and `repeats` timed runs (an engine start costs more than a run).
     The warm-up ends with `warmup_repeats` whole untimed passes over the same requests: a short warm-up left the
     first timed pass slow (6.5k vs 12.4k tok/s on an H200), which is no repeat of the others.
     Each timed run prints a result block; vLLM's main then prints its own for the last one. `prompts`: a
     rendered prompts file (vLLM's custom format), sampled by vLLM's CustomDataset, each request `output_len` out.
-    `dataset_seed`: what the prompts are drawn with (seeded_requests), not the engine's --seed."""
+    `dataset_seed`: what the prompts are drawn with (seeded_requests), not the engine's --seed. `warmup_prompts`: each
+    untimed pass sends only the first that many (None: all)."""
     throughput = import_throughput()
     parser = _flexible_parser()
     throughput.add_cli_args(parser)
@@ -177,7 +178,7 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, promp
             throughput._run_vllm_requests(llm, warmup_requests, **kw)
         for w in range(warmup_repeats):
             llm.reset_prefix_cache()
-            elapsed, outputs = throughput._run_vllm_requests(llm, requests, **kw)
+            elapsed, outputs = throughput._run_vllm_requests(llm, requests[:warmup_prompts or len(requests)], **kw)
             o = sum(len(c.token_ids) for out in outputs for c in out.outputs if c is not None)
             print(f"Warm-up pass {w + 1}/{warmup_repeats} (untimed): {o / elapsed:.2f} output tokens/s", flush=True)
         for r in range(repeats):
