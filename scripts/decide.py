@@ -101,7 +101,8 @@ def rests_on_tps(rec: dict, objective: str) -> bool:
 def needs_again(rec: dict, objective: str) -> bool:
     """Whether a measured rung waits for its base to be measured again right after it: unless it is reverted
     whatever its speed, decided by its knee (worse; better under the knee objective), or its tok/s against the base
-    before it shows no gain (stats.may_gain: no faster, or significantly worse). Only a gain needs both sides."""
+    before it cannot become a gain (stats.may_gain: no faster, significantly worse, or a re-measure would call it better
+    with a chance under stats.AGAIN_ODDS). Only a gain needs both sides."""
     d = rec.get("delta") or {}
     if (reverted_before_speed(rec) or AGAIN in d or (rec.get("bench") or {}).get("status", "ok") != "ok"
             or not d.get("output_tps") or not d.get("knee_rps")):
