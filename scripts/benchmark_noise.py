@@ -10,8 +10,10 @@ On the rung in params.yaml (the cpu profile by default) it measures:
      change (base, change 1, base, change 2, base, ...), each change judged as a rung is (stats.delta against
      both flanks, the floor pooled with the base's own engines); placebos show its false calls, a real change its
      power.
-  7. the probe as the knee stage sizes and judges it, `--study-repeats` times back to back at each `--study-at` rate
-     on one warm server and one trace: how often one rate's verdict (pass / fail / inconclusive) changes;
+  7. a rate's verdict as the knee stage reaches it (a visit: looks pooled while inconclusive, up to knee.max_repeats,
+     each look sized and judged as the stage's), `--study-repeats` times back to back at each `--study-at` rate on
+     one warm server, every visit on the same traces: how often one rate's verdict (pass / fail / inconclusive)
+     changes;
   6. the knee probe's noise (--study): on `--knee-servers` fresh servers, probes at a coarse ladder of grid rates
      (up to the first that fails on evidence), one rate `--study-at` probed `--study-repeats` times back to back
      on one trace, then the grid rates around the knee twice each with fresh draws. Every probe's requests are
@@ -261,8 +263,8 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
 
 
 def probe_repeats(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: list[float], repeats: int) -> None:
-    """Part 7 (see the module's docstring): each probe sized as the stage sizes a look (knee.prompts_for) and judged
-    alone as the stage judges a first look (probing.judge: the evidence at the visit's look confidence)."""
+    """Part 7 (see the module's docstring): each look sized as the stage sizes one (knee.prompts_for) and judged as
+    the stage judges a visit (probing.judge: the visit's looks pooled, each at the visit's look confidence)."""
     out: dict = {"slo": slo, "rates": {}}
     with engine.Server(model_path, cfg["engine"], cfg["env"], logs / "server.log") as srv:
         print(f"7. server ready in {srv.ready_s:.0f} s", flush=True)
@@ -271,25 +273,34 @@ def probe_repeats(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: l
         kk = {**k, "e2e_warm_s": warm}
         for rate in rates:
             rows: list[dict] = []
+            visits: list[str] = []
             for j in range(repeats):
-                n = knee.prompts_for(rate, kk, slo, knee.e2e_estimate(rows, warm, rate))
-                name = f"probe-{rate:g}rps-{j + 1}.json"
-                t0 = time.monotonic()
-                prober(knee.probe_args(srv.url, model_path, kk, slo, rate, n, logs, name, 90_000),
-                       k["probe_timeout_s"], f"probe at {rate:g} req/s")
-                result, reqs = knee.slim(logs / name)
-                row = knee.row_from(result, reqs, rate, n, kk, slo)
-                ev = probing.judge([row], slo, probing.Dispersion.of(k["dispersion"]).phi, k["max_repeats"])
-                row.update(wall_s=round(time.monotonic() - t0, 1), verdict=ev["verdict"])
-                rows.append(row)
-                print(f"7. {rate:g} req/s #{j + 1} x{n}: {row['over_slo']} of {row['counted']} over the SLO: "
-                      f"{ev['verdict']} (p_pass {ev.get('p_pass')}, p_fail {ev.get('p_fail')}); p{slo['percentile']} "
-                      f"TTFT {row['slo_ttft_ms'] or 0:.0f} ms; {row['wall_s']:.0f} s", flush=True)
-                out["rates"][f"{rate:g}"] = [{x: r.get(x) for x in ("num_prompts", "counted", "over_slo", "verdict",
-                                                                    "slo_ttft_ms", "slo_tpot_ms", "wall_s")}
-                                             for r in rows]
+                visit: list[dict] = []
+                while True:  # the stage's visit: another look, pooled, while inconclusive (probing.search)
+                    n = knee.prompts_for(rate, kk, slo, knee.e2e_estimate(rows, warm, rate))
+                    name = f"probe-{rate:g}rps-{j + 1}-{len(visit) + 1}.json"
+                    t0 = time.monotonic()
+                    prober(knee.probe_args(srv.url, model_path, kk, slo, rate, n, logs, name, 90_000 + len(visit)),
+                           k["probe_timeout_s"], f"probe at {rate:g} req/s")
+                    result, reqs = knee.slim(logs / name)
+                    row = knee.row_from(result, reqs, rate, n, kk, slo)
+                    visit.append(row)
+                    ev = probing.judge(visit, slo, probing.Dispersion.of(k["dispersion"]).phi, k["max_repeats"])
+                    row.update(wall_s=round(time.monotonic() - t0, 1), verdict=ev["verdict"], visit=j + 1)
+                    rows.append(row)
+                    print(f"7. {rate:g} req/s visit {j + 1} look {len(visit)} x{n}: {row['over_slo']} of "
+                          f"{row['counted']} over the SLO (pooled {ev['over_slo']} of {ev['counted']}): "
+                          f"{ev['verdict']}; p{slo['percentile']} TTFT {row['slo_ttft_ms'] or 0:.0f} ms; "
+                          f"{row['wall_s']:.0f} s", flush=True)
+                    if row.get("failed") or row.get("backlog") or ev["verdict"] != "inconclusive" \
+                            or len(visit) >= k["max_repeats"]:
+                        break
+                visits.append("pass" if row["passed"] else ev["verdict"] if ev["verdict"] != "pass" else "fail")
+                out["rates"][f"{rate:g}"] = {"visits": visits, "looks": [
+                    {x: r.get(x) for x in ("visit", "num_prompts", "counted", "over_slo", "verdict", "slo_ttft_ms",
+                                           "slo_tpot_ms", "wall_s")} for r in rows]}
                 common.write_json(logs / "repeats.json", out)
-            verdicts = [r["verdict"] for r in rows]
+            verdicts = visits
             top = max(set(verdicts), key=verdicts.count)
             print(f"7. {rate:g} req/s: {', '.join(verdicts)}: the most common ({top}) in {verdicts.count(top)} of "
                   f"{len(verdicts)}; pass and fail both: {'pass' in verdicts and 'fail' in verdicts}", flush=True)
