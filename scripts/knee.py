@@ -352,7 +352,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
              "below": lambda: f"SLO broken at every rate down to {result['first_fail_rps']:g} req/s",
              "open": lambda: (f"no pass on evidence: fails on evidence at {result['conclusive_fail_rps'] or '–'} "
                               f"req/s, inconclusive at {result['first_fail_rps']:g}"),
-             "above": lambda: f"SLO met up to {result['last_pass_rps']:g} req/s, the top of the range",
+             "above": lambda: f"SLO met at every rate probed, up to {result['last_pass_rps']:g} req/s",
              }[result["status"]]()
     print(f"knee: {where}; {len(rows)} probes, {measure_s:.0f} s")
 

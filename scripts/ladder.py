@@ -70,12 +70,13 @@ def stale_knobs(workspace: dict, sets: dict) -> list[str]:
     return [f"{s}.{k}" for s in planning.KNOB_SECTIONS for k in (workspace.get(s) or {}) if f"{s}.{k}" not in sets]
 
 
-def knee_anchor(base: dict, knobs: dict, bracket: bool = False, floor: float = 0.0) -> dict | None:
+def knee_anchor(base: dict, knobs: dict, bracket: bool = False, floor: float = 0.0, last: bool = False) -> dict | None:
     """The base's knee as a rung's knee search starts from it (run.anchor): its last pass and its first fail on
     evidence, in the rung's units (an instance of twice the GPUs probes twice the rates); `bracket`: on to its own
     bracket after them (a confirm pair's runs); `floor` (knee.noise_floor): `worse`, the rate at or below which a fail
     on evidence is worse beyond it (stats.knee_delta), probed once after a fail at the base's pass. None where the
-    base has no knee on evidence (not measured, or neither boundary known): the rung searches on its own."""
+    base has no knee on evidence (not measured, or neither boundary known): the rung searches on its own. `last`: the
+    last rung the ladder measures, whose knee no later rung starts from: it stops where it passed at the base's fail."""
     k = base.get("knee") or {}
     lo, hi = k.get("knee_rps"), k.get("conclusive_fail_rps")
     if k.get("status") == "n/a" or (lo is None and hi is None):
@@ -83,7 +84,8 @@ def knee_anchor(base: dict, knobs: dict, bracket: bool = False, floor: float = 0
     scale = capacity.gpus_per_instance(knobs) / capacity.gpus_per_instance(base.get("knobs") or {})
     worse = lo and floor and float(f"{lo * scale / (1 + floor):.4g}")
     return {"pass": lo and float(f"{lo * scale:.4g}"), "fail": hi and float(f"{hi * scale:.4g}"),
-            **({"worse": worse} if worse else {}), **({"bracket": True} if bracket else {})}
+            **({"worse": worse} if worse else {}), **({"bracket": True} if bracket else {}),
+            **({"last": True} if last and not bracket else {})}
 
 
 def remeasure_key(held: list[dict]) -> int:
@@ -326,6 +328,8 @@ class Driver:
         base["kept"], base["decision"] = True, "rung 0: the reference"
         self.finish(base)
         self.final_exp = base["exp"]
+        last = max((i for i, r in enumerate(self.plan.rungs, 1) if not r.get("skip") and
+                    self.plan.gpus >= ((r["when"] or {}).get("min_gpus") or 0)), default=0)
         for i, rung in enumerate(self.plan.rungs, 1):
             if rung.get("skip"):
                 self.finish(self.skipped(i, rung["name"], "rung", rung["set"], rung, f"skipped: {rung['skip']}"))
@@ -340,10 +344,10 @@ class Driver:
                                              f"skipped: needs {need} GPUs, this machine has {self.plan.gpus}",
                                              {**kept_flat, **change}))
                 continue
-            chosen = self.try_rung(i, rung, tries, kept_flat, base)
+            chosen = self.try_rung(i, rung, tries, kept_flat, base, last=i == last)
             if chosen is None and rung["fallback"]:
                 chosen = self.try_rung(i, rung, [(f"{rung['name']}-fallback", rung["fallback"], "fallback")],
-                                       kept_flat, base)
+                                       kept_flat, base, last=i == last)
             if chosen is not None:
                 kept_flat = {**kept_flat, **chosen["change"]}
                 base, self.final_exp = chosen, chosen["exp"]
@@ -354,19 +358,21 @@ class Driver:
         return {"index": i, "name": name, "exp": None, "role": role, "change": change, "status": decide.SKIPPED,
                 "kept": False, "note": rung["note"], "decision": why, "knobs": knobs}
 
-    def try_rung(self, i, rung, tries, kept_flat, base) -> dict | None:
+    def try_rung(self, i, rung, tries, kept_flat, base, last: bool = False) -> dict | None:
+        """Rung i's candidates (and its base again where one may gain), decided; the one kept, or None. `last`: no
+        later rung is measured, so a better knee is not searched on to its own bracket (knee_anchor)."""
         recs = []
 
         def measure(name: str, change: dict, role: str, replay: bool = True) -> dict:
             """One candidate: replayed where another machine ran it (and `replay`); else measured here, after its
             base was measured here too if the ladder moved here since."""
             knobs = {**kept_flat, **change}
-            anchor = knee_anchor(self.searched(base), knobs, floor=self.knee_floor)
+            anchor = knee_anchor(self.searched(base), knobs, floor=self.knee_floor, last=last)
             exp = f"{self.profile}-{i}-{name}"
             if not (replay and self.elsewhere(exp, self.sets_of(knobs, anchor=anchor))) \
                     and not self.here(self.searched(base)):
                 self.rebase(i, base)
-                anchor = knee_anchor(self.searched(base), knobs, floor=self.knee_floor)
+                anchor = knee_anchor(self.searched(base), knobs, floor=self.knee_floor, last=last)
             self.progress(f"rung {i} {name}")
             return self.run_exp(i, name, knobs, role, change, base, rung["note"], anchor=anchor, replay=replay)
 

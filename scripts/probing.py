@@ -409,9 +409,10 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     better is not kept, so no later rung starts from its knee. With a knee.noise_floor (the anchor's `worse`: the
     base's pass / (1 + floor)), a fail at the base's pass is followed by one visit to the grid rate at or below
     `worse`, where a fail on evidence is worse beyond the floor. Where it passed at the base's fail (better: it may be
-    the next base), on as below, to its own bracket. With `bracket` set (a confirm pair's runs, whose knees the
-    headline prints) it stops after the anchors only where they are its bracket (a fail on evidence, then a pass).
-    Anchors outside [min_rate, max_rate] are not probed.
+    the next base), on as below, to its own bracket, unless the anchor says `last` (no later rung starts from it, and
+    a confirm pair searches its stack again): then it stops there. With `bracket` set (a confirm pair's runs, whose
+    knees the headline prints) it stops after the anchors only where they are its bracket (a fail on evidence, then a
+    pass). Anchors outside [min_rate, max_rate] are not probed.
     Without one (rung 0), from the grid rate nearest `start`: up (a doubling after a pass,
     one grid step after an inconclusive rate: the wall is near) until a rate fails on evidence or `max_rate` passes;
     down likewise while nothing passed (to `min_rate`); then bisect, on the grid, between the last pass and the
@@ -423,7 +424,7 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     steps = grid_steps(rel_tol)
     top = math.floor(math.log2(max_rate) * steps + 1e-9)
     verdicts = rate_verdicts(probes)
-    anchor = {key: v for key, v in (anchor or {}).items() if key == "bracket" or
+    anchor = {key: v for key, v in (anchor or {}).items() if key in ("bracket", "last") or
               (v and (not min_rate or v >= min_rate) and v <= max_rate * (1 + GRID_ROUNDING))}
     if anchor.get("pass") or anchor.get("fail"):
         first, then = (anchor["fail"], anchor.get("pass")) if anchor.get("fail") else (anchor["pass"], None)
@@ -443,6 +444,8 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
                 return None
             if first not in unsure and (not then or verdicts[then]):
                 return None
+        elif anchor.get("last") and not anchor.get("bracket"):
+            return None
     if not probes:  # the grid rate nearest start, inside [min_rate, max_rate] where they are off the grid
         bottom = math.ceil(math.log2(min_rate) * steps - 1e-9) if min_rate else -math.inf
         return grid_rate(max(min(grid_index(start, steps), top), bottom), steps)

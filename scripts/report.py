@@ -95,7 +95,7 @@ def knee_cell(r):
         return ((f"< {known:g} (fails there on evidence, " if known else "no pass or fail on evidence (")
                 + f"{fmt(k.get('first_fail_rps'), 'g')} inconclusive, no pass; {k.get('probes')} probes)")
     if k.get("status") == "above":
-        return f"≥ {fmt(k.get('knee_rps'), 'g')} (SLO met at top of range)"
+        return f"≥ {fmt(k.get('knee_rps'), 'g')} (SLO met at every rate probed)"
     if k.get("mid_rps") is None:  # a record from before the bracket was reported as midpoint ± half-width
         return f"{k['knee_rps']:g} (breaks at {k['first_fail_rps']:g})"
     flags = [f for f, on in (("a repeat disagreed", k.get("non_monotonic")),

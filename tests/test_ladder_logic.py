@@ -330,3 +330,31 @@ def test_a_re_measure_is_restored_with_the_rung_it_checks_and_never_reused_for_a
     # after it then; a rung measured again now (or a fallback, or the next rung) gets a new key: a fresh re-measure
     assert ladder.remeasure_key([held]) == ladder.remeasure_key([dict(held)]) == 1796105100
     assert ladder.remeasure_key([{"measured": {"at": "2026-12-01T07:00:00Z"}}]) != 1796105100
+
+
+def test_only_the_last_rung_the_ladder_measures_stops_its_knee_search_at_a_gain(monkeypatch):
+    # no later rung starts from its knee (and a confirm pair searches its stack again): its search stops where it
+    # passed at the base's fail (ladder.knee_anchor's `last`); a rung this machine skips is not that rung
+    import ladder
+
+    def rung(name, change, when=None):
+        return {"name": name, "set": change, "when": when, "fallback": None, "note": "", "candidates": None}
+
+    class P:
+        profile, overrides, objective, experiments, gpus = "cpu", {}, "knee_rps", 3, 1
+        baseline = {"engine.seed": 0}
+        rungs = [rung("a", {"engine.seed": 1}), rung("b", {"engine.seed": 2}),
+                 rung("c", {"engine.tensor_parallel_size": 2}, {"min_gpus": 2})]
+    drv = ladder.Driver.__new__(ladder.Driver)
+    drv.plan, drv.records, drv.confirm, drv.t0 = P, [], None, 0.0
+    monkeypatch.setattr(drv, "save", lambda final=False: None)
+    monkeypatch.setattr(drv, "progress", lambda label: None)
+    monkeypatch.setattr(drv, "run_exp", lambda *a, **kw: {"status": "ok", "role": decide.BASELINE, "exp": "x"})
+    seen = []
+    monkeypatch.setattr(drv, "try_rung", lambda i, r, tries, kept, base, last=False: seen.append((i, last)))
+    assert drv.run() == 0
+    assert seen == [(1, False), (2, True)]
+    assert ladder.knee_anchor({"knee": {"knee_rps": 7.0, "conclusive_fail_rps": 8.0}}, {}, last=True) == \
+        {"pass": 7.0, "fail": 8.0, "last": True}
+    assert "last" not in ladder.knee_anchor({"knee": {"knee_rps": 7.0, "conclusive_fail_rps": 8.0}}, {}, bracket=True,
+                                            last=True)

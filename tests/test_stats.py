@@ -151,6 +151,10 @@ def test_a_rung_probes_its_bases_failing_rate_first_then_its_passing_one_and_sto
     assert up[0] == (13.45, True) and len(up) > 2
     res = probing.knee_result(up, rel_tol=0.2)
     assert res["last_pass_rps"] <= 20.0 < res["first_fail_rps"] and res["resolved"]
+    # ... unless it is the last rung measured (no later rung starts from it): better, and done, in one probe
+    assert anchored(20.0, {**base, "last": True}) == [(13.45, True)]
+    assert anchored(12.0, {**base, "last": True}) == anchored(12.0, base)  # not better: as any rung
+    assert anchored(20.0, {**base, "last": True, "bracket": True}) == up   # a confirm pair's runs search on
     # a base that passed everywhere it probed: its top pass first, then up where the rung passes too
     assert anchored(12.0, {"pass": 64.0, "fail": None}) == [(64.0, False)]
     assert anchored(100.0, {"pass": 64.0, "fail": None})[:2] == [(64.0, True), (128.0, False)]
