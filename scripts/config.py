@@ -377,6 +377,8 @@ class Anchor(Section):
                              "(null: at its pass)", None)
     bracket: bool = F("true or false (true: on to its own bracket after the anchors, for a confirm pair's runs; "
                       "false: stop once the knee verdict is settled)", False)
+    last: bool = F("true or false (true: the last rung the ladder measures: stop where it passed at the base's fail)",
+                   False)
 
 
 class Run(Section):

@@ -47,6 +47,18 @@ def reused_stages(lines: list[str]) -> list[str]:
     return [m.group(1) or m.group(2) for ln in lines if (m := _REUSED.match(ln.strip()))]
 
 
+def error_lines(lines: list[str]) -> list[str]:
+    """The stage's `error: ...` messages, each with the indented lines that continue it (a bad params.yaml names its
+    fields there: `params.yaml is not valid:` alone says nothing)."""
+    errs: list[str] = []
+    for ln in lines:
+        if ln.startswith("error: "):
+            errs.append(ln[len("error: "):])
+        elif errs and ln.startswith("  ") and not ln.lstrip().startswith(("Running stage", "ERROR")):
+            errs[-1] += " " + ln.strip()
+    return errs
+
+
 def hydra(v) -> str:
     """A value in the override grammar `dvc exp run -S` passes to Hydra (strings quoted)."""
     if v is None:
@@ -249,7 +261,7 @@ class Driver:
         rec["seconds"] = round(time.monotonic() - t0, 1)
         rec["reused"] = reused_stages(lines)
         if rc != 0:
-            errs = [ln[len("error: "):] for ln in lines if ln.startswith("error: ")]
+            errs = error_lines(lines)
             dvc_errs = [ln for ln in lines if ln.startswith("ERROR")]
             rec.update(status="failed", error=(errs or dvc_errs or [f"dvc exp run exit code {rc}"])[-1][:600],
                        log=str(log.relative_to(common.ROOT)))

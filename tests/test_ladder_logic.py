@@ -358,3 +358,17 @@ def test_only_the_last_rung_the_ladder_measures_stops_its_knee_search_at_a_gain(
         {"pass": 7.0, "fail": 8.0, "last": True}
     assert "last" not in ladder.knee_anchor({"knee": {"knee_rps": 7.0, "conclusive_fail_rps": 8.0}}, {}, bracket=True,
                                             last=True)
+    # run.anchor as the stages read it (params.yaml): `last` is one of its keys
+    import config
+    params = config.load_params(check=False)
+    params["run"]["anchor"] = {"pass": 7.0, "fail": 8.0, "last": True}
+    assert config.validate(params)["run"]["anchor"]["last"] is True
+
+
+def test_a_failed_stage_s_error_keeps_the_lines_that_name_the_field():
+    import ladder
+    lines = ["Running stage 'fingerprint':", "error: params.yaml is not valid:",
+             "  run.anchor.last: unknown key; allowed: pass, fail, worse, bracket",
+             "ERROR: failed to reproduce 'fingerprint': failed to run: python scripts/fingerprint.py"]
+    assert ladder.error_lines(lines) == ["params.yaml is not valid: run.anchor.last: unknown key; allowed: pass, fail, "
+                                         "worse, bracket"]
