@@ -262,6 +262,27 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
     print(f"6. study written: {logs / 'study.json'}")
 
 
+def visit_again(prober, srv, model_path: str, k: dict, slo: dict, logs, rate: float, rows: list[dict],
+                visit: int) -> list[dict]:
+    """Part 7's visit of `rate` (its number `visit`): the stage's looks (knee.probe) and visit (probing.visit), on
+    the traces every visit of part 7 sends: seed 90,000 + look. Appends its looks to `rows` and returns them."""
+    first = len(rows)
+
+    def look(rate, rows):
+        t0 = time.monotonic()
+        row = knee.probe(prober, srv, model_path, k, slo, logs, rate, rows, seed=90_000 + len(rows) - first,
+                         visit=rows[first:])
+        return {**row, "wall_s": round(time.monotonic() - t0, 1), "visit": visit}
+
+    def report(rows, ev):
+        row = rows[-1]
+        sent = f"{row['sent']} of {row['num_prompts']}" if row["stopped_early"] else row["num_prompts"]
+        print(f"7. {rate:g} req/s visit {visit} look {len(rows) - first} x{sent}: {row['over_slo']} of "
+              f"{row['counted']} over the SLO (pooled {ev['over_slo']} of {ev['counted']}): {ev['verdict']}; "
+              f"p{slo['percentile']} TTFT {row['slo_ttft_ms'] or 0:.0f} ms; {row['wall_s']:.0f} s", flush=True)
+    return probing.visit(look, rate, rows, k, slo, report)
+
+
 def probe_repeats(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: list[float], repeats: int) -> None:
     """Part 7 (see the module's docstring): each look sized as the stage sizes one (knee.prompts_for) and judged as
     the stage judges a visit (probing.judge: the visit's looks pooled, each at the visit's look confidence)."""
@@ -271,39 +292,21 @@ def probe_repeats(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: l
         prober = knee.Prober(logs / "probes.log")
         warm = knee.warm_up(prober, srv, model_path, {**k, "start_rate": rates[0]}, slo, logs)
         kk = {**k, "e2e_warm_s": warm}
+        rows: list[dict] = []
         for rate in rates:
-            rows: list[dict] = []
             visits: list[str] = []
             for j in range(repeats):
-                visit: list[dict] = []
-                while True:  # the stage's visit: another look, pooled, while inconclusive (probing.search)
-                    n = knee.prompts_for(rate, kk, slo, knee.e2e_estimate(rows, warm, rate))
-                    name = f"probe-{rate:g}rps-{j + 1}-{len(visit) + 1}.json"
-                    t0 = time.monotonic()
-                    prober(knee.probe_args(srv.url, model_path, kk, slo, rate, n, logs, name, 90_000 + len(visit)),
-                           k["probe_timeout_s"], f"probe at {rate:g} req/s")
-                    result, reqs = knee.slim(logs / name)
-                    row = knee.row_from(result, reqs, rate, n, kk, slo)
-                    visit.append(row)
-                    ev = probing.judge(visit, slo, probing.Dispersion.of(k["dispersion"]).phi, k["max_repeats"])
-                    row.update(wall_s=round(time.monotonic() - t0, 1), verdict=ev["verdict"], visit=j + 1)
-                    rows.append(row)
-                    print(f"7. {rate:g} req/s visit {j + 1} look {len(visit)} x{n}: {row['over_slo']} of "
-                          f"{row['counted']} over the SLO (pooled {ev['over_slo']} of {ev['counted']}): "
-                          f"{ev['verdict']}; p{slo['percentile']} TTFT {row['slo_ttft_ms'] or 0:.0f} ms; "
-                          f"{row['wall_s']:.0f} s", flush=True)
-                    if row.get("failed") or row.get("backlog") or ev["verdict"] != "inconclusive" \
-                            or len(visit) >= k["max_repeats"]:
-                        break
-                visits.append("pass" if row["passed"] else ev["verdict"] if ev["verdict"] != "pass" else "fail")
+                looks = visit_again(prober, srv, model_path, kk, slo, logs, rate, rows, j + 1)
+                visits.append("pass" if looks[-1]["passed"] else looks[-1]["evidence"]
+                              if looks[-1]["evidence"] != "pass" else "fail")
                 out["rates"][f"{rate:g}"] = {"visits": visits, "looks": [
-                    {x: r.get(x) for x in ("visit", "num_prompts", "counted", "over_slo", "verdict", "slo_ttft_ms",
-                                           "slo_tpot_ms", "wall_s")} for r in rows]}
+                    {x: r.get(x) for x in ("visit", "num_prompts", "sent", "stopped_early", "counted", "over_slo",
+                                           "evidence", "slo_ttft_ms", "slo_tpot_ms", "wall_s")}
+                    for r in rows if r["offered_rps"] == rate]}
                 common.write_json(logs / "repeats.json", out)
-            verdicts = visits
-            top = max(set(verdicts), key=verdicts.count)
-            print(f"7. {rate:g} req/s: {', '.join(verdicts)}: the most common ({top}) in {verdicts.count(top)} of "
-                  f"{len(verdicts)}; pass and fail both: {'pass' in verdicts and 'fail' in verdicts}", flush=True)
+            top = max(set(visits), key=visits.count)
+            print(f"7. {rate:g} req/s: {', '.join(visits)}: the most common ({top}) in {visits.count(top)} of "
+                  f"{len(visits)}; pass and fail both: {'pass' in visits and 'fail' in visits}", flush=True)
 
 
 @functools.cache

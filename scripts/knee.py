@@ -2,9 +2,9 @@
 
 The knee is the highest offered rate whose TTFT and TPOT at the SLO's percentile (slo.percentile, ramp-up
 arrivals left out, enough requests counted for that percentile) meet the SLO with no failed request and no
-backlog. knee.mode `search` starts from the bench's measured req/s (× knee.start_fraction), doubles or halves
-until the SLO breaks, bisects until the bracket is at most knee.rel_tol wide, then probes both boundaries once
-more with fresh draws (a disagreeing repeat moves the bracket and is flagged). Its rates lie on a fixed grid and
+backlog. knee.mode `search` starts from the bench's measured req/s (× knee.start_fraction), goes up until the SLO
+breaks or down until it holds, then bisects until the bracket is at most knee.rel_tol wide (probing.next_rate). Its
+rates lie on a fixed grid and
 each (rate, repeat) has its own seed, so rungs that probe a rate send it the same arrival sequence
 (probing.next_rate, probing.probe_seed). `sweep` probes the fixed knee.rates. One server serves every probe (after a
 warm-up) and is stopped by PID in every outcome.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -31,7 +32,8 @@ import workload
 
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
-COLUMNS = (["offered_rps", "num_prompts", "seed", "achieved_rps", "output_tps", "goodput_rps", "completed", "failed",
+COLUMNS = (["offered_rps", "num_prompts", "sent", "stopped_early", "seed", "achieved_rps", "output_tps", "goodput_rps",
+            "completed", "failed",
             "counted", "needed", "over_slo", "pooled_counted", "pooled_over", "evidence", "ramp_skipped",
             "window_open_s", "window_close_s", "e2e_p50_s", "settled",
             "slo_ttft_ms", "slo_tpot_ms", "window_arrivals", "window_first_tokens",
@@ -86,14 +88,17 @@ class Prober:
     def __init__(self, log):
         self.log = log
         self._parser, self._main = vllm_compat.bench_serve_cli()
+        self._serve = vllm_compat.import_bench_serve()
 
-    def __call__(self, argv: list[str], timeout: float, what: str) -> None:
+    def __call__(self, argv: list[str], timeout: float, what: str, watch=None) -> None:
+        """`watch(request, t0)`: called as each request completes; arrivals stop once it returns True."""
         args = self._parser.parse_args(argv)
         box: dict = {}
 
         def probe():
             try:  # vLLM prints its result table: into the probes log, with the command it stands for
-                with open(self.log, "a", encoding="utf-8") as f, contextlib.redirect_stdout(f):
+                with (open(self.log, "a", encoding="utf-8") as f, contextlib.redirect_stdout(f),
+                      vllm_compat.watched_serve(self._serve, watch) if watch else contextlib.nullcontext()):
                     print(common.redact("$ vllm bench serve " + " ".join(argv)), flush=True)
                     self._main(args)
             except BaseException as e:  # noqa: BLE001 -- re-raised in the stage's thread below
@@ -109,10 +114,29 @@ class Prober:
             raise engine.EngineError(what, f"{type(e).__name__}: {e}", self.log) from e
 
 
+class Curtail:
+    """A look that stops sending once its fail is certain: the requests over the SLO among those it sent after its
+    ramp-up share (knee.ramp_fraction of its planned arrivals), counted as they complete, reach
+    probing.fail_count over every request the visit could count (its earlier looks' counted and this look's n, less
+    the earlier looks' over). On the H200 a look at the wall sized for a pass (~550 counted) failed 349 of 484."""
+
+    def __init__(self, rate: float, n: int, k: dict, slo: dict, visit: list[dict]):
+        phi, conf = probing.Dispersion.of(k["dispersion"]).phi, probing.look_confidence(k["max_repeats"])
+        need = probing.fail_count(n + sum(r["counted"] for r in visit), slo["percentile"], phi, conf)
+        self.need = None if need is None else max(need - sum(r["over_slo"] or 0 for r in visit), 1)
+        self.skip_s, self.slo, self.over, self.stopped = k["ramp_fraction"] * n / rate, slo, 0, False
+
+    def __call__(self, req: dict, t0: float) -> bool:
+        if self.need is not None and req["start"] >= t0 + self.skip_s:
+            self.over += probing.over_slo(req, self.slo)
+            self.stopped = self.stopped or self.over >= self.need
+        return self.stopped
+
+
 def row_from(result: dict, reqs: list[dict], rate: float, n: int, k: dict, slo: dict) -> dict:
     """One probe's row: vLLM's own summary figures, and the SLO's percentile over the requests that count
     (probing.tail_stats: ramp-up left out, backlog judged inside the arrival window)."""
-    row = {"offered_rps": rate, "num_prompts": n, "achieved_rps": result.get("request_throughput"),
+    row = {"offered_rps": rate, "num_prompts": n, "sent": len(reqs), "achieved_rps": result.get("request_throughput"),
            "output_tps": result.get("output_throughput"), "goodput_rps": result.get("request_goodput"),
            "completed": result.get("completed"), "failed": result.get("failed", n - (result.get("completed") or 0)),
            "duration_s": result.get("duration")}
@@ -178,7 +202,9 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
     grid rate and repeat); sweep, its place in knee.rates. Seed 0 was the warm-up's."""
     def report(rows: list[dict], ev: dict) -> None:
         row, p = rows[-1], f"p{slo['percentile']:g}"
-        line = (f"{row['offered_rps']:g} req/s x{row['num_prompts']} ({row['counted']} counted, {row['over_slo']} over "
+        sent = (f"{row['sent']} of {row['num_prompts']} sent (stopped: the fail certain)" if row.get("stopped_early")
+                else row["num_prompts"])
+        line = (f"{row['offered_rps']:g} req/s x{sent} ({row['counted']} counted, {row['over_slo']} over "
                 f"the SLO; pooled {ev['over_slo']}/{ev['counted']}: {ev['verdict']}): {p} TTFT "
                 f"{row['slo_ttft_ms'] or 0:.0f} ms, {p} TPOT {row['slo_tpot_ms'] or 0:.1f} ms, achieved "
                 f"{row['achieved_rps'] or 0:.2f} req/s, failed {row['failed']} -> "
@@ -191,22 +217,28 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
 
 
 def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs, rate: float,
-          rows: list[dict]) -> dict:
-    """One probe at `rate` (its seed from the `rows` so far): its row, not yet judged (probing.search judges it)."""
+          rows: list[dict], seed: int | None = None, visit: list[dict] | None = None) -> dict:
+    """One look at `rate`: its row, not yet judged (probing.visit judges it). Its seed from the `rows` so far unless
+    given. It stops sending once its fail is certain (Curtail), counting the `visit`'s earlier looks (by default the
+    rows before it at `rate`: the search visits a rate once)."""
     n = prompts_for(rate, k, slo, e2e_estimate(rows, k.get("e2e_warm_s"), rate))
-    at_rate = [(x["offered_rps"], x["passed"]) for x in rows]
-    steps = probing.grid_steps(k["rel_tol"])
-    seed = len(rows) + 1 if k["mode"] == "sweep" else probing.probe_seed(rate, at_rate, steps)
+    if seed is None:
+        at_rate = [(x["offered_rps"], x["passed"]) for x in rows]
+        seed = (len(rows) + 1 if k["mode"] == "sweep" else
+                probing.probe_seed(rate, at_rate, probing.grid_steps(k["rel_tol"])))
     name = f"probe-{len(rows) + 1:02d}-{rate:g}rps.json"
+    if visit is None:
+        visit = list(itertools.takewhile(lambda r: r["offered_rps"] == rate, reversed(rows)))
+    curtail = Curtail(rate, n, k, slo, visit)
     try:
         prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
-               f"vllm bench serve at {rate:g} req/s")
+               f"vllm bench serve at {rate:g} req/s", watch=curtail)
     finally:  # `vllm bench serve` exits 0 with every request failed when the server is gone: ask it
         if not srv.alive():
             raise engine.EngineError("vllm serve", f"died during the knee sweep at {rate:g} req/s after "
                                      f"{len(rows)} probes: {srv.proc.error_line()}", srv.log)
     row = row_from(*slim(logs / name), rate, n, k, slo)
-    row["seed"] = seed
+    row.update(seed=seed, stopped_early=curtail.stopped)
     return row
 
 
@@ -234,7 +266,7 @@ def method(k: dict, slo: dict, started: str) -> str:
                  "req/s): where it does not pass at the first, its second and stop (the knee verdict needs no more, "
                  "and a rung not better is not kept); where it passes at the first, on to its own bracket")
               if anchor.get("pass") or anchor.get("fail") else
-              f"from {started}: up until a rate fails on evidence, down while none passed")
+              f"from {started}: up until a rate fails on evidence, down a grid rate at a time while none passed")
            + f", then bisected until the bracket (last pass, first fail on evidence) is at most "
            f"{k['rel_tol'] * 100:.0f} % of its midpoint wide or no rate between them is left (at most "
            f"{k['max_probes']} probes)"
@@ -247,9 +279,10 @@ def method(k: dict, slo: dict, started: str) -> str:
             f"{100 - slo['percentile']:g} % break it (an exact binomial bound, as MLPerf LoadGen's early stopping, on "
             f"the counts divided by the requests' {d.words()}: they break it in bursts), fails when it shows more "
             f"do, and is probed again while neither holds (its counts pooled, at most {k['max_repeats']} probes in a "
-            f"row); no failed request and no backlog (first tokens short of arrivals in the second half of the "
-            f"arrival window by more than {1 - k['backlog_ratio']:.0%} of them and than their Poisson noise); knee by "
-            f"{how}")
+            f"row); a probe stops sending once the requests over the SLO so far make its fail certain, whatever "
+            f"the rest would show; no failed request and no backlog (first tokens short of arrivals in the second "
+            f"half of the arrival window by more than {1 - k['backlog_ratio']:.0%} of them and than their Poisson "
+            f"noise); knee by {how}")
 
 
 def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, params: dict, cfg: dict) -> None:
@@ -320,7 +353,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
         "mode": k["mode"],
         "method": method(k, slo, started),
         "start_rate": first,
-        "requests_sent": sum(r["num_prompts"] for r in rows),
+        "requests_sent": sum(r["sent"] for r in rows),
         "goodput_at_knee_rps": at and at["goodput_rps"],
         "ttft_ms_at_knee": at and at["slo_ttft_ms"],
         "tpot_ms_at_knee": at and at["slo_tpot_ms"],

@@ -135,6 +135,20 @@ def slo_evidence(counted: int, over: int, percentile: float, confidence: float =
             "verdict": verdict, "p_pass": round(p_pass, 4), "p_fail": round(p_fail, 4)}
 
 
+def fail_count(n: int, percentile: float, phi: float = 1.0, confidence: float = PROBE_CONFIDENCE) -> int | None:
+    """The fewest requests over the SLO with which a look that sends `n` fails whatever the others show: their
+    evidence is 'fail' even were all `n` counted (a fail's evidence only weakens as requests within the SLO are
+    added). A look stops sending once it has that many (knee.Curtail): its counts only grow, so watching them as
+    they come calls no more false fails than the whole look's test. None where even `n` over would not fail."""
+    if not n or slo_evidence(n, n, percentile, confidence, phi)["verdict"] != "fail":
+        return None
+    lo, hi = 0, n  # slo_evidence(n, k) fails for every k >= the answer
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if slo_evidence(n, mid, percentile, confidence, phi)["verdict"] == "fail" else (mid, hi)
+    return hi
+
+
 def over_slo(r: dict, slo: dict) -> bool:
     """Whether one request broke the SLO: it failed, or its TTFT or TPOT is over budget."""
     return (not r["ok"] or r["ttft"] * 1000 > slo["ttft_ms"]
@@ -397,11 +411,16 @@ def probe_seed(rate: float, probes: list[tuple[float, bool]], steps: int) -> int
     return SEED_BASE + 100 * grid_index(rate, steps) + sum(1 for r, _ in probes if r == rate)
 
 
+FAR_SHARE = 0.9  # a rate whose visit had this share of its counted requests over the SLO (or a backlog) is far above
+                 # the wall: the search halves below it. Nearer, one grid step (H200, 1.24x its knee: 2-72 % over)
+
+
 def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, rel_tol: float,
               max_probes: int, min_rate: float | None = None, anchor: dict | None = None,
-              unsure: frozenset | set = frozenset()) -> float | None:
+              unsure: frozenset | set = frozenset(), far: frozenset | set = frozenset()) -> float | None:
     """The next rate to probe, or None when done, on the grid of `grid_steps(rel_tol)` rates per doubling. `unsure`:
-    rates whose evidence was left inconclusive (not passed, but not failed on evidence either).
+    rates whose evidence was left inconclusive (not passed, but not failed on evidence either); `far`: rates that
+    failed far above the wall (FAR_SHARE).
 
     With an `anchor` (the base's knee: {pass: its last pass, fail: its first fail on evidence}; a rung's search):
     the base's fail first; where the rung does not pass there, the base's pass, and then stop: its knee verdict
@@ -415,8 +434,10 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     pass). Anchors outside [min_rate, max_rate] are not probed.
     Without one (rung 0), from the grid rate nearest `start`: up (a doubling after a pass,
     one grid step after an inconclusive rate: the wall is near) until a rate fails on evidence or `max_rate` passes;
-    down likewise while nothing passed (to `min_rate`); then bisect, on the grid, between the last pass and the
-    first fail on evidence, until the bracket is at most `rel_tol` wide or no rate between them is left unprobed
+    down while nothing passed (to `min_rate`): a doubling below a rate in `far` (most of its requests over the SLO,
+    or a backlog: far above the wall), else one grid step (a look that fails stops early, knee.Curtail, so a fail
+    costs little where a pass below the wall costs a whole look); then bisect, on the grid, between the last pass
+    and the first fail on evidence, until the bracket is at most `rel_tol` wide or no rate between them is left unprobed
     (inconclusive ones in between: the knee is there). Each rate is visited once: its evidence is pooled over the
     probes of that visit, not re-drawn later."""
     if len(probes) >= max_probes:
@@ -460,7 +481,7 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
         return None if high >= max_rate or i <= grid_index(high, steps) else grid_rate(i, steps)
     if lo is None:                                  # nothing passed below it: go down
         low = min(verdicts)
-        i = max(grid_index(low, steps) - (1 if low in unsure else steps), bottom)
+        i = max(grid_index(low, steps) - (steps if low in far else 1), bottom)
         return None if low <= min_rate or i >= grid_index(low, steps) else grid_rate(i, steps)
     if width(lo, hi) <= rel_tol:
         return None
@@ -493,29 +514,40 @@ def search(probe, k: dict, slo: dict, report=None) -> tuple[list[dict], list[tup
     rows: list[dict] = []
     probes: list[tuple[float, bool]] = []
     unsure: set[float] = set()  # rates whose visit ended without evidence either way
+    far: set[float] = set()  # rates that failed far above the wall
     cap = k["max_probes"] or len(k["rates"] or []) * k["max_repeats"]
     while True:
         rate = (sweep_next(probes, k["rates"]) if k["mode"] == "sweep" else
                 next_rate(probes, k["start_rate"], k["max_rate"], k["rel_tol"], k["max_probes"], k["min_rate"],
-                          anchor=k.get("anchor"), unsure=unsure))
+                          anchor=k.get("anchor"), unsure=unsure, far=far))
         if rate is None:
             return rows, probes
-        visit: list[dict] = []
-        while True:
-            rows.append(probe(rate, rows))
-            visit.append(rows[-1])
-            ev = judge(visit, slo, Dispersion.of(k.get("dispersion")).phi, k["max_repeats"])
-            if report:
-                report(rows, ev)
-            if (rows[-1].get("failed") or rows[-1].get("backlog") or ev["verdict"] != "inconclusive"
-                    or len(visit) >= k["max_repeats"] or len(probes) + len(visit) >= cap):
-                break
-        for row in visit:
-            row["passed"] = visit[-1]["passed"]
-            probes.append((rate, row["passed"]))
-        last = visit[-1]
+        looks = visit(probe, rate, rows, k, slo, report, cap - len(probes))
+        probes += [(rate, row["passed"]) for row in looks]
+        last = looks[-1]
         if last["evidence"] == "inconclusive" and not (last.get("failed") or last.get("backlog")):
             unsure.add(rate)
+        if last.get("backlog") or (last.get("pooled_over") or 0) >= FAR_SHARE * (last.get("pooled_counted") or 1):
+            far.add(rate)
+
+
+def visit(probe, rate: float, rows: list[dict], k: dict, slo: dict, report=None, cap: int | None = None) -> list[dict]:
+    """One visit of `rate`: looks (`probe(rate, rows)`, appended to `rows`) while its evidence is inconclusive, their
+    counts pooled, up to knee.max_repeats (and `cap`); a failed request or a backlog ends it. Every look takes the
+    visit's final verdict. `report(rows, evidence)` after each. Returns the visit's rows."""
+    looks: list[dict] = []
+    while True:
+        rows.append(probe(rate, rows))
+        looks.append(rows[-1])
+        ev = judge(looks, slo, Dispersion.of(k.get("dispersion")).phi, k["max_repeats"])
+        if report:
+            report(rows, ev)
+        if (rows[-1].get("failed") or rows[-1].get("backlog") or ev["verdict"] != "inconclusive"
+                or len(looks) >= k["max_repeats"] or (cap is not None and len(looks) >= cap)):
+            break
+    for row in looks:
+        row["passed"] = looks[-1]["passed"]
+    return looks
 
 
 def sweep_next(probes: list[tuple[float, bool]], rates: list[float]) -> float | None:

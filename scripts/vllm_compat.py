@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import difflib
 import functools
 import importlib.metadata
@@ -53,7 +54,9 @@ EXPECTED = {
         "get_requests": "args, tokenizer",
         "main": "args",
     },
-    "serve": {"add_cli_args": "parser", "main": "args"},
+    "serve": {"add_cli_args": "parser", "main": "args",
+              "get_request": "input_requests, request_rate, burstiness=1.0, ramp_up_strategy=None, "
+                             "ramp_up_start_rps=None, ramp_up_end_rps=None, self_timed=False"},
     "LLM": {"reset_prefix_cache": None},
 }
 
@@ -271,13 +274,54 @@ def serve_requests(result: dict) -> list[dict]:
     missing = [k for k in keys if k not in result]
     if missing:
         raise _fail(f"`vllm bench serve --save-detailed` wrote no {', '.join(missing)}")
-    out = []
-    for start, ttft, itl, n_out, err in zip(*(result[k] for k in keys)):
-        ok = not err and bool(ttft)
-        decode = sum(itl or [])
-        out.append({"start": start, "ttft": ttft, "end": start + (ttft or 0) + decode, "ok": ok,
-                    "tpot": decode / (n_out - 1) if ok and n_out and n_out > 1 else None})
-    return out
+    return [_request(*x) for x in zip(*(result[k] for k in keys))]
+
+
+def _request(start: float, ttft: float | None, itl: list[float] | None, n_out: int | None, err: str | None) -> dict:
+    ok = not err and bool(ttft)
+    decode = sum(itl or [])
+    return {"start": start, "ttft": ttft, "end": start + (ttft or 0) + decode, "ok": ok,
+            "tpot": decode / (n_out - 1) if ok and n_out and n_out > 1 else None}
+
+
+@contextlib.contextmanager
+def watched_serve(serve, on_done):
+    """While `vllm bench serve`'s main runs in this process: `on_done(request, t0)` as each request of the timed
+    run completes (its dict as serve_requests makes it; t0: when the first was sent), and no request is sent after
+    one returned True (those in flight finish; the result holds the requests sent). vLLM's `benchmark` looks up
+    `get_request` and its request function in the module's globals when it runs (0.26 and 0.32)."""
+    funcs, get_request = serve.ASYNC_REQUEST_FUNCS, serve.get_request
+    saved, state = dict(funcs), {"t0": None, "stop": False}
+
+    def watch(fn):
+        async def watched(*args, **kwargs):
+            out = await fn(*args, **kwargs)
+            t0 = state["t0"]  # None: vLLM's single test request, before the run
+            if t0 is not None and out.start_time >= t0 and on_done(
+                    _request(out.start_time, out.ttft, out.itl, out.output_tokens, out.error), t0):
+                state["stop"] = True
+            return out
+        return watched
+
+    async def gated(*args, **kwargs):
+        gen = get_request(*args, **kwargs)
+        try:
+            async for item in gen:
+                if state["stop"]:
+                    break
+                if state["t0"] is None:
+                    state["t0"] = time.perf_counter()
+                yield item
+        finally:
+            await gen.aclose()
+
+    funcs.update({name: watch(fn) for name, fn in saved.items()})
+    serve.get_request = gated
+    try:
+        yield state
+    finally:
+        funcs.update(saved)
+        serve.get_request = get_request
 
 
 def cli_flags(engine: dict) -> list[str]:

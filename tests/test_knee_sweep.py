@@ -2,9 +2,11 @@
 calls re-send the same prompts (one seed for all let the prefix cache serve later probes: 66 % hits on the
 H200). The probe client is a stand-in writing vLLM-shaped result JSON; the real path runs in the e2e tests."""
 import json
+import time
 
 import config
 import knee
+import pytest
 
 # the knee section as the stage gets it: validated, the model's defaults filled (timeouts, min_rate), and the
 # workload the stage adds (workload.prepare)
@@ -29,15 +31,23 @@ class FakeProber:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, argv, timeout, what):
+    def __call__(self, argv, timeout, what, watch=None):
         a = {f: argv[i + 1] for i, f in enumerate(argv[:-1]) if f.startswith("--")}  # flag -> the token after it
         rate, n = float(a["--request-rate"]), int(a["--num-prompts"])
         self.calls.append({"rate": rate, "n": n, "seed": a["--seed"], "what": what,
                            "detailed": "--save-detailed" in argv, "concurrency": a.get("--max-concurrency")})
         ttft = 0.1 * (1 + 4 * (rate / CAPACITY) ** 8)  # flat, then a wall: 500 ms at CAPACITY
+        starts = [1000 + i / rate for i in range(n)]
+        if watch:  # as vllm_compat.watched_serve: completions in the order they end; no arrival after a True
+            for i in range(n):
+                if watch({"start": starts[i], "ttft": ttft, "end": starts[i] + ttft + 63 * 0.02, "ok": True,
+                          "tpot": 0.02}, 1000):
+                    starts = [t for t in starts if t <= starts[i] + ttft + 63 * 0.02]
+                    break
+        n = len(starts)
         result = {"completed": n, "failed": 0, "request_throughput": rate * 0.97, "output_throughput": rate * 60,
                   "request_goodput": rate, "duration": n / rate,
-                  "start_times": [1000 + i / rate for i in range(n)], "ttfts": [ttft] * n,
+                  "start_times": starts, "ttfts": [ttft] * n,
                   "itls": [[0.02] * 63] * n, "output_lens": [64] * n, "errors": [""] * n,
                   "generated_texts": ["x"] * n}
         for p in (50, 90, 99):
@@ -62,11 +72,12 @@ def test_search_brackets_the_synthetic_knee_and_every_call_has_its_own_seed(tmp_
     # every probe holds enough requests for a p99 (300 counted after the ramp-up and the settle), however low its rate
     assert all(c["n"] >= 334 and c["detailed"] for c in prober.calls[1:])
     assert all(r["counted"] >= 300 and r["needed"] == 300 and r["settled"] for r in rows if r["passed"])
-    # an overloaded probe fails on evidence, also where its latency outran its window (it counts its second half)
+    # an overloaded probe fails on evidence, and stops sending once that is certain (its first fail over half sent)
     assert all(r["evidence"] == "fail" for r in rows if not r["passed"])
-    assert any(not r["settled"] for r in rows if not r["passed"])
+    assert all(r["stopped_early"] and r["sent"] < r["num_prompts"] for r in rows if not r["passed"])
+    assert all(not r["stopped_early"] and r["sent"] == r["num_prompts"] for r in rows if r["passed"])
     slim = json.loads((tmp_path / "probe-01-4rps.json").read_text())  # the per-token lists are not kept
-    assert "itls" not in slim and "generated_texts" not in slim and len(slim["requests"]) == rows[0]["num_prompts"]
+    assert "itls" not in slim and "generated_texts" not in slim and len(slim["requests"]) == rows[0]["sent"]
 
 
 def test_the_search_starts_from_the_bench_estimate_and_falls_back_to_start_rate():
@@ -83,3 +94,40 @@ def test_the_batch1_probe_sends_one_request_at_a_time_with_its_own_seed(tmp_path
     assert one["requests"] == 3 and one["tpot_ms"] == 20.0
     assert call["n"] == 3 and call["concurrency"] == "1" and call["seed"] == "10000"
     assert knee.batch1(prober, FakeServer(), "model", {**K, "batch1_requests": 0}, SLO, tmp_path) is None
+
+
+def test_watched_serve_stops_arrivals_once_watch_says_so_and_restores_vllms_module():
+    import asyncio
+    import types
+
+    import vllm_compat
+
+    class Out:  # vLLM's RequestFuncOutput, as far as the watch reads it
+        def __init__(self, start):
+            self.start_time, self.ttft, self.itl, self.output_tokens, self.error = start, 0.6, [0.01] * 9, 10, ""
+
+    async def request(request_func_input, session=None, pbar=None):
+        return Out(time.perf_counter())
+
+    async def get_request(input_requests, request_rate, burstiness=1.0, ramp_up_strategy=None,
+                          ramp_up_start_rps=None, ramp_up_end_rps=None, self_timed=False):
+        for r in input_requests:
+            yield r, request_rate
+
+    serve = types.SimpleNamespace(ASYNC_REQUEST_FUNCS={"openai": request}, get_request=get_request)
+
+    async def benchmark():  # as vLLM's: a test request, then the run; both look their functions up when they run
+        fn = serve.ASYNC_REQUEST_FUNCS["openai"]
+        await fn("test")
+        return [await fn(r) async for r, _ in serve.get_request(list(range(20)), 1.0)]
+
+    seen = []
+
+    def watch(req, t0):
+        seen.append(req)
+        return len(seen) >= 5
+    with vllm_compat.watched_serve(serve, watch):
+        outs = asyncio.run(benchmark())
+    assert len(outs) == len(seen) == 5  # the test request is not the run's; nothing sent after the 5th
+    assert seen[0]["ttft"] == 0.6 and seen[0]["tpot"] == pytest.approx(0.01) and seen[0]["ok"]
+    assert serve.ASYNC_REQUEST_FUNCS["openai"] is request and serve.get_request is get_request

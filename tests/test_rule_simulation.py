@@ -148,46 +148,68 @@ KNEE_SETTINGS = {**P4090["knee"], "rates": None, "min_rate": None}
 KNEE_SLO = P4090["slo"]
 
 
-def over_count(rng, n: int, share: float, phi: float = PHI) -> int:
-    """Requests over the SLO among n: clusters (Poisson) of geometric size, mean (phi + 1) / 2: variance phi x n s."""
+def look(rng, n: int, share: float, need: int | None = None, phi: float = PHI) -> tuple[int, int]:
+    """One look of n counted requests: (over the SLO, counted). The requests over it come in clusters (Poisson) of
+    geometric size, mean (phi + 1) / 2 (variance phi x n s), each at a uniform place in the look. With `need` (the
+    look stops sending once its fail is certain: knee.Curtail), it ends at the request where the count reaches it."""
     m = (phi + 1) / 2
     clusters = rng.poisson(n * share / m)
-    return int(min(n, rng.geometric(1 / m, clusters).sum())) if clusters else 0
+    if not clusters:
+        return 0, n
+    sizes, at = rng.geometric(1 / m, clusters), np.sort(rng.uniform(0, 1, clusters))
+    total = np.cumsum(sizes)
+    if need is None or total[-1] < need:
+        return int(min(n, total[-1])), n
+    i = int(np.argmax(total >= need))
+    seen = min(max(int(np.ceil(at[i] * n)), int(total[i])), n)
+    return int(min(total[i], seen)), seen
+
+
+LOOK_S = 10.0  # a look's seconds around its counted arrivals (settle, tail, drain): H200 looks of ~40 s counted, ~50
 
 
 def knee_search(rng, knee: float, anchor: dict | None = None, server_cv: float = SERVER_CV, floor: float = 0.0,
-                true_phi: float = PHI) -> dict:
-    k, q = {**KNEE_SETTINGS, "start_rate": 0.7 * knee, "anchor": anchor}, 1 - KNEE_SLO["percentile"] / 100
+                true_phi: float = PHI, start: float = 0.7, curtail: bool = True) -> dict:
+    k, q = {**KNEE_SETTINGS, "start_rate": start * knee, "anchor": anchor}, 1 - KNEE_SLO["percentile"] / 100
     server = knee * (1 + rng.normal(0, server_cv))
+    conf = probing.look_confidence(k["max_repeats"])
 
     def probe(rate, rows):
         counted = probing.probe_prompts(rate, k["probe_seconds"], KNEE_SLO["percentile"], 0.0, k["min_prompts"],
                                       k["max_prompts"], phi=PHI, looks=k["max_repeats"])
         share = min(q * (rate / server) ** GAMMA, 1.0)
-        return {"offered_rps": rate, "counted": counted, "over_slo": over_count(rng, counted, share, true_phi),
-                "failed": 0, "backlog": False}
+        visit = [r for r in rows if r["offered_rps"] == rate]  # the search visits a rate once
+        need = probing.fail_count(counted + sum(r["counted"] for r in visit), KNEE_SLO["percentile"], PHI, conf)
+        need = need and max(need - sum(r["over_slo"] for r in visit), 1)
+        over, seen = look(rng, counted, share, need if curtail else None, true_phi)
+        return {"offered_rps": rate, "counted": seen, "over_slo": over, "failed": 0, "backlog": False,
+                "seconds": seen / rate + LOOK_S}
     rows, probes = probing.search(probe, k, KNEE_SLO)
     return {**probing.knee_result(probes, None, k["rel_tol"], rows),
-            "conclusive_fail_rps": probing.conclusive_fail(rows), "noise_floor": floor, "probes": len(rows)}
+            "conclusive_fail_rps": probing.conclusive_fail(rows), "noise_floor": floor, "probes": len(rows),
+            "seconds": sum(r["seconds"] for r in rows)}
 
 
 KNEE = 11.31  # on a grid rate: the worst place for a knee (the rate at it is inconclusive half the time)
 
 
 def knee_rates(factor: float, seed: int, server_cv: float = SERVER_CV, floor: float = 0.0, knee: float = KNEE,
-               true_phi: float = PHI) -> dict:
+               true_phi: float = PHI, **search) -> dict:
     """A base's knee search on its own server, then a rung's (the base's knee times `factor`) on another, started
     from the base's knee as the ladder starts it (ladder.knee_anchor), judged by stats.knee_delta."""
     rng = np.random.default_rng(seed)
-    calls, probes = [], []
+    calls, probes, seconds = [], [], []
     for _ in range(TRIALS):
-        base = knee_search(rng, knee, server_cv=server_cv, floor=floor, true_phi=true_phi)
+        base = knee_search(rng, knee, server_cv=server_cv, floor=floor, true_phi=true_phi, **search)
         anchor = ladder.knee_anchor({"knee": base}, {}, floor=floor)
-        new = knee_search(rng, knee * factor, anchor, server_cv, floor, true_phi)
+        new = knee_search(rng, knee * factor, anchor, server_cv, floor, true_phi,
+                          **{key: v for key, v in search.items() if key != "start"})
         calls.append(stats.knee_delta(base, new)["verdict"])
         probes.append((base["probes"], new["probes"]))
+        seconds.append((base["seconds"], new["seconds"]))
     out = {v: calls.count(v) / TRIALS for v in ("better", "worse", "within noise", "unknown")}
-    return {**out, "probes": np.mean(probes, axis=0).round(1).tolist()}
+    return {**out, "probes": np.mean(probes, axis=0).round(1).tolist(),
+            "seconds": np.mean(seconds, axis=0).round(0).tolist()}
 
 
 @pytest.mark.parametrize("knee", [KNEE, 11.0], ids=["knee on a grid rate", "knee between grid rates"])
@@ -245,3 +267,25 @@ def test_the_knee_model_rests_on_the_h200_study():
     wall = next(r for r in rows if r["offered_rps"] == 14)
     assert wall["over_slo"] / wall["counted"] > 0.8  # q (14 / 11.31)^13 = 0.8
     assert 0.05 * (14 / 11.31) ** GAMMA == pytest.approx(0.8, abs=0.05)
+
+
+def test_a_look_that_stops_once_its_fail_is_certain_keeps_the_rule_and_probes_less():
+    # a stopped look's fail was certain; what changes is the path after it (a stopped look reads a higher share
+    # over the SLO, probing.FAR_SHARE)
+    for factor, seed in ((1.0, 21), (2 ** -0.5, 23)):
+        whole = knee_rates(factor, seed=seed, start=1.19, curtail=False)
+        cut = knee_rates(factor, seed=seed, start=1.19, curtail=True)
+        if factor == 1.0:
+            assert cut["better"] <= 0.025 and cut["worse"] <= 0.025, cut
+        else:
+            assert cut["worse"] >= 0.80, cut
+        assert cut["seconds"][0] < whole["seconds"][0] and cut["seconds"][1] < whole["seconds"][1], (cut, whole)
+
+
+@pytest.mark.parametrize("start", [1.19, 4.0], ids=["from 1.19x the knee", "from 4x the knee"])
+def test_a_base_search_that_starts_above_the_knee_keeps_the_rule(start):
+    # one grid rate down after a fail near the wall, a halving after one far above it (probing.FAR_SHARE): the
+    # H200's searches began at 1.19x, where the base's search probed ~240 s here, ~330 when it always halved
+    aa, down = knee_rates(1.0, seed=27, start=start), knee_rates(2 ** -0.5, seed=28, start=start)
+    assert aa["better"] <= 0.025 and aa["worse"] <= 0.025, aa
+    assert down["worse"] >= 0.80, down

@@ -519,3 +519,19 @@ def test_the_knee_is_the_highest_rate_passed_on_evidence_below_the_first_failed_
     assert (res["knee_rps"], res["first_fail_rps"]) == (11.31, 13.45) and probing.conclusive_fail(rows) == 19.03
     rows[-1]["evidence"] = "inconclusive"  # no fail on evidence anywhere: the highest pass
     assert probing.knee_result(probes, rows=rows)["knee_rps"] == 11.31
+
+
+def test_a_search_above_the_wall_steps_down_one_grid_rate_and_halves_below_a_rate_far_above_it():
+    assert probing.next_rate([(13.45, False)], 13.45, 128, 0.2, 10) == 11.31
+    assert probing.next_rate([(13.45, False)], 13.45, 128, 0.2, 10, far={13.45}) == 6.727
+    assert probing.next_rate([(13.45, False), (11.31, False)], 13.45, 128, 0.2, 10) == 9.514
+
+
+def test_a_look_fails_for_certain_at_the_fewest_requests_over_that_fail_it_were_all_counted():
+    need = probing.fail_count(600, 95, 6.9, 0.975)
+    assert probing.slo_evidence(600, need, 95, 0.975, 6.9)["verdict"] == "fail"
+    assert probing.slo_evidence(600, need - 1, 95, 0.975, 6.9)["verdict"] != "fail"
+    assert need == 64
+    # fewer requests over than that, with only some counted, may already fail: the look stops later than it could
+    assert probing.slo_evidence(200, need - 10, 95, 0.975, 6.9)["verdict"] == "fail"
+    assert probing.fail_count(3, 95, 6.9) is None  # too few to fail at all

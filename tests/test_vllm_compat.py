@@ -144,7 +144,10 @@ def test_a_changed_internal_fails_with_one_line_naming_version_and_what_changed(
 
 
 def test_matching_internals_pass_the_check():
-    fake = types.SimpleNamespace(add_cli_args=lambda parser: None, main=lambda args: None)
+    async def get_request(input_requests, request_rate, burstiness=1.0, ramp_up_strategy=None,
+                          ramp_up_start_rps=None, ramp_up_end_rps=None, self_timed=False):
+        yield None
+    fake = types.SimpleNamespace(add_cli_args=lambda parser: None, main=lambda args: None, get_request=get_request)
     vllm_compat.check_api(fake, "serve")
 
 
