@@ -116,15 +116,19 @@ class Prober:
 
 class Curtail:
     """A look that stops sending once its fail is certain: the requests over the SLO among those it sent after its
-    ramp-up share (knee.ramp_fraction of its planned arrivals), counted as they complete, reach
-    probing.fail_count over every request the visit could count (its earlier looks' counted and this look's n, less
-    the earlier looks' over). On the H200 a look at the wall sized for a pass (~550 counted) failed 349 of 484."""
+    ramp-up and settle (knee.ramp_fraction of its planned arrivals, knee.settle_latencies of its estimated
+    end-to-end latency), counted as they complete, reach probing.fail_count over every request the visit could count
+    (its earlier looks' counted and this look's n, less the earlier looks' over). The row is judged as any other
+    (its window read afterwards): where that leaves it inconclusive the visit looks again. On the H200 a look at
+    the wall sized for a pass (~550 counted) failed 349 of 484; stopped, a look there sent 209 to 439 of 713."""
 
-    def __init__(self, rate: float, n: int, k: dict, slo: dict, visit: list[dict]):
+    def __init__(self, rate: float, n: int, k: dict, slo: dict, visit: list[dict], e2e_s: float = 0.0):
         phi, conf = probing.Dispersion.of(k["dispersion"]).phi, probing.look_confidence(k["max_repeats"])
         need = probing.fail_count(n + sum(r["counted"] for r in visit), slo["percentile"], phi, conf)
         self.need = None if need is None else max(need - sum(r["over_slo"] or 0 for r in visit), 1)
-        self.skip_s, self.slo, self.over, self.stopped = k["ramp_fraction"] * n / rate, slo, 0, False
+        # requests that arrived while the server filled are not counted (probing.counted_window): nor here
+        self.skip_s = max(k["ramp_fraction"] * n / rate, k["settle_latencies"] * e2e_s)
+        self.slo, self.over, self.stopped = slo, 0, False
 
     def __call__(self, req: dict, t0: float) -> bool:
         if self.need is not None and req["start"] >= t0 + self.skip_s:
@@ -221,7 +225,8 @@ def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
     """One look at `rate`: its row, not yet judged (probing.visit judges it). Its seed from the `rows` so far unless
     given. It stops sending once its fail is certain (Curtail), counting the `visit`'s earlier looks (by default the
     rows before it at `rate`: the search visits a rate once)."""
-    n = prompts_for(rate, k, slo, e2e_estimate(rows, k.get("e2e_warm_s"), rate))
+    e2e = e2e_estimate(rows, k.get("e2e_warm_s"), rate)
+    n = prompts_for(rate, k, slo, e2e)
     if seed is None:
         at_rate = [(x["offered_rps"], x["passed"]) for x in rows]
         seed = (len(rows) + 1 if k["mode"] == "sweep" else
@@ -229,7 +234,7 @@ def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
     name = f"probe-{len(rows) + 1:02d}-{rate:g}rps.json"
     if visit is None:
         visit = list(itertools.takewhile(lambda r: r["offered_rps"] == rate, reversed(rows)))
-    curtail = Curtail(rate, n, k, slo, visit)
+    curtail = Curtail(rate, n, k, slo, visit, e2e)
     try:
         prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
                f"vllm bench serve at {rate:g} req/s", watch=curtail)

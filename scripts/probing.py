@@ -192,7 +192,7 @@ def dispersion_of(probes: list[dict], slo: dict, block_s: float = 4.0) -> dict:
 
 def evidence_words(e: dict) -> str:
     return (f"{e['over_slo']} of {e['counted']} counted requests over the SLO ({e['verdict']} at "
-            f"{e['confidence']:.0%} that at most {e['allowed_share']:.0%} break it)")
+            f"{e['confidence'] * 100:.3g}% that at most {e['allowed_share']:.0%} break it)")
 
 
 def pooled_evidence(rows: list[dict], rate: float, percentile: float, phi: float = 1.0,
