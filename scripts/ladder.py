@@ -340,8 +340,7 @@ class Driver:
         base["kept"], base["decision"] = True, "rung 0: the reference"
         self.finish(base)
         self.final_exp = base["exp"]
-        last = max((i for i, r in enumerate(self.plan.rungs, 1) if not r.get("skip") and
-                    self.plan.gpus >= ((r["when"] or {}).get("min_gpus") or 0)), default=0)
+        last = max((i for i, r in enumerate(self.plan.rungs, 1) if planning.runs_here(self.plan, r)), default=0)
         for i, rung in enumerate(self.plan.rungs, 1):
             if rung.get("skip"):
                 self.finish(self.skipped(i, rung["name"], "rung", rung["set"], rung, f"skipped: {rung['skip']}"))

@@ -299,8 +299,7 @@ class Plan:
     def experiments(self) -> int:
         """`dvc exp run`s the ladder will make at most, fallbacks aside: rung 0 + every candidate of every rung
         this machine can run."""
-        return 1 + sum(len(rung_changes(r)) for r in self.rungs
-                       if (r["when"] or {}).get("min_gpus", 0) <= self.gpus and not r.get("skip"))
+        return 1 + sum(len(rung_changes(r)) for r in self.rungs if runs_here(self, r))
 
 
 def resolve(params: dict, lad: dict, profile: str, defaults: dict | None, gpus: int, limit: int | None = None,
@@ -364,7 +363,7 @@ def check_target(p: Plan, gpus: list[dict]) -> None:
 # ---------------------------------------------------------------- the pre-flight: what vLLM refuses at start
 def runs_here(p: Plan, rung: dict) -> bool:
     """The driver runs this rung on this machine: not skipped (MODEL= without a variant), enough GPUs."""
-    return not rung.get("skip") and (rung["when"] or {}).get("min_gpus", 0) <= p.gpus
+    return not rung.get("skip") and ((rung["when"] or {}).get("min_gpus") or 0) <= p.gpus
 
 
 def _knobs_text(change: dict) -> str:

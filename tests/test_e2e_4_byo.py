@@ -104,7 +104,8 @@ def test_a_users_prompts_file_drives_bench_and_knee(proj):
     rendered = (proj.path / "results/logs/knee/prompts.jsonl").read_text()
     assert "Answer briefly." in rendered and "<|im_start|>assistant" in rendered  # the model's chat template
     assert "--dataset-name custom" in (proj.path / "results/logs/knee/probes.log").read_text()
-    assert knee["probes"] >= 1 and knee["rows"][0]["completed"] == knee["rows"][0]["num_prompts"]
+    assert knee["probes"] >= 1 and knee["rows"][0]["completed"] == knee["rows"][0]["sent"]  # a look may stop early
+    assert knee["requests_sent"] == sum(r["sent"] for r in knee["rows"])
     # the prompts file is a dependency: editing it makes bench and knee stale
     prompts.write_text(prompts.read_text() + json.dumps({"prompt": "One more."}) + "\n")
     status = proj.dvc("status", "bench", "knee").stdout
