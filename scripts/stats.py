@@ -182,7 +182,9 @@ def knee_delta(base: dict, new: dict) -> dict:
     worse = kb is not None and ff_n * (1 + floor) <= kb * (1 + GRID_ROUNDING)
     verdict = "within noise" if better == worse else "better" if better else "worse"
     rel = (kn - kb) / kb if kb is not None and kn is not None else None
-    why = f"bracket {fmt_g(kb)}–{fmt_g(ff_b)} → {fmt_g(kn)}–{fmt_g(ff_n)} req/s (last pass – first fail on evidence)"
+    def span(lo, hi):  # a bracket with no pass on evidence says so, not "––3.364"
+        return f"{'no pass' if lo is None else fmt_g(lo)}–{fmt_g(hi)}"
+    why = f"bracket {span(kb, ff_b)} → {span(kn, ff_n)} req/s (last pass – first fail on evidence)"
     if kn is None and verdict == "worse":
         why = "knee lost: the SLO was met at no probed rate, and failed on evidence at or below the base's knee; " + why
     if verdict == "better":

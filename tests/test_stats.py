@@ -535,3 +535,9 @@ def test_a_look_fails_for_certain_at_the_fewest_requests_over_that_fail_it_were_
     # fewer requests over than that, with only some counted, may already fail: the look stops later than it could
     assert probing.slo_evidence(200, need - 10, 95, 0.975, 6.9)["verdict"] == "fail"
     assert probing.fail_count(3, 95, 6.9) is None  # too few to fail at all
+
+
+def test_a_knee_bracket_with_no_pass_says_so():
+    d = stats.knee_delta({"knee_rps": 3.364, "conclusive_fail_rps": 4.757, "noise_floor": 0.5},
+                         {"knee_rps": None, "conclusive_fail_rps": 3.364, "noise_floor": 0.5})
+    assert "bracket 3.364–4.757 → no pass–3.364 req/s" in d["why"], d
