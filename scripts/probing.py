@@ -139,7 +139,8 @@ def fail_count(n: int, percentile: float, phi: float = 1.0, confidence: float = 
     """The fewest requests over the SLO with which a look that sends `n` fails whatever the others show: their
     evidence is 'fail' even were all `n` counted (a fail's evidence only weakens as requests within the SLO are
     added). A look stops sending once it has that many (knee.Curtail): its counts only grow, so watching them as
-    they come calls no more false fails than the whole look's test. None where even `n` over would not fail."""
+    they come stops a look no more often than the whole look's test would fail it. None where even `n` over would
+    not fail."""
     if not n or slo_evidence(n, n, percentile, confidence, phi)["verdict"] != "fail":
         return None
     lo, hi = 0, n  # slo_evidence(n, k) fails for every k >= the answer
