@@ -3,9 +3,8 @@
 The knee is the highest offered rate whose TTFT and TPOT at the SLO's percentile (slo.percentile, ramp-up
 arrivals left out, enough requests counted for that percentile) meet the SLO with no failed request and no
 backlog. knee.mode `search` starts from the bench's measured req/s (× knee.start_fraction), goes up until the SLO
-breaks or down until it holds, then bisects until the bracket is at most knee.rel_tol wide (probing.next_rate). Its
-rates lie on a fixed grid and
-each (rate, repeat) has its own seed, so rungs that probe a rate send it the same arrival sequence
+breaks or down until it holds, then bisects until the bracket is at most knee.rel_tol wide. Its rates lie on a fixed
+grid and each (rate, repeat) has its own seed, so rungs that probe a rate send it the same arrival sequence
 (probing.next_rate, probing.probe_seed). `sweep` probes the fixed knee.rates. One server serves every probe (after a
 warm-up) and is stopped by PID in every outcome.
 Writes results/knee.csv (one row per probe), results/knee.json; each probe's vLLM JSON and the sweep so far
@@ -115,12 +114,13 @@ class Prober:
 
 
 class Curtail:
-    """A look that stops sending once its fail is certain: the requests over the SLO among those it sent after its
-    ramp-up and settle (knee.ramp_fraction of its planned arrivals, knee.settle_latencies of its estimated
-    end-to-end latency), counted as they complete, reach probing.fail_count over every request the visit could count
-    (its earlier looks' counted and this look's n, less the earlier looks' over). The row is judged as any other
-    (its window read afterwards): where that leaves it inconclusive the visit looks again. On the H200 a look at
-    the wall sized for a pass (~550 counted) failed 349 of 484; stopped, a look there sent 209 to 439 of 713."""
+    """A look that stops sending once enough requests broke the SLO to fail it: those over the SLO among the ones
+    it sent after its ramp-up and settle (knee.ramp_fraction of its planned arrivals, knee.settle_latencies of its
+    estimated end-to-end latency), counted as they complete, reach probing.fail_count over every request the visit
+    could count (its earlier looks' counted and this look's n, less the earlier looks' over). The row is judged as
+    any other (its window read afterwards): where that leaves it inconclusive the visit looks again. On the H200 a
+    look at the wall sized for a pass (~550 counted) failed 349 of 484; stopped, a look there sent 209 to 439 of
+    713."""
 
     def __init__(self, rate: float, n: int, k: dict, slo: dict, visit: list[dict], e2e_s: float = 0.0):
         phi, conf = probing.Dispersion.of(k["dispersion"]).phi, probing.look_confidence(k["max_repeats"])
@@ -206,7 +206,8 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
     grid rate and repeat); sweep, its place in knee.rates. Seed 0 was the warm-up's."""
     def report(rows: list[dict], ev: dict) -> None:
         row, p = rows[-1], f"p{slo['percentile']:g}"
-        sent = (f"{row['sent']} of {row['num_prompts']} sent (stopped: the fail certain)" if row.get("stopped_early")
+        sent = (f"{row['sent']} of {row['num_prompts']} sent (stopped: enough over the SLO to fail it)"
+                if row.get("stopped_early")
                 else row["num_prompts"])
         line = (f"{row['offered_rps']:g} req/s x{sent} ({row['counted']} counted, {row['over_slo']} over "
                 f"the SLO; pooled {ev['over_slo']}/{ev['counted']}: {ev['verdict']}): {p} TTFT "
@@ -223,8 +224,8 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
 def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs, rate: float,
           rows: list[dict], seed: int | None = None, visit: list[dict] | None = None) -> dict:
     """One look at `rate`: its row, not yet judged (probing.visit judges it). Its seed from the `rows` so far unless
-    given. It stops sending once its fail is certain (Curtail), counting the `visit`'s earlier looks (by default the
-    rows before it at `rate`: the search visits a rate once)."""
+    given. It stops sending once enough requests broke the SLO to fail it (Curtail), counting the `visit`'s earlier
+    looks (by default the rows before it at `rate`: the search visits a rate once)."""
     e2e = e2e_estimate(rows, k.get("e2e_warm_s"), rate)
     n = prompts_for(rate, k, slo, e2e)
     if seed is None:
