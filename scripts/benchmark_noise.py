@@ -276,8 +276,7 @@ def visit_again(prober, srv, model_path: str, k: dict, slo: dict, logs, rate: fl
 
     def report(rows, ev):
         row = rows[-1]
-        sent = f"{row['sent']} of {row['num_prompts']}" if row["stopped_early"] else row["num_prompts"]
-        print(f"7. {rate:g} req/s visit {visit} look {len(rows) - first} x{sent}: {row['over_slo']} of "
+        print(f"7. {rate:g} req/s visit {visit} look {len(rows) - first} x{knee.sent_words(row)}: {row['over_slo']} of "
               f"{row['counted']} over the SLO (pooled {ev['over_slo']} of {ev['counted']}): {ev['verdict']}; "
               f"p{slo['percentile']} TTFT {row['slo_ttft_ms'] or 0:.0f} ms; {row['wall_s']:.0f} s", flush=True)
     return probing.visit(look, rate, rows, k, slo, report)
@@ -297,8 +296,8 @@ def probe_repeats(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: l
             visits: list[str] = []
             for j in range(repeats):
                 looks = visit_again(prober, srv, model_path, kk, slo, logs, rate, rows, j + 1)
-                visits.append("pass" if looks[-1]["passed"] else looks[-1]["evidence"]
-                              if looks[-1]["evidence"] != "pass" else "fail")
+                last = looks[-1]  # passed on evidence but failed a request or backlogged: a fail
+                visits.append("pass" if last["passed"] else "fail" if last["evidence"] == "pass" else last["evidence"])
                 out["rates"][f"{rate:g}"] = {"visits": visits, "looks": [
                     {x: r.get(x) for x in ("visit", "num_prompts", "sent", "stopped_early", "counted", "over_slo",
                                            "evidence", "slo_ttft_ms", "slo_tpot_ms", "wall_s")}

@@ -123,9 +123,8 @@ class Curtail:
     713."""
 
     def __init__(self, rate: float, n: int, k: dict, slo: dict, visit: list[dict], e2e_s: float = 0.0):
-        phi, conf = probing.Dispersion.of(k["dispersion"]).phi, probing.look_confidence(k["max_repeats"])
-        need = probing.fail_count(n + sum(r["counted"] for r in visit), slo["percentile"], phi, conf)
-        self.need = None if need is None else max(need - sum(r["over_slo"] or 0 for r in visit), 1)
+        self.need = probing.stop_count(n, visit, slo["percentile"], probing.Dispersion.of(k["dispersion"]).phi,
+                                       k["max_repeats"])
         # requests that arrived while the server filled are not counted (probing.counted_window): nor here
         self.skip_s = max(k["ramp_fraction"] * n / rate, k["settle_latencies"] * e2e_s)
         self.slo, self.over, self.stopped = slo, 0, False
@@ -135,6 +134,13 @@ class Curtail:
             self.over += probing.over_slo(req, self.slo)
             self.stopped = self.stopped or self.over >= self.need
         return self.stopped
+
+
+def sent_words(row: dict) -> str:
+    """A look's requests as its log line says them: all it planned, or how many of them it sent before it stopped."""
+    if row.get("stopped_early"):
+        return f"{row['sent']} of {row['num_prompts']} sent (stopped: enough over the SLO to fail it)"
+    return str(row["num_prompts"])
 
 
 def row_from(result: dict, reqs: list[dict], rate: float, n: int, k: dict, slo: dict) -> dict:
@@ -206,10 +212,7 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
     grid rate and repeat); sweep, its place in knee.rates. Seed 0 was the warm-up's."""
     def report(rows: list[dict], ev: dict) -> None:
         row, p = rows[-1], f"p{slo['percentile']:g}"
-        sent = (f"{row['sent']} of {row['num_prompts']} sent (stopped: enough over the SLO to fail it)"
-                if row.get("stopped_early")
-                else row["num_prompts"])
-        line = (f"{row['offered_rps']:g} req/s x{sent} ({row['counted']} counted, {row['over_slo']} over "
+        line = (f"{row['offered_rps']:g} req/s x{sent_words(row)} ({row['counted']} counted, {row['over_slo']} over "
                 f"the SLO; pooled {ev['over_slo']}/{ev['counted']}: {ev['verdict']}): {p} TTFT "
                 f"{row['slo_ttft_ms'] or 0:.0f} ms, {p} TPOT {row['slo_tpot_ms'] or 0:.1f} ms, achieved "
                 f"{row['achieved_rps'] or 0:.2f} req/s, failed {row['failed']} -> "

@@ -150,6 +150,14 @@ def fail_count(n: int, percentile: float, phi: float = 1.0, confidence: float = 
     return hi
 
 
+def stop_count(n: int, visit: list[dict], percentile: float, phi: float = 1.0, looks: int = 1) -> int | None:
+    """The requests over the SLO a look that sends `n` stops at (knee.Curtail): fail_count over every request its
+    visit could count (the `visit`'s earlier looks' counted and these n, each look at look_confidence(looks)),
+    less the earlier looks' over; at least 1. None where no count would fail it."""
+    need = fail_count(n + sum(r["counted"] for r in visit), percentile, phi, look_confidence(looks))
+    return None if need is None else max(need - sum(r["over_slo"] or 0 for r in visit), 1)
+
+
 def over_slo(r: dict, slo: dict) -> bool:
     """Whether one request broke the SLO: it failed, or its TTFT or TPOT is over budget."""
     return (not r["ok"] or r["ttft"] * 1000 > slo["ttft_ms"]

@@ -72,12 +72,21 @@ def test_search_brackets_the_synthetic_knee_and_every_call_has_its_own_seed(tmp_
     # every probe holds enough requests for a p99 (300 counted after the ramp-up and the settle), however low its rate
     assert all(c["n"] >= 334 and c["detailed"] for c in prober.calls[1:])
     assert all(r["counted"] >= 300 and r["needed"] == 300 and r["settled"] for r in rows if r["passed"])
-    # an overloaded probe fails on evidence, and stops sending once that is certain (its first fail over half sent)
+    # an overloaded probe fails on evidence, and stops sending once enough broke the SLO to fail it
     assert all(r["evidence"] == "fail" for r in rows if not r["passed"])
     assert all(r["stopped_early"] and r["sent"] < r["num_prompts"] for r in rows if not r["passed"])
     assert all(not r["stopped_early"] and r["sent"] == r["num_prompts"] for r in rows if r["passed"])
     slim = json.loads((tmp_path / "probe-01-4rps.json").read_text())  # the per-token lists are not kept
     assert "itls" not in slim and "generated_texts" not in slim and len(slim["requests"]) == rows[0]["sent"]
+
+
+def test_a_whole_overloaded_look_fails_on_evidence_also_where_its_latency_outran_its_window(tmp_path):
+    class WholeLooks(FakeProber):  # a look that never stops early: it counts its second half
+        def __call__(self, argv, timeout, what, watch=None):
+            super().__call__(argv, timeout, what)
+    rows, _ = knee.sweep(WholeLooks(), FakeServer(), "model", K, SLO, tmp_path)
+    assert all(r["evidence"] == "fail" for r in rows if not r["passed"])
+    assert any(not r["settled"] for r in rows if not r["passed"])
 
 
 def test_the_search_starts_from_the_bench_estimate_and_falls_back_to_start_rate():

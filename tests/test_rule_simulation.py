@@ -172,15 +172,13 @@ def knee_search(rng, knee: float, anchor: dict | None = None, server_cv: float =
                 true_phi: float = PHI, start: float = 0.7, curtail: bool = True) -> dict:
     k, q = {**KNEE_SETTINGS, "start_rate": start * knee, "anchor": anchor}, 1 - KNEE_SLO["percentile"] / 100
     server = knee * (1 + rng.normal(0, server_cv))
-    conf = probing.look_confidence(k["max_repeats"])
 
     def probe(rate, rows):
         counted = probing.probe_prompts(rate, k["probe_seconds"], KNEE_SLO["percentile"], 0.0, k["min_prompts"],
                                       k["max_prompts"], phi=PHI, looks=k["max_repeats"])
         share = min(q * (rate / server) ** GAMMA, 1.0)
         visit = [r for r in rows if r["offered_rps"] == rate]  # the search visits a rate once
-        need = probing.fail_count(counted + sum(r["counted"] for r in visit), KNEE_SLO["percentile"], PHI, conf)
-        need = need and max(need - sum(r["over_slo"] for r in visit), 1)
+        need = probing.stop_count(counted, visit, KNEE_SLO["percentile"], PHI, k["max_repeats"])  # as knee.Curtail
         over, seen = look(rng, counted, share, need if curtail else None, true_phi)
         return {"offered_rps": rate, "counted": seen, "over_slo": over, "failed": 0, "backlog": False,
                 "seconds": seen / rate + LOOK_S}
