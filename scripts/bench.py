@@ -18,10 +18,8 @@ import time
 from pathlib import Path
 
 import common
-import engine
-import probing
-import vllm_compat
-import workload
+from measure import probing, workload
+from serving import engine, vllm_compat
 
 
 class ShapeError(RuntimeError):

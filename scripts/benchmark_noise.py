@@ -33,18 +33,18 @@ import functools
 import statistics
 import time
 
+import yaml
+
 import bench
 import common
 import config
 import download
-import engine
 import fingerprint
 import knee
 import plan as planning
-import probing
-import stats
-import workload
-import yaml
+from judgement import stats
+from measure import probing, workload
+from serving import engine
 
 
 def spread(name: str, values: list[float]) -> None:

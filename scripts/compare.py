@@ -9,11 +9,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import common
 import dvc.api
 from dvc.exceptions import DvcException
 from tabulate import tabulate
 
+import common
 import report
 
 METRICS = {"results/eval.json": ["overall"], "results/bench.json": ["output_tps"],

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import annotated_types as at
-import probing
 import yaml
 from pydantic import (
     AfterValidator,
@@ -36,6 +35,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticCustomError
+
+from measure import probing
 
 ROOT = Path(__file__).resolve().parent.parent
 PARAMS = ROOT / "params.yaml"
@@ -244,7 +245,7 @@ class Eval(Section):
 
 
 class Workload(Section):
-    """The traffic bench and knee both send (scripts/workload.py)."""
+    """The traffic bench and knee both send (scripts/measure/workload.py)."""
     kind: Literal["random", "shared-prefix", "file"] = F("random | shared-prefix | file")
     input_len: PosInt = F("an integer > 0")     # shared-prefix: after the shared prefix; file: as written
     output_len: PosInt = F("an integer > 0")    # every kind: ignore_eos, so rungs compare

@@ -221,7 +221,7 @@ def from_local(name: str, spec: dict, store: Path) -> tuple[Path, dict]:
 
 
 def from_shape(name: str, spec: dict, folder: Path) -> dict:
-    import shape_model
+    from serving import shape_model
     shape_model.write(folder, awq=spec["awq"])
     return {"id": f"shape of {spec['like']} (no weights: load_format dummy)", "revision": None}
 

@@ -6,7 +6,7 @@
                                     (twice: the second pass, in reverse order, is the noise floor)
   Arguments: [rung|baseline] [OUT_DIR] [BASELINE_DIR], as dvc.yaml passes them.
 
-The engine runs in a child process owned by engine.py (logs, timeout, clean stop); the child is this same
+The engine runs in a child process owned by serving/engine.py (logs, timeout, clean stop); the child is this same
 file with --worker. Dummy weights (load_format: dummy) have no quality to measure, and knobs vLLM's offline engine
 cannot run (vllm_compat.offline_unsupported) none to measure here: the stage records n/a, why, and starts nothing.
 """
@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 
 import common
-import engine
-import score
-import vllm_compat
+from measure import score
+from serving import engine, vllm_compat
 
 # The baseline's own noise, which the gate discounts: the same items again in the same engine, in reverse order, so
 # that each is batched with other items (vLLM's batch composition changes the numerics a rung's knob may also

@@ -16,9 +16,8 @@ import subprocess
 from pathlib import Path
 
 import common
-import score
-import vllm_compat
-import workload
+from measure import score, workload
+from serving import vllm_compat
 
 
 def _version(*names):

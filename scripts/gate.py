@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import common
-import stats
+from judgement import stats
 
 
 def read_items(path) -> dict:

@@ -24,10 +24,8 @@ import time
 from pathlib import Path
 
 import common
-import engine
-import probing
-import vllm_compat
-import workload
+from measure import probing, workload
+from serving import engine, vllm_compat
 
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")

@@ -25,16 +25,15 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 import bench
-import capacity
 import common
-import decide
-import engine
 import fingerprint
 import plan as planning
-import record
-import score
-import yaml
+from judgement import capacity, decide, record
+from measure import score
+from serving import engine
 
 LADDER_JSON = common.ROOT / "report" / "ladder.json"
 LOGS = common.ROOT / "results" / "logs" / "ladder"

@@ -17,10 +17,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 import common
 import config
-import workload as wl
-import yaml
+from measure import workload as wl
 
 LADDER_YAML = config.LADDER
 KNOB_SECTIONS = ("model", "engine", "env")  # what a rung's config (its knobs) sets whole
@@ -321,7 +322,7 @@ def engine_arg_errors(p: Plan) -> list[str]:
     """Every engine arg of rung 0 and of every rung (candidates and fallbacks too) through vLLM's own parser,
     once per ladder, before any engine starts; each error names the rung. Where none is refused they are remembered
     as accepted (vllm_compat.ACCEPTED): the fingerprint stage of each rung then need not import vLLM to check them."""
-    import vllm_compat
+    from serving import vllm_compat
     knobs = ladder_engine_args(p)
     errors = vllm_compat.engine_arg_errors(knobs)
     if not errors:
@@ -383,7 +384,7 @@ def engine_config_errors(p: Plan, gpus: list[dict], paths: dict, refuse) -> tupl
     if they are kept (a max_num_batched_tokens fine on rung 0 may be below a later max_num_seqs). `paths`: model
     name -> folder. Returns (errors naming rung, knobs, values and vLLM's reason; configs vLLM could not be asked
     about; distinct configs built). A rung 0 vLLM refuses stops here: every rung is built on it."""
-    import vllm_compat
+    from serving import vllm_compat
     errors, unchecked, built = [], [], set()
 
     def ok(where: str, change: dict, flat: dict, on: str = "") -> bool:
@@ -444,7 +445,7 @@ def provide_models(p: Plan) -> dict:
 def _preflight_worker(job_path: str, out_path: str) -> None:
     """The child: vLLM's parser on every engine arg, then the models, then vLLM's engine configs; a JSON result."""
     import download
-    import vllm_compat
+    from serving import vllm_compat
     t0, job = time.monotonic(), common.read_json(job_path)
     p = Plan(**job["plan"])
     result = {"errors": engine_arg_errors(p), "unchecked": [], "configs": 0, "version": vllm_compat.installed_version()}
@@ -467,7 +468,7 @@ def preflight(p: Plan, gpus: list[dict]) -> dict:
     code sets environment variables (the CPU platform sets LD_PRELOAD), imports torch and on a GPU may open a CUDA
     context, none of which may stay in the ladder's process, whose stages and engines inherit it. Returns the
     child's result: errors (each naming rung, knob and value), unchecked, configs, seconds, version."""
-    import engine
+    from serving import engine
     with tempfile.TemporaryDirectory(prefix="ladder-preflight-") as tmp:
         job, out = Path(tmp, "job.json"), Path(tmp, "result.json")
         plan_fields = {f.name: getattr(p, f.name) for f in dataclasses.fields(Plan) if f.init}

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import common
 import pandas as pd
-import probing
-import stats
 from tabulate import tabulate
+
+import common
+from judgement import stats
+from measure import probing
 
 
 def fmt(v, spec=".1f", none="—"):

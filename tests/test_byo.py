@@ -7,16 +7,16 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import common
 import config
 import download
 import plan as planning
-import pytest
-import vllm_compat
-import workload
-from conftest import FIXTURES, ROOT
-
 import report
+from conftest import FIXTURES, ROOT
+from measure import workload
+from serving import vllm_compat
 
 PARAMS = common.load_params(ROOT / "params.yaml", check=False)
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")
@@ -178,7 +178,7 @@ def test_the_report_prints_the_workload_the_stages_recorded(tmp_path):
 
 
 def test_the_prefix_caching_check_follows_the_workload():
-    import decide
+    from judgement import decide
     change = {"engine.enable_prefix_caching": True}
     on = {"cache_config": {"enable_prefix_caching": "True"}}
     shared = decide.applied_check(change, {**on, "workload_shared_prefix_len": 256, "prefix_cache_hit_rate": 0.0}, {})
@@ -244,8 +244,9 @@ def test_model_without_a_quantized_variant_skips_that_rung_and_quant_model_fills
 
 def test_the_choices_survive_dvc_exp_run_set(tmp_path):
     """What `make ladder MODEL=… WORKLOAD=…` passes to every `dvc exp run -S`, applied as DVC applies it."""
-    import ladder
     from dvc.utils.hydra import apply_overrides
+
+    import ladder
     folder = model_folder(tmp_path / "My.Finetune v2")
     p = planning.resolve(PARAMS, LADDER, "cpu", PARAMS, 0, model=str(folder), workload="shared-prefix")
     (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())

@@ -3,13 +3,11 @@ Pure logic, no engine."""
 import copy
 import json
 
-import capacity
-import decide
 import pytest
-import record
-from conftest import FIXTURES, ROOT
 
 import report
+from conftest import FIXTURES, ROOT
+from judgement import capacity, decide, record
 
 SETTINGS = {"peak_rps": 200, "headroom": 0.2}
 
@@ -155,6 +153,21 @@ def test_the_examples_hold_a_capacity_plan_from_their_recorded_knees():
         again = capacity.plan(lad["rungs"], lad["final_exp"], lad["settings"]["capacity"],
                               lad["settings"]["cost"]["gpu_price_per_hour"], unit == "gpus")
         assert again["saved"] == cap["saved"] and again["after"] == cap["after"]
+
+
+def test_fill_capacity_plans_an_older_record_from_its_knees_and_says_so(tmp_path):
+    import subprocess
+    import sys
+    lad = json.loads((ROOT / "report" / "examples" / "cpu-smollm2.ladder.json").read_text())
+    lad.pop("capacity")
+    older = tmp_path / "ladder.json"
+    older.write_text(json.dumps(lad))
+    p = subprocess.run([sys.executable, "scripts/fill_capacity.py", str(older), "--peak-rps", "40"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    cap = json.loads(older.read_text())["capacity"]
+    assert "added after the run" in cap["added"] and cap["before"]["knee"]["exp"] == "cpu-0-baseline"
+    assert json.loads(older.read_text())["settings"]["capacity"]["peak_rps"] == 40
 
 
 def test_capacity_settings_are_validated_naming_the_field():

@@ -2,11 +2,12 @@
 from the one place that states it, and pydantic's own text never reaches the user. Pure logic, no engine."""
 import copy
 
+import pytest
+import yaml
+
 import common
 import config
 import plan as planning
-import pytest
-import yaml
 from conftest import ROOT
 
 RAW = config.load_params(ROOT / "params.yaml", check=False)

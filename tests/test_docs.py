@@ -1,9 +1,8 @@
 """README and docs/ say the rule in the code's own words, stay short enough to read, and link only to what exists."""
 import re
 
-import decide
-import stats
 from conftest import ROOT
+from judgement import decide, stats
 
 README, METHOD = ROOT / "README.md", ROOT / "docs" / "method.md"
 

@@ -1,41 +1,69 @@
 """dvc.yaml tells the truth about inputs: each stage's script deps are exactly its script and the local modules
 it imports (transitively), so editing any code a stage runs makes that stage stale, and nothing else does."""
 import ast
+from pathlib import Path
 
 import yaml
+
 from conftest import ROOT
 
 SCRIPTS = ROOT / "scripts"
+MODULES = sorted(str(p.relative_to(SCRIPTS).with_suffix("")).replace("/", ".") for p in SCRIPTS.rglob("*.py"))
+PARTS = sorted(p.parent.name for p in SCRIPTS.glob("*/__init__.py"))
+
+
+def module_file(name: str) -> Path | None:
+    """scripts/ file of module `name` ("stats" or "judgement.stats"), or None where it is not ours."""
+    f = SCRIPTS / (name.replace(".", "/") + ".py")
+    return f if f.is_file() else None
+
+
+def imported(module: str) -> set[str]:
+    """The scripts/ modules `module` imports itself (function-level imports included), dotted, with the package
+    (its __init__ runs on import)."""
+    tree = ast.parse(module_file(module).read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            out |= {".".join(parts[:i] + ["__init__"]) for i in range(1, len(parts)) if module_file(
+                ".".join(parts[:i] + ["__init__"]))}
+            if module_file(name):
+                out.add(name)
+    return out - {module}
 
 
 def local_imports(module: str, seen: set[str] | None = None) -> set[str]:
-    """The scripts/ modules `module` imports, at any depth (function-level imports included)."""
+    """The scripts/ modules `module` imports, at any depth."""
     seen = set() if seen is None else seen
-    if module in seen:
-        return seen
-    seen.add(module)
-    tree = ast.parse((SCRIPTS / f"{module}.py").read_text())
-    for node in ast.walk(tree):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
-        for name in names:
-            top = name.split(".")[0]
-            if (SCRIPTS / f"{top}.py").exists():
-                local_imports(top, seen)
+    if module not in seen:
+        seen.add(module)
+        for name in imported(module):
+            local_imports(name, seen)
     return seen
+
+
+def as_file(module: str) -> str:
+    return "scripts/" + module.replace(".", "/") + ".py"
 
 
 def test_every_stage_depends_on_exactly_the_code_it_runs():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     for name, stage in stages.items():
         script = next(w for w in stage["cmd"].split() if w.startswith("scripts/") and w.endswith(".py"))
-        want = {f"scripts/{m}.py" for m in local_imports(script[len("scripts/"):-3])}
+        want = {as_file(m) for m in local_imports(script[len("scripts/"):-3])}
         deps = {d for d in stage.get("deps") or [] if d.startswith("scripts/")}
         assert deps == want, f"stage {name}: missing {sorted(want - deps)}, not imported {sorted(deps - want)}"
 
 
 def test_the_import_walk_sees_function_level_imports():
-    assert "shape_model" in local_imports("download")  # imported inside a function
+    assert "serving.shape_model" in local_imports("download")  # imported inside a function
 
 
 def test_the_measuring_stages_list_every_setting_of_their_sections_but_the_judgements():
@@ -59,20 +87,9 @@ def test_the_measuring_stages_list_every_setting_of_their_sections_but_the_judge
                 node = node[part]
 
 
-def direct_imports(module: str) -> set[str]:
-    """The scripts/ modules `module` imports itself (function-level imports included)."""
-    tree = ast.parse((SCRIPTS / f"{module}.py").read_text())
-    out = set()
-    for node in ast.walk(tree):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
-        out |= {n.split(".")[0] for n in names if (SCRIPTS / f"{n.split('.')[0]}.py").exists()}
-    return out - {module}
-
-
 def test_no_two_modules_import_each_other_at_any_depth():
     # a cycle makes every stage on it depend on all of it, and hides which part of the code a stage stands on
-    graph = {p.stem: direct_imports(p.stem) for p in SCRIPTS.glob("*.py")}
+    graph = {m: imported(m) - {m.rsplit(".", 1)[0] + ".__init__"} for m in MODULES}
     cycles = []
 
     def visit(node: str, path: list[str]) -> None:
@@ -92,7 +109,19 @@ def test_no_two_modules_import_each_other_at_any_depth():
 def test_no_measuring_stage_stands_on_the_judgement_or_the_report():
     # editing how a number is judged or shown re-judges and re-renders; it never measures a rung again
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    judging = {"scripts/stats.py", "scripts/decide.py", "scripts/record.py", "scripts/report.py", "scripts/gate.py",
-               "scripts/capacity.py"}
     for name in ("fingerprint", "download", "eval_baseline", "eval", "bench", "knee"):
-        assert not judging & set(stages[name]["deps"]), name
+        deps = set(stages[name]["deps"])
+        assert not {d for d in deps if d.startswith("scripts/judgement/")}, name
+        assert not {"scripts/report.py", "scripts/gate.py", "scripts/fill_capacity.py"} & deps, name
+
+
+def test_each_part_imports_only_what_its_docstring_allows():
+    # scripts/<part>/__init__.py says what the part may import; the rest of scripts/ is the stages and their CLIs
+    assert PARTS == ["judgement", "measure", "serving"]
+    for part in PARTS:
+        doc = ast.get_docstring(ast.parse((SCRIPTS / part / "__init__.py").read_text()))
+        allowed = {w.strip(" .") for w in doc.split("May import:")[1].split(",")} | {part}
+        for m in MODULES:
+            if m.startswith(part + "."):
+                used = {n.split(".")[0] for n in imported(m)}
+                assert used <= allowed, f"{m} imports {sorted(used - allowed)}; {part}/ may import {sorted(allowed)}"

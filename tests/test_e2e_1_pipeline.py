@@ -3,9 +3,10 @@ eval_baseline + eval → gate → bench → knee, on the embedded SmolLM2-135M. 
 import csv
 import json
 
-import probing
 import pytest
+
 from conftest import wait_no_vllm
+from measure import probing
 
 pytestmark = pytest.mark.engine
 STAGES = ("download", "eval_baseline", "eval", "gate", "bench", "knee")

@@ -6,11 +6,12 @@ import signal
 import subprocess
 import time
 
-import decide
-import fingerprint
 import pytest
 import yaml
+
+import fingerprint
 from conftest import vllm_pids, wait_no_project_process, wait_no_vllm
+from judgement import decide
 
 pytestmark = pytest.mark.engine
 

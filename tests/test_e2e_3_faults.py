@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import PLANTED_TOKEN, wait_no_vllm
 
 pytestmark = pytest.mark.engine

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from conftest import make_project, wait_no_vllm
 from test_byo import REV, hf_cache
 

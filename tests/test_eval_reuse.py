@@ -7,9 +7,10 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 import common
 import eval as ev_stage
-import pytest
 from conftest import ROOT
 
 PARAMS = common.load_params(ROOT / "params.yaml", check=False)

@@ -1,7 +1,8 @@
 """The quality gate on fixture items: pass/fail needs a drop beyond the threshold, beyond the nondeterminism floor,
 and McNemar evidence; per-category power ("cannot judge"); flips; dummy weights are not gated."""
-import gate
 import pytest
+
+import gate
 
 G = {"max_overall_drop": 0.10, "max_category_drop": 0.25, "alpha": 0.05, "min_items": 5}
 

@@ -6,18 +6,15 @@ import copy
 import csv
 import json
 
-import bench
-import capacity
-import common
-import decide
-import engine
-import knee
 import pytest
-import record
-import stats
-from conftest import FIXTURES
 
+import bench
+import common
+import knee
 import report
+from conftest import FIXTURES
+from judgement import capacity, decide, record, stats
+from serving import engine
 
 FAILED = {"keep": False, "gated": True, "verdict": "fail",
           "reasons": ["category knowledge fell 0.880 → 0.500 (...); McNemar: regressed (p=0.0025)"]}

@@ -6,8 +6,8 @@ import sys
 
 import common
 import plan as planning
-import vllm_compat
 from conftest import ROOT
+from serving import vllm_compat
 
 PARAMS = common.load_params(ROOT / "params.yaml", check=False)
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")

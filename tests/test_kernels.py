@@ -2,9 +2,8 @@
 gate's flips (report.kernels_line), so a regression only a GPU kernel shows is attributable. The log lines are
 vLLM 0.26.0's own format strings (platforms/cuda.py, flash_attn.py, compressed_tensors_wNa16.py, config/cache.py)
 as its logger prints them. No engine."""
-import vllm_compat
-
 import report
+from serving import vllm_compat
 
 P = "(EngineCore_DP0 pid=4242) INFO 11-30 09:00:02 "
 W4A16_FP8_LOG = "\n".join([

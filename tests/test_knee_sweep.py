@@ -4,9 +4,10 @@ H200). The probe client is a stand-in writing vLLM-shaped result JSON; the real 
 import json
 import time
 
+import pytest
+
 import config
 import knee
-import pytest
 
 # the knee section as the stage gets it: validated, the model's defaults filled (timeouts, min_rate), and the
 # workload the stage adds (workload.prepare)
@@ -109,7 +110,7 @@ def test_watched_serve_stops_arrivals_once_watch_says_so_and_restores_vllms_modu
     import asyncio
     import types
 
-    import vllm_compat
+    from serving import vllm_compat
 
     class Out:  # vLLM's RequestFuncOutput, as far as the watch reads it
         def __init__(self, start):

@@ -1,7 +1,7 @@
 """Keep/revert decisions and the applied-knob check, on fixture records: pure logic, no engine."""
-import decide
 import pytest
-import stats
+
+from judgement import decide, stats
 
 
 def rec(tps, knee, bracket=1.0, gate=None, applied=None, status="ok"):
@@ -127,7 +127,7 @@ def test_candidates_are_ranked_by_the_same_rule_in_like_units():
 def test_the_confirm_step_re_measures_baseline_then_final_fresh_and_skips_when_nothing_was_kept(monkeypatch):
     """The driver's control flow (run_exp stands in for `dvc exp run`; the real path runs in the CI ladder)."""
     import ladder
-    import record
+    from judgement import record
 
     class P:  # the plan fields the confirm step reads
         profile, overrides, objective, rungs = "cpu", {}, "knee_rps", [{"name": "a"}, {"name": "b"}]
@@ -187,7 +187,7 @@ def test_a_knob_an_earlier_rung_added_is_removed_from_the_next_experiment():
 def judged(r, again_runs, objective="knee_rps"):
     """r decided as the driver does: against BASE's engines just before and just after it (None: that re-measure
     failed), the floor pooled with the base's own two engines."""
-    import record
+    from judgement import record
     base = {**BASE, "knobs": {"engine.seed": 0}, "status": "ok"}
     r = {**r, "knobs": {"engine.seed": 1}}
     again = None if again_runs is None else {**rec(again_runs, None), "knobs": base["knobs"], "status": "ok"}
@@ -250,7 +250,7 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
     two candidates that may gain share one re-measure of the base, run with its knobs and run.remeasure = when
     the last of them was measured; while it runs they are not kept; a rung kept on its knee waits for nothing."""
     import ladder
-    import record
+    from judgement import record
 
     class P:
         profile, overrides, objective, rungs, experiments = "cpu", {}, "knee_rps", [], 1
@@ -315,7 +315,7 @@ def test_after_a_revert_the_next_rung_is_compared_with_its_base_as_last_measured
              "knee": {"status": "n/a", "label": "bench only", "knee_rps": None}}  # a re-measure searches no knee
     drv.records = [base, again]
     assert drv.latest(base) is again and drv.latest({**base, "exp": "other"})["exp"] == "other"
-    import record
+    from judgement import record
     r = {**rec([391.0, 392.0, 390.0], 6.5), "knobs": {"engine.seed": 2}}
     d = record.compare(base, r, drv.floor(), before=drv.latest(base))
     assert d["output_tps"]["rel"] == pytest.approx(391 / 390 - 1) and "as last measured before it" in \

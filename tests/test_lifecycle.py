@@ -1,4 +1,4 @@
-"""engine.py's process lifecycle with real child processes (no vLLM needed): stop by process group,
+"""serving/engine.py's process lifecycle with real child processes (no vLLM needed): stop by process group,
 children die with the stage, free ports, error lines, secrets kept out of logs."""
 import os
 import signal
@@ -8,10 +8,11 @@ import sys
 import textwrap
 import time
 
-import common
-import engine
 import pytest
+
+import common
 from conftest import PLANTED_TOKEN
+from serving import engine
 
 
 def alive(pid):
@@ -73,7 +74,7 @@ def test_children_die_with_the_stage_even_when_it_is_sigkilled(tmp_path):
     """A stage process killed hard (no finally runs) still takes its servers down: PR_SET_PDEATHSIG."""
     stage = textwrap.dedent(f"""
         import time
-        import engine
+        from serving import engine
         p = engine.Proc(["sleep", "300"], {str(tmp_path / 'c.log')!r})
         print(p.pid, flush=True)
         time.sleep(300)
@@ -142,7 +143,7 @@ def test_a_guarded_command_and_all_it_started_die_when_the_caller_is_sigkilled(t
     caller = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(common.ROOT / 'scripts')!r})
-        import engine
+        from serving import engine
         p = engine.guarded(["bash", "-c",
                             "setsid sleep 300 & echo $! > {pidfile}; sleep 300 & echo $! >> {pidfile}; wait"])
         print(p.pid, flush=True)
@@ -209,7 +210,7 @@ def test_a_worker_log_holds_only_its_own_run(tmp_path):
 def test_checking_engine_args_leaves_the_environment_as_it_was_and_engines_log_at_info(monkeypatch):
     """The engine-arg check quiets vLLM for its own import only: a level left in os.environ reached every engine
     started later from the same process, whose INFO lines (KV capacity, config) the stages read."""
-    import vllm_compat
+    from serving import vllm_compat
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     vllm_compat.engine_arg_parser.cache_clear()
     assert vllm_compat.engine_arg_errors([("engine", "max_num_seqs", 8)]) == []

@@ -1,10 +1,10 @@
 """Which machine measured a number, and that no Δ is formed across two (the resume issue). Pure: no engine."""
 import copy
 
-import fingerprint
 import pytest
-import record
-import stats
+
+import fingerprint
+from judgement import record, stats
 
 FP = {"device": "gpu", "gpu": "1x NVIDIA H200", "driver": "580.159.04", "cuda_driver": "13.0", "host_id": "aaaa",
       "gpus": [{"index": "0", "name": "NVIDIA H200", "memory_mib": 143771, "driver": "580.159.04",
@@ -57,7 +57,7 @@ def test_a_delta_across_two_machines_cannot_be_formed():
 
 
 def test_gpus_saved_is_no_plan_when_rung_0_and_the_final_stack_were_measured_on_two_machines():
-    import capacity
+    from judgement import capacity
     base = {**rec("cpu-0-baseline", [400.0], "aaaa0000"), "role": "baseline"}
     final = {**rec("cpu-3-x", [480.0], "bbbb0000", knee=12.0), "role": "rung"}
     out = capacity.plan([base, final], "cpu-3-x", {"peak_rps": 20, "headroom": 0.2}, 0.0, False)

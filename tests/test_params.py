@@ -4,14 +4,15 @@ import copy
 import subprocess
 import sys
 
-import common
-import config
-import engine
-import ladder
-import plan as planning
 import pytest
 import yaml
+
+import common
+import config
+import ladder
+import plan as planning
 from conftest import ROOT
+from serving import engine
 
 PARAMS = common.load_params(ROOT / "params.yaml", check=False)
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")

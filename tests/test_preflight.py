@@ -10,10 +10,11 @@ import threading
 import time
 from pathlib import Path
 
-import plan as planning
 import psutil
 import pytest
 import yaml
+
+import plan as planning
 from conftest import ROOT, make_project
 
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")
@@ -144,8 +145,9 @@ def test_a_baseline_vllm_refuses_is_named_by_its_field(tmp_path):
 
 
 def test_vllms_refusal_reads_as_one_line_naming_config_field_and_value():
-    import vllm_compat
     from vllm.config import CacheConfig
+
+    from serving import vllm_compat
     with pytest.raises(ValueError) as e:
         CacheConfig(gpu_memory_utilization=1.7)
     assert vllm_compat.refusal_text(e.value) == \

@@ -3,9 +3,8 @@ dummy weights and an interrupted rung): table rows, decisions, headline, plots, 
 import json
 import re
 
-from conftest import FIXTURES
-
 import report
+from conftest import FIXTURES
 
 
 def render(name, tmp_path):
@@ -81,7 +80,7 @@ def test_the_report_says_what_drop_each_category_can_detect_and_lists_flips_per_
 
 
 def test_the_headline_comes_from_the_confirm_step_when_there_is_one(tmp_path):
-    import record
+    from judgement import record
     lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
     base = lad["rungs"][0]
     final = next(r for r in lad["rungs"] if r["exp"] == lad["final_exp"])

@@ -17,11 +17,12 @@ seeds, on a stated noise model:
 in <= 2.5 %, a true +10 % is called better in >= 90 %, in the warm and the cold-base case alike; a placebo on the
 cpu profile (the engines its floor rests on, params.yaml) is falsely kept in <= 1 %.
 """
-import ladder
 import numpy as np
-import probing
 import pytest
-import stats
+
+import ladder
+from judgement import stats
+from measure import probing
 
 TRIALS = 2000
 

@@ -2,8 +2,9 @@
 import json
 
 import pytest
-import score
+
 from conftest import ROOT
+from measure import score
 
 EVAL = ROOT / "evals" / "small_eval.jsonl"
 
@@ -24,8 +25,9 @@ def test_eval_set_covers_the_required_categories():
 
 def test_every_category_can_detect_the_gates_category_drop():
     """The set's power: a category drop at gate.max_category_drop is enough one-way flips for McNemar p < alpha."""
-    import stats
     import yaml
+
+    from judgement import stats
     g = yaml.safe_load((ROOT / "params.yaml").read_text())["gate"]
     cats = {}
     for it in score.load_items(str(EVAL)):

@@ -7,18 +7,17 @@ import shutil
 import subprocess
 import sys
 
-import capacity
+import pytest
+import yaml
+
 import common
-import decide
 import gate
 import ladder
 import plan as planning
-import pytest
-import vllm_compat
-import yaml
-from conftest import FIXTURES, ROOT
-
 import report
+from conftest import FIXTURES, ROOT
+from judgement import capacity, decide
+from serving import vllm_compat
 
 PARAMS = common.load_params(ROOT / "params.yaml", check=False)
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")

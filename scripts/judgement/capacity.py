@@ -3,18 +3,13 @@
 An instance is one serving engine (`vllm serve`) with its GPUs: tensor x pipeline x data parallel size. A knee
 is known only to its bracket [last pass, first fail), so every figure here comes as the value planned on the
 last passing rate (what was shown to meet the SLO) and the range the bracket allows, and names its knee.
-
-  python scripts/capacity.py LADDER_JSON [--peak-rps R] [--headroom H]
-      fill the capacity plan (and the per-GPU figures) into an existing ladder record, stating that it was
-      added afterwards from the recorded knees (settings: `capacity` of the record's profile, unless given)
+scripts/fill_capacity.py fills it into a record made before the plan existed.
 """
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 
-import stats
+from judgement import stats
 
 PARALLEL_KNOBS = ("engine.tensor_parallel_size", "engine.pipeline_parallel_size", "engine.data_parallel_size")
 NO_PLAN = "no plan"
@@ -149,29 +144,3 @@ def annotate(lad: dict, settings: dict | None) -> dict:
         lad["capacity"] = plan(lad["rungs"], lad.get("final_exp"), settings, price, on_gpu,
                                (lad.get("confirm") or {}).get("runs") or [])
     return lad
-
-
-def main() -> int:
-    import common
-    import plan as planning
-    ap = argparse.ArgumentParser(description="fill the capacity plan into an existing ladder record")
-    ap.add_argument("ladder_json")
-    ap.add_argument("--peak-rps", type=float, default=None)
-    ap.add_argument("--headroom", type=float, default=None)
-    args = ap.parse_args()
-    lad = common.read_json(args.ladder_json)
-    params = common.load_params(check=False)
-    eff = planning.effective_params(params, planning.load_ladder(), lad["profile"], planning.committed_params())
-    cap = dict(eff["capacity"])
-    cap.update({k: v for k, v in (("peak_rps", args.peak_rps), ("headroom", args.headroom)) if v is not None})
-    annotate(lad, cap)
-    lad["capacity"]["added"] = ("added after the run by scripts/capacity.py from the knees this record holds; "
-                                "nothing was re-measured")
-    lad.setdefault("settings", {})["capacity"] = cap
-    common.write_json(args.ladder_json, lad)
-    print(f"capacity: plan filled into {args.ladder_json}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
