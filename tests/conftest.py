@@ -136,10 +136,14 @@ def make_project(dest: Path) -> Project:
 
 
 # Small, fast settings for the engine tests: the pipeline is what is tested, not the CPU's speed.
-# The knee: at most 3 probes (start, one step, one bisection; each holds the p90's 34 requests) and one batch-1
-# request: the plumbing is what is tested; the knee's precision is tested on synthetic servers (test_knee_sweep).
-FAST = {"bench__repeats": 2, "bench__num_prompts": 16, "bench__warmups": 2, "knee__probe_seconds": 6,
-        "knee__min_prompts": 8, "knee__max_probes": 3, "knee__start_rate": 2, "knee__batch1_requests": 1}
+# The knee: at most 3 probes (start, one step, one bisection) and one batch-1 request; its precision is tested on
+# synthetic servers (test_knee_sweep) and in simulation. A probe holds what a pass needs, so the counts here are
+# binomial (dispersion 1: 29 counted requests for a p90 pass, not the 151 of the cpu profile's measured 5.3): a probe
+# of 187 requests at 0.5 req/s took 376 s on a slow 2-core runner.
+KNEE_SMALL = {"knee__dispersion__phi": 1.0, "knee__probe_seconds": 6, "knee__min_prompts": 8}
+# 16 tokens an answer, not 32: every bench pass and probe decodes half as long.
+FAST = {"bench__repeats": 2, "bench__num_prompts": 16, "bench__warmups": 2, "knee__max_probes": 3,
+        "knee__start_rate": 2, "knee__batch1_requests": 1, "workload__output_len": 16, **KNEE_SMALL}
 
 
 @pytest.fixture(scope="session")
