@@ -131,7 +131,8 @@ def plan(rungs: list[dict], final_exp: str | None, settings: dict, price_per_gpu
 
 def annotate(lad: dict, settings: dict | None) -> dict:
     """Fill GPUs per instance and per-GPU figures into every rung, and the capacity plan into the record
-    (None settings: no plan). The ladder driver calls this on every save; old records get it via main()."""
+    (None settings: no plan). The ladder driver calls this on every save; old records get it via
+    scripts/fill_capacity.py."""
     on_gpu = (lad.get("environment") or {}).get("device") == "gpu"
     for r in lad["rungs"]:
         if r.get("knobs") is not None or r.get("change"):
