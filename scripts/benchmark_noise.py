@@ -5,7 +5,12 @@ On the rung in params.yaml (the cpu profile by default) it measures:
   2. the same with a fresh engine per repeat after a discarded first one (the first engine on a machine reads
      slow): the start-to-start floor, printed as the `bench.noise_floor` block a profile reads;
   3. the knee found by the bracket-then-bisect search vs a fixed 10-rate sweep: probes used, knee, time;
-  4. the knee's search on N fresh servers: how far apart their brackets sat, the knee.noise_floor it suggests;
+  4. the knee's search on N fresh servers: how far apart their brackets sat, the knee.noise_floor it suggests; with
+     --spread-at RATE instead: --untimed-servers fresh servers (one look each, a reading, not fitted: the first
+     server on a machine may read slow), then N fresh servers one after another, --spread-looks looks at RATE each
+     (sized as the stage sizes one, every server's look j on the trace of a visit's look j, none stopped early):
+     the share over the SLO split into its spread between servers and within one (measure.spread), printed as the
+     `knee.server_spread` block a profile stores and the rule's simulation reads;
   5. the ladder's tok/s rule on fresh engines (--compare): a warm-up engine, then the base before and after every
      change (base, change 1, base, change 2, base, ...), each change judged as a rung is (stats.delta against
      both flanks, the floor pooled with the base's own engines); placebos show its false calls, a real change its
@@ -44,6 +49,7 @@ import knee
 import plan as planning
 from judgement import stats
 from measure import probing, workload
+from measure import spread as server_spread_fit
 from serving import engine
 
 
@@ -77,6 +83,13 @@ def main():
     ap.add_argument("--study-at", default="14", help="part 6: the rate probed again and again (part 7: rates, ',')")
     ap.add_argument("--study-repeats", type=int, default=5, help="part 6: how often, on one trace")
     ap.add_argument("--study-extra", default="", help="part 6: rates probed twice more on the first server, last")
+    ap.add_argument("--spread-at", type=float, help="part 4: looks at this rate on fresh servers (their spread), "
+                    "not searches: the rate where rung 0's search first failed on evidence")
+    ap.add_argument("--spread-looks", type=int, default=2, help="part 4 with --spread-at: looks a server")
+    ap.add_argument("--untimed-servers", type=int, default=1, help="part 4 with --spread-at: servers first, one look "
+                    "each, not fitted")
+    ap.add_argument("--deadline-s", type=float, default=0, help="part 4 with --spread-at: start no server that "
+                    "would end past this many seconds from the start (a lease that ends)")
     ap.add_argument("--study-rates", default="", help="part 6: the coarse rates (default: every 2nd grid rate "
                     "from the profile's knee.start_rate)")
     args = ap.parse_args()
@@ -138,6 +151,10 @@ def main():
         probe_study(entry["path"], cfg, k, slo, logs / "study", coarse, float(args.study_at), args.study_repeats,
                     max(args.knee_servers, 1), [float(x) for x in args.study_extra.split(",") if x.strip()])
 
+    if 4 in parts and args.spread_at:
+        server_spread(entry["path"], cfg, k, slo, logs / "spread", args.spread_at, args.knee_servers,
+                      args.spread_looks, args.untimed_servers, args.deadline_s)
+        parts.discard(4)
     rates = [float(x) for x in args.sweep_rates.split(",")]
     searches = [("3a. search", {"mode": "search"}),
                 (f"3b. fixed {len(rates)}-rate sweep", {"mode": "sweep", "rates": rates})] if 3 in parts else []
@@ -260,6 +277,96 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
         print("   the profile's knee.dispersion (ladder.yaml settings, or params.yaml for the cpu profile):\n"
               + yaml.safe_dump({"knee.dispersion": block}, sort_keys=False, width=200))
     print(f"6. study written: {logs / 'study.json'}")
+
+
+def server_spread(model_path: str, cfg: dict, k: dict, slo: dict, logs, rate: float, servers: int, looks: int,
+                  untimed: int, deadline_s: float = 0) -> dict:
+    """Part 4 with --spread-at (see the module's docstring). Writes spread.json after every look; returns it."""
+    t_start = time.monotonic()
+    steps = probing.grid_steps(k["rel_tol"])
+    out: dict = {"rate": rate, "slo": slo, "looks_per_server": looks, "untimed_servers": untimed,
+                 "knee": {x: k[x] for x in ("probe_seconds", "settle_latencies", "tail_latencies", "ramp_fraction",
+                                            "dispersion", "max_repeats")}, "servers": []}
+    per_server: list[float] = []
+    for s_i in range(untimed + servers):
+        timed = s_i >= untimed
+        left = deadline_s - (time.monotonic() - t_start)
+        if deadline_s and per_server and left < max(per_server) * 1.05:
+            print(f"4. {left:.0f} s left of --deadline-s: no more servers (one took up to {max(per_server):.0f} s)")
+            break
+        began = time.monotonic()
+        folder = logs / f"server-{s_i}"
+        with engine.Server(model_path, cfg["engine"], cfg["env"], folder / "server.log",
+                           start_timeout=k["start_timeout_s"]) as srv:
+            entry = {"server": s_i, "timed": timed, "ready_s": round(srv.ready_s, 1), "looks": []}
+            out["servers"].append(entry)
+            print(f"4. server {s_i}{'' if timed else ' (untimed)'} ready in {srv.ready_s:.0f} s", flush=True)
+            prober = knee.Prober(folder / "probes.log")
+            kk = {**k, "e2e_warm_s": knee.warm_up(prober, srv, model_path, {**k, "start_rate": rate}, slo, folder)}
+            rows: list[dict] = []
+            for j in range(looks if timed else 1):
+                t0 = time.monotonic()
+                seed = probing.probe_seed(rate, [(rate, False)] * j, steps)  # a visit's look j: one trace
+                row = knee.probe(prober, srv, model_path, kk, slo, folder, rate, rows, seed=seed, visit=[],
+                                 curtail=False)
+                rows.append(row)
+                ev = probing.slo_evidence(row["counted"], row["over_slo"], slo["percentile"],
+                                          probing.look_confidence(k["max_repeats"]),
+                                          probing.Dispersion.of(k["dispersion"]).phi)
+                entry["looks"].append({"seed": seed, "num_prompts": row["num_prompts"], "counted": row["counted"],
+                                       "over_slo": row["over_slo"], "evidence": ev["verdict"],
+                                       "settled": row["settled"], "backlog": row["backlog"], "failed": row["failed"],
+                                       "slo_ttft_ms": row["slo_ttft_ms"], "slo_tpot_ms": row["slo_tpot_ms"],
+                                       "achieved_rps": row["achieved_rps"], "wall_s": round(time.monotonic() - t0, 1)})
+                print(f"4. server {s_i} look {j + 1} at {rate:g} req/s x{row['num_prompts']} seed {seed}: "
+                      f"{row['over_slo']} of {row['counted']} counted over the SLO ({ev['verdict']}); "
+                      f"p{slo['percentile']:g} TTFT {row['slo_ttft_ms'] or 0:.0f} ms; "
+                      f"{time.monotonic() - t0:.0f} s", flush=True)
+                common.write_json(logs / "spread.json", out)
+        entry["wall_s"] = round(time.monotonic() - began, 1)
+        per_server.append(entry["wall_s"])
+        common.write_json(logs / "spread.json", out)
+    out["seconds"] = round(time.monotonic() - t_start, 1)
+    return spread_summary(out, logs / "spread.json")
+
+
+def spread_summary(out: dict, path) -> dict:
+    """Part 4's spread fitted from its looks (spread.json's servers), printed with its block; written to `path`."""
+    rate = out["rate"]
+    fitted = [[(x["counted"], x["over_slo"]) for x in s["looks"]] for s in out["servers"] if s["timed"]]
+    first = [x for s in out["servers"] if not s["timed"] for x in s["looks"]]
+    if first:
+        print("4. untimed server(s): " + ", ".join(f"{x['over_slo']} of {x['counted']}" for x in first)
+              + " over the SLO (not fitted)")
+    try:
+        fit = server_spread_fit.fit(fitted, rate)
+    except ValueError as e:
+        print(f"4. no spread: {e}")
+        return out
+    gamma = SPREAD_GAMMA
+    cv, cv_lo, cv_hi = fit.knee_cv(gamma)
+    fp = this_machine()
+    block = {"sigma": fit.sigma, "sigma_ci": list(fit.sigma_ci), "knee_cv": round(cv, 4),
+             "knee_cv_ci": [round(cv_lo, 4), round(cv_hi, 4)], "gamma": gamma, "phi": fit.phi,
+             "phi_ci": list(fit.phi_ci), "rate": rate, "share": fit.share, "servers": fit.servers,
+             "looks": fit.looks, "counted": fit.counted, "between_df": fit.between_df, "within_df": fit.within_df,
+             "looks_per_server": [[[x["over_slo"], x["counted"]] for x in s["looks"]] for s in out["servers"]
+                                  if s["timed"]],
+             "measured_on": machine(fp), "vllm": fp.get("vllm"), "measured": time.strftime("%Y-%m-%d")}
+    out.update(fit=fit.as_dict(), moments=server_spread_fit.moments(fitted), block=block)
+    common.write_json(path, out)
+    print(f"4. spread at {rate:g} req/s over {fit.servers} servers, {fit.looks} looks ({fit.counted} counted, "
+          f"{fit.over_slo} over the SLO): between servers SD of the log share {fit.sigma:g} [{fit.sigma_ci[0]:g}, "
+          f"{fit.sigma_ci[1]:g}] (knees' CV {cv:.1%} [{cv_lo:.1%}, {cv_hi:.1%}] at a wall of exponent {gamma:g}); "
+          f"within a look dispersion {fit.phi:g} [{fit.phi_ci[0]:g}, {fit.phi_ci[1]:g}]; by moments "
+          f"{out['moments']}; {out.get('seconds') or 0:.0f} s")
+    print("   the profile's knee.server_spread (ladder.yaml settings, or params.yaml for the cpu profile):\n"
+          + yaml.safe_dump({"knee.server_spread": block}, sort_keys=False, width=200, default_flow_style=None))
+    return out
+
+
+# The wall's exponent: the share over the SLO rises as (rate / knee)^13 (the H200 study, tests/test_rule_simulation.py)
+SPREAD_GAMMA = 13.0
 
 
 def visit_again(prober, srv, model_path: str, k: dict, slo: dict, logs, rate: float, rows: list[dict],

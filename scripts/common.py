@@ -269,6 +269,7 @@ def stage_start(check: bool = True) -> dict:
 # ---------------------------------------------------------------- a rung the gate already reverted
 GATE_FAILED = "gate failed"  # the label of a bench or knee result that measured nothing for that reason
 BENCH_ONLY = "bench only"    # the label of a re-measure's knee: a base measured again for its tok/s alone
+KNEE_RECHECK = "knee re-check"  # the label of a knee that re-checked a verdict at one rate (run.anchor.look), no search
 
 
 def gate_failed(params: dict, gate_json: Path) -> str | None:

@@ -57,7 +57,8 @@ SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY")
 
 # Thresholds the ladder judges with, never measures with: no measuring stage (bench, knee) lists them in dvc.yaml, so
 # editing one re-judges every rung from the run-cache instead of measuring it again (tests/test_dvc_deps.py).
-JUDGEMENT = ("bench.noise_floor", "knee.noise_floor", "gate.max_overall_drop", "gate.max_category_drop", "gate.alpha",
+JUDGEMENT = ("bench.noise_floor", "knee.noise_floor", "knee.server_spread", "gate.max_overall_drop",
+             "gate.max_category_drop", "gate.alpha",
              "gate.min_items")
 
 
@@ -283,6 +284,34 @@ class Dispersion(Section):
     measured: StrictStr | None = F("when it was measured (YYYY-MM-DD), or null", None)
 
 
+class ServerSpread(Section):
+    """How far apart fresh servers of one config read at one rate: `make benchmark` part 4 with --spread-at fits it
+    (measure.spread) and prints this block. The rule's simulation reads it (tests/test_rule_simulation.py); the report
+    names it beside each knee verdict."""
+    model_config = ConfigDict(extra="forbid")
+    sigma: NonNegNum | None = F("a number >= 0 or null: the between-server SD of the log share over the SLO", None)
+    sigma_ci: list[NonNegNum] | None = F("[low, high]: its 95 % interval, or null", None)
+    knee_cv: NonNegNum | None = F("a number >= 0 or null: fresh servers' knees' CV (sigma / gamma)", None)
+    knee_cv_ci: list[NonNegNum] | None = F("[low, high]: its 95 % interval, or null", None)
+    gamma: PosNum | None = F("a number > 0 or null: the wall's exponent (share ~ (rate / knee)^gamma)", None)
+    phi: Annotated[StrictFloat | StrictInt, at.Ge(1)] | None = F("a number >= 1 or null: the within-look dispersion",
+                                                                 None)
+    phi_ci: list[NonNegNum] | None = F("[low, high]: its 95 % interval, or null", None)
+    rate: PosNum | None = F("a request rate > 0 or null: where the looks were taken", None)
+    share: NonNegNum | None = F("a number >= 0 or null: the pooled share over the SLO there", None)
+    servers: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0: the servers it rests on (0: not measured)", 0)
+    looks: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0: the looks it rests on", 0)
+    counted: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0: the requests those looks counted", 0)
+    between_df: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 0)
+    within_df: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 0)
+    looks_per_server: list[list[list[Annotated[StrictInt, at.Ge(0)]]]] | None = F(
+        "per server, its looks' [over the SLO, counted], or null", None)
+    measured_on: StrictStr | None = F("the machine it was measured on (GPU name and driver, or CPU), or null", None)
+    vllm: StrictStr | None = F("the vLLM version it was measured with, or null", None)
+    measured: StrictStr | None = F("when it was measured (YYYY-MM-DD), or null", None)
+    source: StrictStr | None = F("what the looks were, in words, or null", None)
+
+
 class Bench(Section):
     num_prompts: PosInt = F("an integer > 0")
     repeats: PosInt = F("an integer > 0")
@@ -333,6 +362,8 @@ class Knee(Section):
         "a number in [0, 4): knees of one config on fresh servers differ by this fraction", 0.0)
     dispersion: Dispersion = F("{phi, probes, measured_on, vllm, measured}: `make benchmark` part 6 prints it",
                                Dispersion())
+    server_spread: ServerSpread = F("{sigma, knee_cv, phi, servers, looks, ...}: `make benchmark` part 4 with "
+                                    "--spread-at prints it", ServerSpread())
     start_timeout_s: PosNum = F("a number of seconds > 0", 900)
     probe_timeout_s: PosNum = F("a number of seconds > 0", 600)
 
@@ -380,6 +411,13 @@ class Anchor(Section):
                       "false: stop once the knee verdict is settled)", False)
     last: bool = F("true or false (true: the last rung the ladder measures: stop where it passed at the base's fail)",
                    False)
+    look: PosNum | None = F("a request rate > 0 or null: a knee verdict re-checked on a fresh server: one visit of "
+                            "this rate, no search (probing.recheck)", None)
+    side: Literal["better", "worse"] | None = F(
+        "better, worse or null: the verdict `look` re-checks; with it, where the look reads as that verdict would not "
+        "count, one more visit a grid rate beyond (up for better, down for worse)", None)
+    after: Annotated[int, at.Ge(0)] = F("an integer >= 0: when the re-checked rung's bench ran (Unix s), so that a "
+                                        "rung and its re-check are restored or measured together", 0)
 
 
 class Run(Section):

@@ -223,10 +223,11 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
 
 
 def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs, rate: float,
-          rows: list[dict], seed: int | None = None, visit: list[dict] | None = None) -> dict:
+          rows: list[dict], seed: int | None = None, visit: list[dict] | None = None, curtail: bool = True) -> dict:
     """One look at `rate`: its row, not yet judged (probing.visit judges it). Its seed from the `rows` so far unless
     given. It stops sending once enough requests broke the SLO to fail it (Curtail), counting the `visit`'s earlier
-    looks (by default the rows before it at `rate`: the search visits a rate once)."""
+    looks (by default the rows before it at `rate`: the search visits a rate once); not with `curtail` False (a
+    look that measures the share itself, `make benchmark` part 4)."""
     e2e = e2e_estimate(rows, k.get("e2e_warm_s"), rate)
     n = prompts_for(rate, k, slo, e2e)
     if seed is None:
@@ -236,7 +237,7 @@ def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
     name = f"probe-{len(rows) + 1:02d}-{rate:g}rps.json"
     if visit is None:
         visit = list(itertools.takewhile(lambda r: r["offered_rps"] == rate, reversed(rows)))
-    curtail = Curtail(rate, n, k, slo, visit, e2e)
+    curtail = Curtail(rate, n, k, slo, visit, e2e) if curtail else None
     try:
         prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
                f"vllm bench serve at {rate:g} req/s", watch=curtail)
@@ -245,7 +246,7 @@ def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
             raise engine.EngineError("vllm serve", f"died during the knee sweep at {rate:g} req/s after "
                                      f"{len(rows)} probes: {srv.proc.error_line()}", srv.log)
     row = row_from(*slim(logs / name), rate, n, k, slo)
-    row.update(seed=seed, stopped_early=curtail.stopped)
+    row.update(seed=seed, stopped_early=bool(curtail and curtail.stopped))
     return row
 
 
@@ -259,6 +260,22 @@ def batch1(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: di
     prober(argv + ["--max-concurrency", "1"], k["probe_timeout_s"], "vllm bench serve (batch 1)")
     result, _ = slim(logs / "batch1.json")
     return {"requests": n, "tpot_ms": result.get("p50_tpot_ms"), "ttft_ms": result.get("p50_ttft_ms")}
+
+
+def recheck_looks(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> list[dict]:
+    """A knee verdict re-checked on this fresh server (run.anchor.look): probing.recheck, each look sized by
+    probing.recheck_settings and sent the trace the search sends that rate."""
+    a, kk = k["anchor"], probing.recheck_settings(k)
+
+    def report(rows: list[dict], ev: dict) -> None:
+        row = rows[-1]
+        line = (f"re-check at {row['offered_rps']:g} req/s x{sent_words(row)}: {row['over_slo']} of {row['counted']} "
+                f"counted over the SLO (pooled {ev['over_slo']}/{ev['counted']}: {ev['verdict']})")
+        with open(logs / "sweep.log", "a") as f:
+            f.write(line + "\n")
+        print(f"knee: {line}")
+    return probing.recheck(lambda rate, rows: probe(prober, srv, model_path, kk, slo, logs, rate, rows), a["look"], k,
+                           slo, a.get("side"), report)
 
 
 def method(k: dict, slo: dict, started: str) -> str:
@@ -311,6 +328,26 @@ def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, para
     print(f"knee: n/a — {reason}")
 
 
+def write_recheck(out: Path, csv_out: Path, rows: list[dict], k: dict, slo: dict, ready_s: float, wall_s: float,
+                  probed_s: float, params: dict, cfg: dict) -> None:
+    """A re-check's knee.json: its rows and each rate's verdict; no knee (it searched none)."""
+    write_csv(csv_out, rows)
+    a = k["anchor"]
+    looks = {f"{r['offered_rps']:g}": r["visit_verdict"] for r in rows}
+    common.write_json(out, {
+        "status": "ok", "label": common.KNEE_RECHECK, "recheck": {"rate": a["look"], "side": a.get("side"),
+                                                                  "verdicts": looks},
+        **dict.fromkeys(("knee_rps", "last_pass_rps", "first_fail_rps", "conclusive_fail_rps", "mid_rps")),
+        "probes": len(rows), "slo": slo, "mode": "recheck", "requests_sent": sum(r["sent"] for r in rows),
+        "method": (f"a knee verdict ({a.get('side') or 'the rung'}) re-checked on a fresh server: one visit of "
+                   f"{a['look']:g} req/s on the search's traces, up to {probing.recheck_settings(k)['max_repeats']} "
+                   "looks pooled" + (", one grid rate beyond where it reads as the verdict would not count"
+                                     if a.get("side") else "")),
+        "server_ready_s": round(ready_s, 1), "wall_s": round(wall_s, 1), "time": common.stage_time(ready_s, probed_s),
+        "rows": rows, "provenance": common.provenance(params, cfg)})
+    print("knee: re-check: " + ", ".join(f"{r} req/s {v}" for r, v in looks.items()) + f"; {wall_s:.0f} s")
+
+
 def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path):
     params = common.stage_start()
     cfg, k, slo = common.engine_config(params), params["knee"], params["slo"]
@@ -337,6 +374,11 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
         probed = time.monotonic()
         k["e2e_warm_s"] = warm_up(prober, srv, entry["path"], k, slo, logs)
         before = vllm_compat.scrape(srv.metrics())
+        if (k["anchor"] or {}).get("look"):  # a verdict re-checked on a fresh server: no search, no batch-1
+            rows = recheck_looks(prober, srv, entry["path"], k, slo, logs)
+            write_recheck(out, csv_out, rows, k, slo, srv.ready_s, time.monotonic() - t0,
+                          time.monotonic() - probed, params, cfg)
+            return
         rows, probes = sweep(prober, srv, entry["path"], k, slo, logs)
         after = vllm_compat.scrape(srv.metrics())  # before the batch-1 probe: hit rates are the sweep's
         one = batch1(prober, srv, entry["path"], k, slo, logs)

@@ -31,7 +31,7 @@ import bench
 import common
 import fingerprint
 import plan as planning
-from judgement import capacity, decide, record
+from judgement import capacity, decide, record, stats
 from measure import score
 from serving import engine
 
@@ -384,7 +384,10 @@ class Driver:
                 self.rebase(i, base)
                 anchor = knee_anchor(self.searched(base), knobs, floor=self.knee_floor, last=last)
             self.progress(f"rung {i} {name}")
-            return self.run_exp(i, name, knobs, role, change, base, rung["note"], anchor=anchor, replay=replay)
+            rec = self.run_exp(i, name, knobs, role, change, base, rung["note"], anchor=anchor, replay=replay)
+            if decide.needs_knee_again(rec, self.objective):
+                self.knee_again(i, base, rec)
+            return rec
 
         for name, change, role in tries:
             if all(kept_flat.get(k) == v for k, v in change.items()):  # only after a revert: already in force
@@ -451,6 +454,44 @@ class Driver:
                            f"{base['exp']} could not be measured again: {rec.get('error', 'no reason recorded')}")
         rec["kept"] = False
         return self.finish(rec)
+
+    def knee_again(self, i: int, base: dict, rec: dict) -> None:
+        """A knee verdict read on one server a side (better or worse) re-checked on a fresh server of the base, then
+        one of the rung, both started after the rung, at the rate it was read at (stats.knee_recheck): fresh servers
+        of one config differ by more than one look a side can tell apart, and a machine that drifted between the
+        base's search and the rung's is measured beside the rung. Knee only: their bench and eval are restored."""
+        d = rec["delta"]["knee_rps"]
+        side = d["verdict"]
+        gb, g = (capacity.gpus_per_instance(r.get("knobs") or {}) for r in (base, rec))
+        rate = stats.verdict_rate(self.searched(base)["knee"], rec["knee"], side, g / gb)
+        rate = rate and float(f"{rate:.4g}")
+        key = remeasure_key([rec])
+        runs = []
+        for who, src, look in (("base", base, {"look": rate, "side": side}) if rate else (None, None, None),
+                               ("rung", rec, None)):
+            if who is None:
+                break
+            if look is None:  # the rung is looked at where the fresh base was judged
+                got = runs[0] if runs and runs[0]["status"] == "ok" else None
+                if got is None:
+                    break
+                look = {"look": float(f"{stats.recheck_rate(got['knee']['rows']) * g / gb:.4g}")}
+            self.progress(f"rung {i}: its knee re-checked on a fresh {who} server")
+            again = self.run_exp(i, f"{rec['name']}-knee-{who}", src["knobs"], decide.KNEE_RECHECK, None, None,
+                                 f"re-checks {rec['exp']}'s knee ({side}) on a fresh server of {src['exp']}",
+                                 anchor={**look, "after": key})
+            again["base"], again["of"], again["kept"] = base["exp"], src["exp"], False
+            runs.append(again)
+            if again["status"] != "ok":
+                break
+        ok = [r for r in runs if r["status"] == "ok"]
+        rows = [r["knee"]["rows"] for r in ok] + [None, None]
+        rec["delta"]["knee_rps"] = stats.knee_recheck(d, rows[0], rows[1] if len(ok) == 2 else None)
+        for r in runs:
+            r["decision"] = (f"{r['of']} on a fresh server at {', '.join(r['knee']['recheck']['verdicts'])} req/s: "
+                             + ", ".join(f"{v}" for v in r["knee"]["recheck"]["verdicts"].values())
+                             if r["status"] == "ok" else f"could not be measured: {r.get('error', 'no reason')}")
+            self.finish(r)
 
     def finish(self, rec: dict) -> dict:
         if rec not in self.records:

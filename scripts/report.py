@@ -82,6 +82,15 @@ def delta_cell(r):
                   f" ({d['verdict']})" if d["verdict"] == "unknown" else "")
 
 
+def recheck_counts(k: dict) -> list[tuple[str, str, int, int]]:
+    """A re-check's visits: rate, verdict, over the SLO, counted."""
+    out = []
+    for rate, v in (k.get("recheck") or {}).get("verdicts", {}).items():
+        at = [x for x in k.get("rows") or [] if f"{x['offered_rps']:g}" == rate]
+        out.append((rate, v, sum(x.get("over_slo") or 0 for x in at), sum(x.get("counted") or 0 for x in at)))
+    return out
+
+
 def knee_cell(r):
     """The knee as its bracket: midpoint ± half-width, the confirmed pass and failure, and any flag."""
     k = r.get("knee") or {}
@@ -89,6 +98,9 @@ def knee_cell(r):
         return "—"
     if k.get("status") == "n/a":
         return na_cell(k)
+    if k.get("label") == common.KNEE_RECHECK:  # one visit of one rate on a fresh server, no search
+        return "re-check: " + "; ".join(f"{rate} req/s {v} ({o} of {n} over the SLO)" for rate, v, o, n in
+                                        recheck_counts(k))
     if k.get("status") == "below":
         return f"< {fmt(k.get('first_fail_rps'), 'g')} (SLO never met)"
     if k.get("status") == "open":  # no pass, the lowest rate inconclusive (e.g. a search stopped at its verdict)
@@ -118,7 +130,7 @@ def slo_text(slo: dict) -> str:
 
 VERDICT_CELL = {"baseline": "baseline", "kept": "**kept**", "reverted": "reverted", "not chosen": "not chosen",
                 "failed": "failed → reverted", "interrupted": "interrupted → reverted", "skipped": "skipped",
-                "re-measure": "its base again"}
+                "re-measure": "its base again", "knee re-check": "knee re-check"}
 
 
 def kept_cell(r):
@@ -247,7 +259,8 @@ def per_gpu_cell(r):
 def change_cell(r) -> str:
     """What a row changed vs its base (a base's re-measure changes nothing: it says what it re-measures)."""
     return ", ".join(f"{k}={v}" for k, v in (r.get("change") or {}).items()) or (
-        f"none: re-measures {r['base']}" if r.get("role") == "re-measure" else "stock")
+        f"none: re-measures {r['base']}" if r.get("role") == "re-measure" else
+        f"none: {r['of']} on a fresh server" if r.get("role") == "knee re-check" else "stock")
 
 
 def table(lad: dict) -> str:
@@ -347,7 +360,7 @@ def kept_why(lad: dict) -> list[str]:
         if r.get("role") == "baseline":
             continue
         change = ", ".join(f"`{k}: {v}`" for k, v in (r.get("change") or {}).items())
-        if r.get("role") == "re-measure":  # not a rung: the evidence a keep on tok/s had to hold against
+        if r.get("role") in ("re-measure", "knee re-check"):  # not a rung: evidence its rung's verdict rests on
             lines.append(f"- *{r['name']}* (no change): {r.get('decision') or r.get('error', '')}")
             continue
         lines.append(f"- **{r['name']}** ({change}): {kept_cell(r).replace('**', '')} — {r.get('decision', '')}")
@@ -596,6 +609,12 @@ def floor_lines(lad: dict) -> list[str]:
     if lad.get("noise_floor"):
         out.append("- **Start-to-start floor** (output tok/s, fresh engines of one config): "
                    + lad["noise_floor"]["words"])
+    sp = ((lad.get("settings") or {}).get("knee") or {}).get("server_spread") or {}
+    out.append("- **Knee verdicts**: " + stats.KNEE_AGAIN_WORDS + "; fresh servers' spread at one rate: " + (
+        f"the share over the SLO's between-server SD {sp['sigma']:g} [{sp['sigma_ci'][0]:g}, {sp['sigma_ci'][1]:g}] "
+        f"(knees' CV {sp['knee_cv']:.1%}), within a look dispersion {sp['phi']:g}, from {sp['servers']} servers and "
+        f"{sp['looks']} looks at {sp['rate']:g} req/s ({sp.get('measured_on')}, {sp.get('measured')})"
+        if sp.get("servers") else "not measured for this profile (`make benchmark ARGS=\"--parts 4 --spread-at R\"`)"))
     for r in lad["rungs"]:
         warm, b = (r.get("bench") or {}).get("warm_up_engine"), r.get("bench") or {}
         if warm and warm.get("output_tps") and b.get("output_tps"):

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import KNEE_SMALL, make_project, wait_no_vllm
+from conftest import DTYPE, KNEE_SMALL, make_project, wait_no_vllm
 from test_byo import REV, hf_cache
 
 pytestmark = pytest.mark.engine
-SMALL = {"bench__repeats": 1, "bench__num_prompts": 8, "bench__warmups": 0, "workload__output_len": 16,
+SMALL = {**DTYPE, "bench__repeats": 1, "bench__num_prompts": 8, "bench__warmups": 0, "workload__output_len": 16,
          "knee__mode": "sweep", "knee__rates": [2], **KNEE_SMALL, "knee__probe_seconds": 4}
 
 

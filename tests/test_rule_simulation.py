@@ -125,26 +125,28 @@ def test_a_cpu_placebo_is_falsely_kept_in_at_most_1_percent():
 
 
 # ---------------------------------------------------------------- the knee
-# Probe-noise model, measured with the steady-state probe on one H200 (tests/fixtures/h200-probe-study.json: `make
+# Probe-noise model, measured with the steady-state probe on H200s (tests/fixtures/h200-probe-study.json: `make
 # benchmark` part 6 on gpu-shape-4090 rung 0, p95 SLO; test_the_knee_model_rests_on_the_h200_study checks it there):
 # - at offered rate r a server of knee K sends a share s = q (r / K)^GAMMA of its requests over the SLO (q = 5 %, a
 #   p95 SLO); GAMMA = 13: 5.1 % of 1,849 counted at 11.31 req/s (8 probes), 81 % at 14, none of 155 at 8 or of 186
 #   at 9.5. A knee is a wall, not a slope;
 # - requests over the SLO come in bursts: a probe's count is a compound Poisson of clusters of mean size
 #   (PHI + 1) / 2 (geometric), so it varies PHI times as much as a binomial count. PHI is the profile's
-#   knee.dispersion, which `make benchmark` part 6 printed from this study (probing.dispersion_of: between the 8 probes
-#   at 11.31 req/s 4.7, within the probes over 4-s blocks 7.3; 6.9 pooled); the rule's test uses the same;
-# - each fresh server's knee is K x (1 + N(0, 3 %)): not measured beyond one pair of servers here (17 and 20 over the
-#   SLO of 228 on one trace at 11.31 req/s), and three servers of one earlier session that found one bracket; a test
-#   below shows what 6 % needs;
+#   knee.dispersion (probing.dispersion_of on that study: 6.9); the rule's test uses the same;
+# - each fresh server's knee is K x exp(N(0, SERVER_CV)): the profile's knee.server_spread (measure.spread's fit of
+#   looks at one rate on fresh servers of one config: the same model, the share's between-server SD over GAMMA);
+#   the tests hold the rule at its value and report it at the upper end of its 95 % interval;
 # - gpu-shape-4090's search (its profile's knee settings): p95, 20 % brackets (a grid of 2^(1/4)), probes sized for
 #   PHI, up to knee.max_repeats (2) probes of a rate pooled while inconclusive; the base's search starts at 0.7 K
-#   (the H200s' searches started at 1.0-1.2 K, where the rates held: A/A <= 0.6 % each way, x1.41 found in >= 94 %),
-#   the rung's at the base's knee (run.anchor).
+#   (the H200s' searches started at 1.0-1.2 K), the rung's at the base's knee (run.anchor); a verdict it reads
+#   better or worse is re-checked on a fresh server of the base, then of the rung (probing.recheck,
+#   stats.knee_recheck), as ladder.Driver.knee_again does.
 
 
 P4090 = profile_settings("gpu-shape-4090")
-GAMMA, PHI, SERVER_CV = 13.0, P4090["knee"]["dispersion"]["phi"], 0.03
+SPREAD = P4090["knee"]["server_spread"]
+GAMMA, PHI, SERVER_CV = 13.0, P4090["knee"]["dispersion"]["phi"], SPREAD["knee_cv"]
+SERVER_CV_HI = SPREAD["knee_cv_ci"][1]
 KNEE_SETTINGS = {**P4090["knee"], "rates": None, "min_rate": None}
 KNEE_SLO = P4090["slo"]
 
@@ -169,46 +171,85 @@ def look(rng, n: int, share: float, need: int | None = None, phi: float = PHI) -
 LOOK_S = 10.0  # a look's seconds around its counted arrivals (settle, tail, drain): H200 looks of ~40 s counted, ~50
 
 
-def knee_search(rng, knee: float, anchor: dict | None = None, server_cv: float = SERVER_CV, floor: float = 0.0,
-                true_phi: float = PHI, start: float = 0.7, curtail: bool = True) -> dict:
-    k, q = {**KNEE_SETTINGS, "start_rate": start * knee, "anchor": anchor}, 1 - KNEE_SLO["percentile"] / 100
-    server = knee * (1 + rng.normal(0, server_cv))
+def server_probe(rng, k: dict, server: float, true_phi: float = PHI, curtail: bool = True):
+    """A probe function (probing.search's `probe`) of one server whose knee is `server`."""
+    q = 1 - KNEE_SLO["percentile"] / 100
 
     def probe(rate, rows):
         counted = probing.probe_prompts(rate, k["probe_seconds"], KNEE_SLO["percentile"], 0.0, k["min_prompts"],
-                                      k["max_prompts"], phi=PHI, looks=k["max_repeats"])
+                                        k["max_prompts"], phi=PHI, looks=k["max_repeats"])
         share = min(q * (rate / server) ** GAMMA, 1.0)
         visit = [r for r in rows if r["offered_rps"] == rate]  # the search visits a rate once
         need = probing.stop_count(counted, visit, KNEE_SLO["percentile"], PHI, k["max_repeats"])  # as knee.Curtail
         over, seen = look(rng, counted, share, need if curtail else None, true_phi)
         return {"offered_rps": rate, "counted": seen, "over_slo": over, "failed": 0, "backlog": False,
                 "seconds": seen / rate + LOOK_S}
+    return probe
+
+
+def fresh(rng, knee: float, server_cv: float, drift: float = 1.0) -> float:
+    """A fresh server's knee: the config's, times its server effect (and a machine running `drift` of its speed)."""
+    return knee * drift * float(np.exp(rng.normal(0, server_cv)))
+
+
+def knee_search(rng, knee: float, anchor: dict | None = None, server_cv: float = SERVER_CV, floor: float = 0.0,
+                true_phi: float = PHI, start: float = 0.7, curtail: bool = True, drift: float = 1.0) -> dict:
+    k = {**KNEE_SETTINGS, "start_rate": start * knee, "anchor": anchor}
+    probe = server_probe(rng, k, fresh(rng, knee, server_cv, drift), true_phi, curtail)
     rows, probes = probing.search(probe, k, KNEE_SLO)
     return {**probing.knee_result(probes, None, k["rel_tol"], rows),
             "conclusive_fail_rps": probing.conclusive_fail(rows), "noise_floor": floor, "probes": len(rows),
             "seconds": sum(r["seconds"] for r in rows)}
 
 
+def recheck(rng, knee: float, rate: float, side: str | None, server_cv: float, true_phi: float = PHI) -> list[dict]:
+    """probing.recheck on a fresh server of knee `knee` (the knee stage's run.anchor.look), its looks sized as the
+    stage sizes them (probing.recheck_settings)."""
+    probe = server_probe(rng, probing.recheck_settings(KNEE_SETTINGS), fresh(rng, knee, server_cv), true_phi)
+    return probing.recheck(probe, rate, KNEE_SETTINGS, KNEE_SLO, side)
+
+
 KNEE = 11.31  # on a grid rate: the worst place for a knee (the rate at it is inconclusive half the time)
 
 
 def knee_rates(factor: float, seed: int, server_cv: float = SERVER_CV, floor: float = 0.0, knee: float = KNEE,
-               true_phi: float = PHI, **search) -> dict:
+               true_phi: float = PHI, again: bool = True, base_drift: float = 1.0, **search) -> dict:
     """A base's knee search on its own server, then a rung's (the base's knee times `factor`) on another, started
-    from the base's knee as the ladder starts it (ladder.knee_anchor), judged by stats.knee_delta."""
+    from the base's knee as the ladder starts it (ladder.knee_anchor), judged by stats.knee_delta; where that reads
+    better or worse (and `again`), re-checked on a fresh server of the base and then of the rung (stats.knee_recheck).
+    `base_drift`: the machine ran at this share of its speed while the base's search ran (loaded by other work)."""
     rng = np.random.default_rng(seed)
-    calls, probes, seconds = [], [], []
+    calls, probes, seconds, rechecks = [], [], [], 0
     for _ in range(TRIALS):
-        base = knee_search(rng, knee, server_cv=server_cv, floor=floor, true_phi=true_phi, **search)
+        base = knee_search(rng, knee, server_cv=server_cv, floor=floor, true_phi=true_phi, drift=base_drift, **search)
         anchor = ladder.knee_anchor({"knee": base}, {}, floor=floor)
         new = knee_search(rng, knee * factor, anchor, server_cv, floor, true_phi,
                           **{key: v for key, v in search.items() if key != "start"})
-        calls.append(stats.knee_delta(base, new)["verdict"])
+        d = stats.knee_delta(base, new)
+        if again and d["verdict"] in ("better", "worse"):
+            rechecks += 1
+            side = d["verdict"]
+            rate = base["conclusive_fail_rps"] if side == "better" else new["conclusive_fail_rps"]
+            b2 = recheck(rng, knee, rate, side, server_cv, true_phi)
+            r2 = recheck(rng, knee * factor, stats.recheck_rate(b2), None, server_cv, true_phi)
+            d = stats.knee_recheck(d, b2, r2)
+        calls.append(d["verdict"])
         probes.append((base["probes"], new["probes"]))
         seconds.append((base["seconds"], new["seconds"]))
     out = {v: calls.count(v) / TRIALS for v in ("better", "worse", "within noise", "unknown")}
-    return {**out, "probes": np.mean(probes, axis=0).round(1).tolist(),
+    return {**out, "probes": np.mean(probes, axis=0).round(1).tolist(), "rechecks": rechecks / TRIALS,
             "seconds": np.mean(seconds, axis=0).round(0).tolist()}
+
+
+def test_the_stored_spread_is_measured_and_fits_its_own_looks():
+    """gpu-shape-4090's knee.server_spread is a measurement (servers, looks), and measure.spread's fit of the looks it
+    stores gives its numbers back."""
+    from measure import spread
+    assert SPREAD["servers"] >= 5 and SPREAD["looks"] >= 8 and SPREAD["measured"], SPREAD
+    fit = spread.fit([[tuple(reversed(x)) for x in s] for s in SPREAD["looks_per_server"]], SPREAD["rate"])
+    assert (fit.servers, fit.looks, fit.counted) == (SPREAD["servers"], SPREAD["looks"], SPREAD["counted"])
+    assert fit.sigma == pytest.approx(SPREAD["sigma"], abs=0.02) and fit.phi == pytest.approx(SPREAD["phi"], abs=0.1)
+    assert fit.knee_cv(GAMMA)[0] == pytest.approx(SERVER_CV, abs=0.002)
 
 
 @pytest.mark.parametrize("knee", [KNEE, 11.0], ids=["knee on a grid rate", "knee between grid rates"])
@@ -229,16 +270,35 @@ def test_a_knee_moved_1_41x_is_found_in_at_least_80_percent_either_way():
     assert up["worse"] == down["better"] == 0.0
 
 
-def test_servers_twice_as_far_apart_need_a_knee_floor_of_one_grid_step():
-    # at 6 % between fresh servers a paired rate no longer holds the A/A rate (~6 % each way): knee.noise_floor of one
-    # grid step (2^(1/4) - 1) restores it, at the price of finding only a knee moved 2x, not 1.41x
-    bare = knee_rates(1.0, seed=24, server_cv=2 * SERVER_CV)
-    assert bare["better"] > 0.025 and bare["worse"] > 0.025, bare
-    step = 2 ** 0.25 - 1
-    r = knee_rates(1.0, seed=24, server_cv=2 * SERVER_CV, floor=step)
-    assert r["better"] <= 0.025 and r["worse"] <= 0.025, r
-    up, down = (knee_rates(f, seed=25, server_cv=2 * SERVER_CV, floor=step) for f in (2.0, 0.5))
-    assert up["better"] >= 0.90 and down["worse"] >= 0.90, (up, down)
+def test_one_server_a_side_does_not_hold_the_a_a_rate_at_the_measured_spread():
+    # the rule before the re-check: one look on the base's server against one on the rung's (the H200 check ladder
+    # kept a placebo so: 62 vs 1 of ~550 over the SLO at 11.31 req/s)
+    r = knee_rates(1.0, seed=24, again=False)
+    assert r["better"] > 0.025 and r["worse"] > 0.025, r
+
+
+def test_a_placebo_costs_a_re_check_only_where_it_reads_better_or_worse():
+    r = knee_rates(1.0, seed=21)
+    assert r["rechecks"] <= 0.15, r
+
+
+@pytest.mark.xfail(strict=True, reason="the stored spread rests on 5 servers: the upper end of its interval (knees' "
+                   "CV 23 %) is beyond what a fresh server a side holds; measuring >= 6 servers (make benchmark part "
+                   "4) narrows it, and this test then passes (strict: it must be updated)")
+def test_at_the_upper_end_of_the_spread_an_a_a_knee_is_called_better_or_worse_in_at_most_5_percent():
+    r = knee_rates(1.0, seed=29, server_cv=SERVER_CV_HI)
+    print("upper end", SERVER_CV_HI, r, knee_rates(2 ** 0.5, seed=30, server_cv=SERVER_CV_HI))
+    assert r["better"] <= 0.05 and r["worse"] <= 0.05, r
+
+
+def test_a_base_searched_while_the_machine_was_loaded_does_not_credit_a_placebo():
+    # the 2-core case: rung 0's search ran while other work loaded the box (here at 60 % of its speed), the placebo's
+    # on a quiet box: one server a side credits it nearly always; the base's fresh server, started after the rung,
+    # passes where the loaded one failed (4.7 % slip through: a base that passes there is judged a grid rate higher)
+    loaded = dict(base_drift=0.6)
+    assert knee_rates(1.0, seed=31, again=False, **loaded)["better"] > 0.9
+    r = knee_rates(1.0, seed=31, **loaded)
+    assert r["better"] <= 0.05, r
 
 
 def test_the_knee_model_rests_on_the_h200_study():

@@ -9,6 +9,7 @@ from judgement import capacity, stats
 # The verdicts a rung record can carry (record.RungRecord.verdict); the report prints them as they are.
 BASELINE, KEPT, REVERTED, NOT_CHOSEN, FAILED, INTERRUPTED, SKIPPED, CONFIRM, RECHECK = (
     "baseline", "kept", "reverted", "not chosen", "failed", "interrupted", "skipped", "confirm", "re-measure")
+KNEE_RECHECK = "knee re-check"  # a fresh server of a base or a rung, one visit at the rate its knee verdict was read at
 
 
 _TPS = ("output tok/s is better with a {level} interval that excludes zero (the engine is the unit: the rung's fresh "
@@ -18,13 +19,15 @@ _KNEE = ("its knee (req/s at the SLO) is better: it passed on evidence at a rate
          "evidence (its search probes that rate first, on the same arrival traces), beyond knee.noise_floor")
 RULE = ("a rung is kept only when it is significantly better than the last kept rung: " + _KNEE + ", or its knee is "
         "not worse (it did not fail on evidence where the base passed) and " + _TPS + ". Anything else is reverted (no "
-        "measurable gain: the simpler config stays); a lost knee is worse. The quality gate and 'did the change take "
-        "effect' come first; candidates of one rung are ranked against each other by the same rule. An instance with "
+        "measurable gain: the simpler config stays); a lost knee is worse; " + stats.KNEE_AGAIN_WORDS + ". The quality "
+        "gate and 'did the change take effect' come first; candidates of one rung are ranked against each other by "
+        "the same rule. An instance with "
         "more GPUs is compared per GPU (knee and tok/s divided by its GPUs).").format(level=f"{stats.CONFIDENCE:.1%}")
 RULE_TPS = ("a rung is kept only when " + _TPS + " and the knee is not worse (it did not fail on evidence at a rate "
             "where the last kept rung's passed, beyond knee.noise_floor; a lost knee is worse). Anything else is "
-            "reverted (no measurable gain: the simpler config stays). The quality gate and 'did the change take "
-            "effect' come first; candidates of one rung are ranked against each other by the same rule. An instance "
+            "reverted (no measurable gain: the simpler config stays); " + stats.KNEE_AGAIN_WORDS + ". The quality gate "
+            "and 'did the change take effect' come first; candidates of one rung are ranked against each other by the "
+            "same rule. An instance "
             "with more GPUs is compared per GPU (knee and tok/s divided by its GPUs).").format(
                 level=f"{stats.CONFIDENCE:.1%}")
 
@@ -111,10 +114,19 @@ def needs_again(rec: dict, objective: str) -> bool:
     return stats.may_gain(d["output_tps"])
 
 
+def needs_knee_again(rec: dict, objective: str) -> bool:
+    """Whether a measured rung's knee verdict waits for a re-check on fresh servers (stats.knee_recheck): it read
+    better (where that can keep it: the knee objective) or worse, on one server a side, and nothing reverts it first."""
+    d = (rec.get("delta") or {}).get("knee_rps") or {}
+    if reverted_before_speed(rec) or "first" in d or d.get("verdict") not in ("better", "worse"):
+        return False
+    return d["verdict"] == "worse" or objective == "knee_rps"
+
+
 def verdict(rec: dict) -> str:
     """The verdict of a decided record: what the report prints in its `kept?` column."""
-    if rec.get("role") == RECHECK:  # never a rung, whatever became of it: its decision says
-        return RECHECK
+    if rec.get("role") in (RECHECK, KNEE_RECHECK):  # never a rung, whatever became of it: its decision says
+        return rec["role"]
     if rec["status"] in (FAILED, INTERRUPTED, SKIPPED):
         return rec["status"]
     if rec.get("role") == BASELINE:

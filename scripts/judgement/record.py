@@ -164,6 +164,8 @@ def same_config_groups(recs: list[RungRecord]) -> list[list[float]]:
     confirm pairs): what the ladder's own start-to-start spread is estimated from (stats.pool)."""
     groups: dict[str, list[float]] = {}
     for r in recs:  # one config on one machine: another machine's engines are no start-to-start noise
+        if r.get("role") == decide.KNEE_RECHECK:  # its bench is its config's, restored: no engine of its own
+            continue
         if r.get("status") == "ok" and r.get("knobs") is not None:
             groups.setdefault(json.dumps([r["knobs"], machine_of(r)], sort_keys=True), []).extend(engine_means(r))
     return [g for g in groups.values() if len(g) >= 2]

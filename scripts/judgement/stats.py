@@ -200,6 +200,68 @@ def knee_delta(base: dict, new: dict) -> dict:
     return {"rel": rel, "verdict": verdict, "why": why}
 
 
+def verdict_rate(base: dict, new: dict, side: str, scale: float = 1.0) -> float | None:
+    """The rate (in the base's units) a knee verdict of knee_delta was read at: better, the lowest the new search
+    passed at where the base's failed on evidence (beyond the floor); worse, where the new search failed on evidence.
+    `scale`: the new instance's GPUs over the base's (its rates are that many times the base's)."""
+    if side != "better":
+        fail = _fail_at(new)
+        return fail / scale if math.isfinite(fail) and fail else None
+    floor = max(base.get("noise_floor") or 0.0, new.get("noise_floor") or 0.0)
+    need = _fail_at(base) * scale * (1 + floor) * (1 - GRID_ROUNDING)
+    passes = [r["offered_rps"] for r in new.get("rows") or [] if r.get("passed") and r["offered_rps"] >= need]
+    return min(passes) / scale if passes else None
+
+
+def recheck_rate(rows: list[dict]) -> float | None:
+    """The rate a re-check judged at: the last it visited."""
+    return rows[-1]["offered_rps"] if rows else None
+
+
+def rate_verdict(rows: list[dict], rate: float) -> tuple[str | None, int, int]:
+    """A re-check's verdict at `rate` and its counts (over the SLO, counted), from its rows."""
+    at = [r for r in rows if r.get("offered_rps") == rate]
+    if not at:
+        return None, 0, 0
+    over, counted = sum(r.get("over_slo") or 0 for r in at), sum(r.get("counted") or 0 for r in at)
+    return at[-1].get("visit_verdict"), over, counted
+
+
+KNEE_AGAIN_WORDS = ("a knee verdict (better or worse) is re-checked on a fresh server of the base and then one of the "
+                    "rung, started after the rung, at the rate it was read at (the same arrival traces): better "
+                    "stands only where the rung passes there again and the base does not (where the fresh base "
+                    "passes there, both are judged one grid rate higher), worse only where the rung fails there on "
+                    "evidence again and the base does not (one grid rate lower where the fresh base fails): each side "
+                    "rests on two servers, and a machine that drifts between the base's search and the rung's is "
+                    "measured beside the rung")
+
+
+def knee_recheck(d: dict, base_rows: list[dict] | None, rung_rows: list[dict] | None) -> dict:
+    """A knee delta (knee_delta: better or worse on the base's and the rung's searches, one server each) re-judged
+    with a fresh server of each (probing.recheck's rows; None: it could not be measured): KNEE_AGAIN_WORDS."""
+    side = d["verdict"]
+    if side not in ("better", "worse"):
+        return d
+    first = {**d, "verdict": "within noise", "first": side}
+    if not base_rows or not rung_rows:
+        return {**first, "why": d["why"] + f"; not confirmed: its re-check on fresh servers could not be measured, "
+                                           f"so a knee read {side} on one server a side is not credited"}
+    rate = recheck_rate(base_rows)  # the rung's own re-check visits one rate: this one, in its units (per instance)
+    (vb, ob, nb), (vr, orr, nr) = rate_verdict(base_rows, rate), rate_verdict(rung_rows, recheck_rate(rung_rows))
+    holds = (vb != "pass" and vr == "pass") if side == "better" else (vb != "fail" and vr == "fail")
+    looked = ", ".join(f"{fmt_g(r)}" for r in dict.fromkeys(x["offered_rps"] for x in base_rows))
+    seen = (f"again on a fresh server of each at {fmt_g(rate)} req/s: the base {vb} ({ob} of {nb} over the SLO"
+            + (f"; it visited {looked}" if len(set(x['offered_rps'] for x in base_rows)) > 1 else "")
+            + f"), the rung {vr} ({orr} of {nr})")
+    out = {**d, "first": side, "recheck": {"rate": rate, "base": [vb, ob, nb], "rung": [vr, orr, nr],
+                                           "base_rates": list(dict.fromkeys(x["offered_rps"] for x in base_rows))}}
+    if holds:
+        return {**out, "why": d["why"] + f"; {seen}: it holds on two servers a side"}
+    return {**out, "verdict": "within noise",
+            "why": d["why"] + f"; {seen}: not {side} on the fresh servers, so within noise (servers of one config "
+                              "differ by more than one look a side can tell apart)"}
+
+
 # ---------------------------------------------------------------- paired quality test
 def mcnemar_exact(b: int, c: int) -> float:
     """Two-sided exact McNemar p-value: b items flipped right->wrong, c wrong->right (binomial, p = 1/2)."""
