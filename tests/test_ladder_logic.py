@@ -265,6 +265,11 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
                "c-base-again": rec([401.0, 399.0, 400.0], None)}
     for name in ("seqs-base-again", "c-base-again"):  # a re-measure searches no knee
         results[name]["knee"] = {"status": "n/a", "label": "bench only", "knee_rps": None}
+    for name, verdict in (("c-knee-base", "fail"), ("c-knee-rung", "pass")):  # c's knee re-checked: it holds
+        results[name] = rec([400.0, 401.0, 399.0], None)
+        results[name]["knee"] = {"status": "ok", "label": "knee re-check", "knee_rps": None,
+                                 "recheck": {"verdicts": {"9": verdict}},
+                                 "rows": [{"offered_rps": 9.0, "visit_verdict": verdict, "over_slo": 1, "counted": 500}]}
     drv.records.append(base)
     calls = []
 
@@ -275,7 +280,7 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
             assert all(r["kept"] is False and r.get("verdict") is None for r in drv.records if r is not base)
         r = {**results[name], "index": index, "name": name, "exp": f"cpu-{index}-{name}", "role": role,
              "knobs": cfg, "change": change or {}, "measured": {"at": at.get(name)}}
-        r["delta"] = record.compare(b, r, drv.floor())
+        r["delta"] = record.compare(b, r, drv.floor()) if b else {"output_tps": None, "knee_rps": None}
         drv.records.append(r)
         return r
     monkeypatch.setattr(drv, "run_exp", run_exp)
@@ -296,7 +301,11 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
     drv.records[:] = [base]
     assert drv.try_rung(2, {"name": "c", "note": ""}, [("c", {"engine.max_num_seqs": 64}, "rung")],
                         {"engine.seed": 0}, base) is not None
-    assert [c[0] for c in calls] == ["c"]  # kept on its knee: no re-measure
+    # kept on its knee: no re-measure of its tok/s, but its knee re-checked on a fresh server of each side
+    assert [c[0] for c in calls] == ["c", "c-knee-base", "c-knee-rung"]
+    assert [c[2] for c in calls[1:]] == [decide.KNEE_RECHECK] * 2 and calls[1][1] == base["knobs"]
+    by = {r["name"]: r for r in drv.records}
+    assert by["c"]["verdict"] == "kept" and "holds on two servers a side" in by["c"]["decision"], by["c"]["decision"]
 
 
 def test_after_a_revert_the_next_rung_is_compared_with_its_base_as_last_measured():

@@ -210,6 +210,8 @@ def verdict_rate(base: dict, new: dict, side: str, scale: float = 1.0) -> float 
     floor = max(base.get("noise_floor") or 0.0, new.get("noise_floor") or 0.0)
     need = _fail_at(base) * scale * (1 + floor) * (1 - GRID_ROUNDING)
     passes = [r["offered_rps"] for r in new.get("rows") or [] if r.get("passed") and r["offered_rps"] >= need]
+    if not new.get("rows") and (new.get("knee_rps") or 0) >= need:  # a record without its rows: its knee passed
+        passes = [new["knee_rps"]]
     return min(passes) / scale if passes else None
 
 
