@@ -269,7 +269,8 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
         results[name] = rec([400.0, 401.0, 399.0], None)
         results[name]["knee"] = {"status": "ok", "label": "knee re-check", "knee_rps": None,
                                  "recheck": {"verdicts": {"9": verdict}},
-                                 "rows": [{"offered_rps": 9.0, "visit_verdict": verdict, "over_slo": 1, "counted": 500}]}
+                                 "rows": [{"offered_rps": 9.0, "visit_verdict": verdict, "over_slo": 1,
+                                           "counted": 500}]}
     drv.records.append(base)
     calls = []
 
