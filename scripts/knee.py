@@ -373,12 +373,12 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
         prober = Prober(logs / "probes.log")
         probed = time.monotonic()
         k["e2e_warm_s"] = warm_up(prober, srv, entry["path"], k, slo, logs)
-        before = vllm_compat.scrape(srv.metrics())
         if (k["anchor"] or {}).get("look"):  # a verdict re-checked on a fresh server: no search, no batch-1
             rows = recheck_looks(prober, srv, entry["path"], k, slo, logs)
             write_recheck(out, csv_out, rows, k, slo, srv.ready_s, time.monotonic() - t0,
                           time.monotonic() - probed, params, cfg)
             return
+        before = vllm_compat.scrape(srv.metrics())
         rows, probes = sweep(prober, srv, entry["path"], k, slo, logs)
         after = vllm_compat.scrape(srv.metrics())  # before the batch-1 probe: hit rates are the sweep's
         one = batch1(prober, srv, entry["path"], k, slo, logs)

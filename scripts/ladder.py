@@ -466,32 +466,28 @@ class Driver:
         rate = stats.verdict_rate(self.searched(base)["knee"], rec["knee"], side, g / gb)
         rate = rate and float(f"{rate:.4g}")
         key = remeasure_key([rec])
-        runs = []
-        for who, src, look in (("base", base, {"look": rate, "side": side}) if rate else (None, None, None),
-                               ("rung", rec, None)):
-            if who is None:
-                break
-            if look is None:  # the rung is looked at where the fresh base was judged
-                got = runs[0] if runs and runs[0]["status"] == "ok" else None
-                if got is None:
-                    break
-                look = {"look": float(f"{stats.recheck_rate(got['knee']['rows']) * g / gb:.4g}")}
+
+        def look(who: str, src: dict, anchor: dict) -> dict:
             self.progress(f"rung {i}: its knee re-checked on a fresh {who} server")
             again = self.run_exp(i, f"{rec['name']}-knee-{who}", src["knobs"], decide.KNEE_RECHECK, None, None,
                                  f"re-checks {rec['exp']}'s knee ({side}) on a fresh server of {src['exp']}",
-                                 anchor={**look, "after": key})
+                                 anchor={**anchor, "after": key})
             again["base"], again["of"], again["kept"] = base["exp"], src["exp"], False
-            runs.append(again)
-            if again["status"] != "ok":
-                break
-        ok = [r for r in runs if r["status"] == "ok"]
-        rows = [r["knee"]["rows"] for r in ok] + [None, None]
-        rec["delta"]["knee_rps"] = stats.knee_recheck(d, rows[0], rows[1] if len(ok) == 2 else None)
-        for r in runs:
-            r["decision"] = (f"{r['of']} on a fresh server at {', '.join(r['knee']['recheck']['verdicts'])} req/s: "
-                             + ", ".join(f"{v}" for v in r["knee"]["recheck"]["verdicts"].values())
-                             if r["status"] == "ok" else f"could not be measured: {r.get('error', 'no reason')}")
-            self.finish(r)
+            verdicts = (again.get("knee") or {}).get("recheck", {}).get("verdicts", {})
+            again["decision"] = (f"{src['exp']} on a fresh server: " + ", ".join(f"{r} req/s {v}" for r, v in
+                                                                                 verdicts.items())
+                                 if again["status"] == "ok" else
+                                 f"could not be measured: {again.get('error', 'no reason recorded')}")
+            return self.finish(again)
+        base_rows = rung_rows = None
+        if rate:
+            fresh_base = look("base", base, {"look": rate, "side": side})
+            if fresh_base["status"] == "ok":
+                base_rows = fresh_base["knee"]["rows"]
+                # the rung is looked at where the fresh base was judged, in its own units
+                fresh_rung = look("rung", rec, {"look": float(f"{stats.recheck_rate(base_rows) * g / gb:.4g}")})
+                rung_rows = fresh_rung["knee"]["rows"] if fresh_rung["status"] == "ok" else None
+        rec["delta"]["knee_rps"] = stats.knee_recheck(d, base_rows, rung_rows)
 
     def finish(self, rec: dict) -> dict:
         if rec not in self.records:

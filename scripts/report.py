@@ -82,15 +82,6 @@ def delta_cell(r):
                   f" ({d['verdict']})" if d["verdict"] == "unknown" else "")
 
 
-def recheck_counts(k: dict) -> list[tuple[str, str, int, int]]:
-    """A re-check's visits: rate, verdict, over the SLO, counted."""
-    out = []
-    for rate, v in (k.get("recheck") or {}).get("verdicts", {}).items():
-        at = [x for x in k.get("rows") or [] if f"{x['offered_rps']:g}" == rate]
-        out.append((rate, v, sum(x.get("over_slo") or 0 for x in at), sum(x.get("counted") or 0 for x in at)))
-    return out
-
-
 def knee_cell(r):
     """The knee as its bracket: midpoint ± half-width, the confirmed pass and failure, and any flag."""
     k = r.get("knee") or {}
@@ -99,8 +90,10 @@ def knee_cell(r):
     if k.get("status") == "n/a":
         return na_cell(k)
     if k.get("label") == common.KNEE_RECHECK:  # one visit of one rate on a fresh server, no search
-        return "re-check: " + "; ".join(f"{rate} req/s {v} ({o} of {n} over the SLO)" for rate, v, o, n in
-                                        recheck_counts(k))
+        rows = k.get("rows") or []
+        return "re-check: " + "; ".join(
+            "{:g} req/s {} ({} of {} over the SLO)".format(rate, *stats.rate_verdict(rows, rate))
+            for rate in dict.fromkeys(x["offered_rps"] for x in rows))
     if k.get("status") == "below":
         return f"< {fmt(k.get('first_fail_rps'), 'g')} (SLO never met)"
     if k.get("status") == "open":  # no pass, the lowest rate inconclusive (e.g. a search stopped at its verdict)

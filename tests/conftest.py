@@ -195,26 +195,34 @@ ENGINE_FLOOR_TPS = 120.0
 
 
 def engine_speed() -> tuple[float | None, str]:
-    """This box's cpu rung 0 output tok/s (the bench stage's shape, the engine tests' dtype), and how it was read."""
+    """This box's cpu rung 0 output tok/s: params.yaml's rung 0 as the bench stage runs it (bench.throughput_argv),
+    in the engine tests' dtype, one `vllm bench throughput`; and how it was read."""
     import json
     import re
     import tempfile
-    env = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}", VLLM_CPU_KVCACHE_SPACE="1",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0")
+
+    import bench
+    import common
+    import config
+    params = config.validate(config.load_params(check=False))
+    cfg = common.engine_config(params)
+    engine_knobs = {**cfg["engine"], "dtype": DTYPE.get("engine__dtype", cfg["engine"]["dtype"])}
+    env = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+               **{k: str(v) for k, v in cfg["env"].items()})
     with tempfile.TemporaryDirectory() as tmp:
         got = subprocess.run(["python", "scripts/download.py", f"{tmp}/models.json"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=1200)
         if got.returncode:
             return None, f"the model could not be prepared: {got.stderr[-300:]}"
-        path = json.loads(Path(f"{tmp}/models.json").read_text())["models"]["smollm2-135m"]["path"]
-    dtype = DTYPE.get("engine__dtype", "bfloat16")
-    cmd = ["vllm", "bench", "throughput", "--model", path, "--dtype", dtype, "--max-model-len", "1024",
-           "--max-num-seqs", "16", "--max-num-batched-tokens", "512", "--no-enable-prefix-caching", "--enforce-eager",
-           "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "32", "--num-prompts", "128",
-           "--seed", "0"]
-    got = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+        path = json.loads(Path(f"{tmp}/models.json").read_text())["models"][cfg["model"]["name"]]["path"]
+    argv = bench.throughput_argv(path, params["bench"], params["workload"], engine_knobs)
+    got = subprocess.run(["vllm", "bench", "throughput", *argv], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=1800)
     m = re.search(r"([\d.]+) output tokens/s", got.stdout + got.stderr)
-    return (float(m.group(1)) if m else None), f"vllm bench throughput, 128 prompts 64 in / 32 out, {dtype}"
+    w, b = params["workload"], params["bench"]
+    return (float(m.group(1)) if m else None), (f"vllm bench throughput, params.yaml's rung 0: {b['num_prompts']} "
+                                                f"prompts {w['input_len']} in / {w['output_len']} out, "
+                                                f"{engine_knobs['dtype']}")
 
 
 @pytest.hookimpl(trylast=True)  # after -m has deselected: `make test-unit` measures nothing

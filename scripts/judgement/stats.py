@@ -251,12 +251,12 @@ def knee_recheck(d: dict, base_rows: list[dict] | None, rung_rows: list[dict] | 
     rate = recheck_rate(base_rows)  # the rung's own re-check visits one rate: this one, in its units (per instance)
     (vb, ob, nb), (vr, orr, nr) = rate_verdict(base_rows, rate), rate_verdict(rung_rows, recheck_rate(rung_rows))
     holds = (vb != "pass" and vr == "pass") if side == "better" else (vb != "fail" and vr == "fail")
-    looked = ", ".join(f"{fmt_g(r)}" for r in dict.fromkeys(x["offered_rps"] for x in base_rows))
+    rates = list(dict.fromkeys(x["offered_rps"] for x in base_rows))
     seen = (f"again on a fresh server of each at {fmt_g(rate)} req/s: the base {vb} ({ob} of {nb} over the SLO"
-            + (f"; it visited {looked}" if len(set(x['offered_rps'] for x in base_rows)) > 1 else "")
+            + (f"; it visited {', '.join(map(fmt_g, rates))}" if len(rates) > 1 else "")
             + f"), the rung {vr} ({orr} of {nr})")
     out = {**d, "first": side, "recheck": {"rate": rate, "base": [vb, ob, nb], "rung": [vr, orr, nr],
-                                           "base_rates": list(dict.fromkeys(x["offered_rps"] for x in base_rows))}}
+                                           "base_rates": rates}}
     if holds:
         return {**out, "why": d["why"] + f"; {seen}: it holds on two servers a side"}
     return {**out, "verdict": "within noise",

@@ -41,11 +41,17 @@ def summarize(values: list[float]) -> dict:
 GRID_ROUNDING = 1e-3  # relative: grid_rate keeps 4 significant figures (at most 5e-4 off)
 
 
+def failed_on_evidence(row: dict) -> bool:
+    """A look that did not pass for a known reason (slo_evidence 'fail', a failed request or a backlog), not merely
+    for want of evidence (inconclusive after max_repeats)."""
+    return not row.get("passed") and bool(row.get("evidence") in (None, "fail") or row.get("failed")
+                                          or row.get("backlog"))
+
+
 def conclusive_fail(rows: list[dict]) -> float | None:
-    """The lowest rate that failed on evidence (slo_evidence 'fail', a failed request or a backlog), not merely
-    for want of it (inconclusive after max_repeats): a knee only moves past a boundary that is known."""
-    fails = [r["offered_rps"] for r in rows if not r.get("passed")
-             and (r.get("evidence") in (None, "fail") or r.get("failed") or r.get("backlog"))]
+    """The lowest rate that failed on evidence (failed_on_evidence): a knee only moves past a boundary that is
+    known."""
+    fails = [r["offered_rps"] for r in rows if failed_on_evidence(r)]
     return min(fails) if fails else None
 
 
@@ -563,10 +569,7 @@ def visit_verdict(looks: list[dict]) -> str:
     """A visit's verdict as its looks took it: pass; fail (on evidence, a failed request or a backlog); or
     inconclusive."""
     last = looks[-1]
-    if last.get("passed"):
-        return "pass"
-    return "fail" if last.get("evidence") in (None, "fail") or last.get("failed") or last.get("backlog") else \
-        "inconclusive"
+    return "pass" if last.get("passed") else "fail" if failed_on_evidence(last) else "inconclusive"
 
 
 def beyond(rate: float, side: str, rel_tol: float) -> float:
