@@ -199,7 +199,7 @@ def knee_search(rng, knee: float, anchor: dict | None = None, server_cv: float =
     rows, probes = probing.search(probe, k, KNEE_SLO)
     return {**probing.knee_result(probes, None, k["rel_tol"], rows),
             "conclusive_fail_rps": probing.conclusive_fail(rows), "noise_floor": floor, "probes": len(rows),
-            "seconds": sum(r["seconds"] for r in rows)}
+            "seconds": sum(r["seconds"] for r in rows), "rows": rows}
 
 
 def recheck(rng, knee: float, rate: float, side: str | None, server_cv: float, true_phi: float = PHI) -> list[dict]:
@@ -229,8 +229,7 @@ def knee_rates(factor: float, seed: int, server_cv: float = SERVER_CV, floor: fl
         if again and d["verdict"] in ("better", "worse"):
             rechecks += 1
             side = d["verdict"]
-            rate = base["conclusive_fail_rps"] if side == "better" else new["conclusive_fail_rps"]
-            b2 = recheck(rng, knee, rate, side, server_cv, true_phi)
+            b2 = recheck(rng, knee, stats.verdict_rate(base, new, side), side, server_cv, true_phi)
             r2 = recheck(rng, knee * factor, stats.recheck_rate(b2), None, server_cv, true_phi)
             d = stats.knee_recheck(d, b2, r2)
         calls.append(d["verdict"])
