@@ -149,35 +149,29 @@ class Proc:
         """SIGTERM to the whole group, wait, SIGKILL what is left after `grace` seconds."""
         if self not in _live:
             return
+        group = [p for p in _group_members(self.pgid) if p.pid != self.pid]  # before SIGTERM, while all are in it
         self._signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
-        try:
-            self.p.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-        while self._group_alive() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.p.wait(timeout=grace)  # the leader through Popen: psutil would reap it and lose its exit code
+        psutil.wait_procs(group, timeout=max(0.0, deadline - time.monotonic()))
         if self._group_alive():
             self._logf.write(f"[ladder] group {self.pgid} still alive {grace:.0f} s after SIGTERM: SIGKILL\n")
-            self._kill_sparing_trackers()
+            self._kill_sparing_trackers(_group_members(self.pgid))
             self.p.wait(timeout=10)
         self._pump.join(timeout=5)
         self._close()
 
-    def _kill_sparing_trackers(self) -> None:
+    def _kill_sparing_trackers(self, group: list[psutil.Process]) -> None:
         """SIGKILL the group, its multiprocessing resource trackers last. A tracker unlinks the /dev/shm segments
         of processes that died without doing so once they are gone; SIGKILLed with them, it left ~420 MB behind
         each time a `vllm serve` still waiting for a knee probe's connections was killed."""
-        group = _group_members(self.pgid)
-        trackers = [pid for pid in group if "multiprocessing.resource_tracker" in _cmdline(pid)]
-        for pid in group:
-            if pid not in trackers:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + TRACKER_GRACE_S
-        while any(_alive(pid) for pid in trackers) and time.monotonic() < deadline:
-            self.p.poll()
-            time.sleep(0.1)
+        trackers = [p for p in group if "multiprocessing.resource_tracker" in _cmdline(p)]
+        for p in group:
+            if p not in trackers:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+        psutil.wait_procs(trackers, timeout=TRACKER_GRACE_S)
         self._signal(signal.SIGKILL)
 
     def _signal(self, sig):
@@ -266,82 +260,67 @@ def _say(msg: str) -> None:
 _GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
-def _alive(pid: int) -> bool:
+def _alive(p: psutil.Process) -> bool:
     try:
-        return psutil.Process(pid).status() not in _GONE
+        return p.status() not in _GONE
     except psutil.Error:
         return False
 
 
-def _cmdline(pid: int) -> str:
+def _cmdline(p: psutil.Process) -> str:
     try:
-        return " ".join(psutil.Process(pid).cmdline())
+        return " ".join(p.cmdline())
     except psutil.Error:
         return ""
 
 
-def _live_procs() -> dict[int, tuple[int, int]]:
-    """Every live process: {pid: (parent pid, process group)}."""
-    procs = {}
-    for p in psutil.process_iter(["ppid", "status"]):
-        if p.info["status"] in _GONE:
-            continue
-        try:
-            procs[p.pid] = (p.info["ppid"], os.getpgid(p.pid))
-        except OSError:  # gone since it was listed
-            continue
-    return procs
+def _pgid(p: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(p.pid)
+    except OSError:  # gone
+        return None
 
 
-def _group_members(pgid: int) -> list[int]:
-    return [pid for pid, (_, pgrp) in _live_procs().items() if pgrp == pgid]
+def _group_members(pgid: int) -> list[psutil.Process]:
+    """The live processes of a process group (psutil has no process-group query, so each process is asked)."""
+    return [p for p in psutil.process_iter() if _pgid(p) == pgid and _alive(p)]
 
 
-def _leftovers() -> dict[int, tuple[int, int]]:
-    """Live processes of our group and all our descendants (orphans are re-parented to us: we are a subreaper),
-    us excluded: {pid: (parent pid, process group)}."""
+def _leftovers() -> list[psutil.Process]:
+    """Our live descendants: every process our group started, orphans included (re-parented to us, a subreaper)."""
     try:  # reap finished children first: a zombie is not a leftover
         while os.waitpid(-1, os.WNOHANG)[0]:
             pass
     except ChildProcessError:
         pass
-    procs = _live_procs()
-    children = collections.defaultdict(list)
-    for pid, (ppid, _) in procs.items():
-        children[ppid].append(pid)
-    me = os.getpid()
-    found, todo = {pid for pid, (_, pgrp) in procs.items() if pgrp == os.getpgrp()}, [me]
-    while todo:
-        for pid in children.get(todo.pop(), []):
-            found.add(pid)
-            todo.append(pid)
-    found.discard(me)
-    return {pid: procs[pid] for pid in sorted(found)}
+    return [p for p in psutil.Process().children(recursive=True) if _alive(p)]
 
 
 def _end_all(grace: float) -> None:
     """SIGTERM to our group and to each orphan outside it (as its dead parent's PR_SET_PDEATHSIG would), then
     SIGKILL to each leftover after `grace` seconds."""
-    if not _leftovers():
+    procs = _leftovers()
+    if not procs:
         return
-    me, group, termed = os.getpid(), os.getpgrp(), set()
+    group, termed = os.getpgrp(), set()
     os.killpg(group, signal.SIGTERM)  # we ignore it by now
-    deadline = time.monotonic() + grace
-    while (left := _leftovers()) and time.monotonic() < deadline:
-        for pid in [p for p, (ppid, pgrp) in left.items() if ppid == me and pgrp != group and p not in termed]:
-            termed.add(pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        time.sleep(0.2)
-    for _ in range(50):
-        if not left:
+
+    def term_orphans(_gone=None):  # orphans appear only as a process ends: each is re-parented to us
+        for p in psutil.Process().children():
+            if p not in termed and _pgid(p) not in (group, None):
+                termed.add(p)
+                with contextlib.suppress(psutil.Error):
+                    p.terminate()
+    term_orphans()
+    psutil.wait_procs(procs, timeout=grace, callback=term_orphans)
+    for _ in range(5):  # what outlived the grace, and anything started since
+        if not (left := _leftovers()):
             return
-        _say(f"SIGKILL to {len(left)} processes still alive {grace:.0f} s after SIGTERM: {list(left)}")
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
-        left = _leftovers()
+        _say(f"SIGKILL to {len(left)} processes still alive {grace:.0f} s after SIGTERM: {[p.pid for p in left]}")
+        for p in left:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(left, timeout=2)
 
 
 def _guard(caller: int, cmd: list[str]) -> int:
