@@ -25,7 +25,9 @@ import sys
 import time
 from pathlib import Path
 
+import dvc.api
 import yaml
+from dvc.exceptions import DvcException
 
 import bench
 import common
@@ -151,31 +153,36 @@ class Driver:
         return record.machine_of(rec) in (None, self.machine["id"])
 
     # -- experiments measured on another machine (pulled with `dvc exp pull`)
-    def elsewhere(self, exp: str, sets: dict) -> str | None:
-        """The git ref of experiment `exp` of this commit if another machine ran it with these very params: its
-        measurements are taken as they are (replay), never compared with this machine's."""
-        head = common.git_commit()
-        refs = subprocess.run(["git", "for-each-ref", "--format=%(refname)", f"refs/exps/{head[:2]}/{head[2:]}/"],
-                              cwd=common.ROOT, capture_output=True, text=True).stdout.split()
-        ref = next((r for r in refs if r.rsplit("/", 1)[-1] == exp), None)
-        if not ref or not head:
-            return None
+    @functools.cached_property
+    def experiments(self) -> dict[str, str]:
+        """This commit's finished experiments by name, {name: rev} (`dvc exp show`). Read once: another machine's
+        were pulled before the ladder started, and the ones this run adds are this machine's."""
+        try:
+            shown = dvc.api.exp_show(repo=str(common.ROOT))
+        except DvcException:
+            return {}
+        return {r["Experiment"]: r["rev"] for r in shown
+                if r.get("Experiment") and r.get("rev") and r.get("State") in (None, "Success")}
 
-        def shown(path: str):
-            out = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=common.ROOT, capture_output=True, text=True)
-            return out.stdout if out.returncode == 0 else None
-        fp, params = shown("results/fingerprint.json"), shown("params.yaml")
-        if not fp or not params:
+    def elsewhere(self, exp: str, sets: dict) -> str | None:
+        """The revision of experiment `exp` of this commit if another machine ran it with these very params: its
+        measurements are taken as they are (replay), never compared with this machine's."""
+        rev = self.experiments.get(exp)
+        if not rev:
             return None
-        theirs = (json.loads(fp).get("machine") or {}).get("id")
+        try:
+            fp = json.loads(dvc.api.read("results/fingerprint.json", repo=str(common.ROOT), rev=rev))
+            got = dvc.api.params_show("params.yaml", repo=str(common.ROOT), rev=rev)
+        except (DvcException, OSError, ValueError):  # not there, or not readable: not an experiment to replay
+            return None
+        theirs = (fp.get("machine") or {}).get("id")
         if not theirs or theirs == self.machine["id"]:
             return None  # this machine's own: DVC's run-cache restores it
-        got = yaml.safe_load(params) or {}
         try:
             same = all(planning.get_dotted(got, k) == v for k, v in sets.items())
         except (KeyError, TypeError):
             return None
-        return ref if same else None
+        return rev if same else None
 
     def replay(self, rec: dict, base: dict | None) -> dict:
         """An experiment another machine ran: its results into the workspace (`dvc exp apply`), filled and

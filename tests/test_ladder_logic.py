@@ -382,3 +382,49 @@ def test_a_failed_stage_s_error_keeps_the_lines_that_name_the_field():
              "ERROR: failed to reproduce 'fingerprint': failed to run: python scripts/fingerprint.py"]
     assert ladder.error_lines(lines) == ["params.yaml is not valid: run.anchor.last: unknown key; allowed: pass, fail, "
                                          "worse, bracket"]
+
+
+def test_only_another_machines_experiment_of_this_commit_with_these_params_is_replayed(tmp_path, monkeypatch):
+    """elsewhere() on a real git + DVC repo: experiments pulled from another machine (`dvc exp pull`) are found by
+    name through DVC, and replayed only where they are this commit's, another machine's and ran these params."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    import common
+    import ladder
+
+    def sh(*cmd):
+        subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+
+    def experiment(name, seed, machine):  # what `dvc exp run` leaves in an experiment: its params, its fingerprint
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump({"engine": {"seed": seed}, "run": {"anchor": None}}))
+        (tmp_path / "results" / "fingerprint.json").write_text(json.dumps({"machine": {"id": machine}}))
+        sh(sys.executable, "-m", "dvc", "exp", "save", "-q", "-f", "-n", name)
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"engine": {"seed": 0}, "run": {"anchor": None}}))
+    (tmp_path / "results" / "fingerprint.json").write_text("{}")
+    sh("git", "init", "-q")
+    sh("git", "config", "user.email", "t@example.com")
+    sh("git", "config", "user.name", "t")
+    sh(sys.executable, "-m", "dvc", "init", "-q")
+    sh("git", "add", "-A")
+    sh("git", "commit", "-qm", "one")
+    experiment("cpu-0-old-commit", 1, "B")
+    sh("git", "commit", "-qm", "two", "--allow-empty")
+    experiment("cpu-1-b", 1, "B")
+    experiment("cpu-2-here", 1, "A")
+    monkeypatch.setattr(common, "ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    drv = ladder.Driver.__new__(ladder.Driver)
+    drv.environment = {"machine": {"id": "A"}}
+    sets = {"engine.seed": 1, "run.anchor": None}
+    assert drv.elsewhere("cpu-1-b", sets)  # another machine's, these params: replayed
+    assert drv.elsewhere("cpu-1-b", {**sets, "engine.seed": 2}) is None  # other params: measured here
+    assert drv.elsewhere("cpu-2-here", sets) is None  # this machine's own: the run-cache restores it
+    assert drv.elsewhere("cpu-0-old-commit", sets) is None  # another commit's
+    assert drv.elsewhere("cpu-3-never-run", sets) is None
