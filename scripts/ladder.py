@@ -303,7 +303,8 @@ class Driver:
                 for r in got:
                     recs.remove(r)
                 pair(k, replay=False)
-        self.confirm.update(record.confirm_summary(recs, self.floor()))
+        kept = [r for r in self.records if r.get("kept") and r.get("role") != decide.BASELINE]
+        self.confirm.update(record.confirm_summary(recs, self.floor(), self.objective, kept))
         self.save()
         print(f"  -> confirm: {self.confirm['summary']}", flush=True)
 

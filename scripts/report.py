@@ -256,8 +256,25 @@ def change_cell(r) -> str:
         f"none: {r['of']} on a fresh server" if r.get("role") == "knee re-check" else "stock")
 
 
+def not_reproduced(lad: dict, why: bool = False) -> str | None:
+    """Where the confirm pair did not show the final stack better than rung 0 by the rule (record.confirm_summary's
+    `reproduced`): what the report says of the kept gains, naming the rungs they rested on (`why`: and the rule's
+    reading of the pair); None where it did, or where no confirm pair judged it."""
+    conf = lad.get("confirm") or {}
+    if not conf.get("delta") or conf.get("reproduced") is not False:
+        return None
+    rested = conf.get("rested_on") or [{"name": r["name"], "on": None} for r in lad["rungs"]
+                                       if r.get("kept") and r.get("role") != "baseline"]
+    names = ", ".join(f"{r['name']}" + (f" (kept on {r['on']})" if r.get("on") else "") for r in rested)
+    read = (conf.get("reproduced_why") or "").removeprefix("no measurable gain: ").removesuffix(
+        "; the simpler config stays")
+    return ("the kept gains did not reproduce: the confirm pair does not show the final stack better than rung 0 by "
+            "the rule" + (f" ({read})" if why and read else "") + f"; they rested on {names or 'no kept rung'}")
+
+
 def table(lad: dict) -> str:
     rows = []
+    unconfirmed = not_reproduced(lad) is not None
     for r in lad["rungs"]:
         rows.append({"stage": f"{r['index']} {r['name']}", "change": change_cell(r), "eval acc": acc_cell(r),
                      "per-category regressions": regress_cell(r), "output tok/s [95 % CI]": tps_cell(r),
@@ -265,7 +282,9 @@ def table(lad: dict) -> str:
                      "speedup vs baseline": fmt((r.get("speedup") or None), ".2f") + "×" if r.get("speedup") else "—",
                      "knee req/s @ SLO": knee_cell(r), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(r),
                      "KV cache · max concurrency": kv_cell(r), "roofline: TPOT floor / batch-1 TPOT": roof_cell(r),
-                     "kept?": kept_cell(r), "measured": measured_cell(r)})
+                     "kept?": kept_cell(r) + (" (not reproduced)" if unconfirmed and r.get("verdict") == "kept"
+                                              else ""),
+                     "measured": measured_cell(r)})
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
 
 
@@ -299,8 +318,9 @@ def headline(lad: dict) -> str:
                else f"no rate met the SLO ({slo_text(slo)})")
     minutes = lad.get("engine_seconds", 0) / 60
     cost = lad.get("cost_usd")
+    gone = not_reproduced(lad)
     return (f"**{base['model']} {tps} with "
-            f"{' + '.join(kept) or 'nothing kept'}; {acc}; {at_knee}; "
+            f"{' + '.join(kept) or 'nothing kept'}; " + (f"{gone}; " if gone else "") + f"{acc}; {at_knee}; "
             f"{minutes:.1f} {'GPU' if lad['environment'].get('device') == 'gpu' else 'CPU'}-minutes measured"
             + (f" ≈ ${cost:.2f}" if cost else "") + ".**")
 
@@ -348,7 +368,8 @@ def kernels_line(r, lad: dict) -> list[str]:
 
 
 def kept_why(lad: dict) -> list[str]:
-    lines = []
+    gone = not_reproduced(lad, why=True)
+    lines = [f"- ⚠ **Confirm pair**: {gone}."] if gone else []
     for r in lad["rungs"]:
         if r.get("role") == "baseline":
             continue
