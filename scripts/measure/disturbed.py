@@ -6,9 +6,10 @@ replaced it; the report lists every one ("Disturbed measurements").
 Why a repeat can read ~3x slow inside one engine (vllm_compat.run_throughput): nothing in the engine differs between
 passes on the cpu profile (no compile: enforce_eager; prefix caching off, and reset before each pass; the same
 prompts; the warm-up runs before the first pass, not the second). What differs is the CPU a pass gets: vLLM runs the
-forward on one torch thread ("Reducing Torch threads from 2 to 1"), and `vllm serve` (the knee) pins its model
-worker to core 0 (VLLM_CPU_OMP_THREADS_BIND=auto: "core ids=[0]" on two cores). On the 2-core box a one-thread torch
-loop read 0.33x with two CPU-bound processes beside it, and 0.30x pinned with two on its core.
+forward on one torch thread ("Reducing Torch threads from 2 to 1"), unpinned where the engine core runs in-process
+(the cpu profile's VLLM_ENABLE_V1_MULTIPROCESSING=0), pinned to core 0 under the multiprocessing executor
+(VLLM_CPU_OMP_THREADS_BIND=auto: "core ids=[0]" on two cores). On the 2-core box a one-thread torch loop read 0.33x
+with two CPU-bound processes beside it, and 0.30x pinned with two on its core: the ~52 of ~175 tok/s.
 """
 from __future__ import annotations
 
