@@ -78,8 +78,8 @@ def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout:
                                         "warmup_prompts": warmup_prompts, **job}, logs, env_knobs, timeout,
                              "vllm bench throughput (in-engine repeats)")
     text = proc.log.read_text(encoding="utf-8", errors="replace")
-    runs, loads = vllm_compat.parse_output(text)[:vllm_compat.timed_passes(text) or repeats], vllm_compat.pass_loads(
-        text)
+    runs = vllm_compat.parse_output(text)[:vllm_compat.timed_passes(text) or repeats]
+    loads = vllm_compat.pass_loads(text)
     for i, run in enumerate(runs, 1):
         run["load"] = loads.get(i)  # the other work on the machine during the pass (disturbed.CpuWatch)
     return (runs, {**vllm_compat.engine_facts(proc.log), "warmup_output_tps": vllm_compat.warmup_passes(text),
@@ -91,8 +91,7 @@ def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float
     holds the start-to-start noise: results and the first engine's facts, `timing` summed over the runs. A run far off
     the others is replaced by one more engine (disturbed.screen, job's far_share and extra_repeats)."""
     runs, facts, timing = [], {}, {"start_s": 0.0, "measure_s": 0.0}
-    one = {k: v for k, v in job.items() if k not in ("far_share", "extra_repeats")}  # one pass an engine: none to
-    # screen inside it
+    one = {k: v for k, v in job.items() if k not in ("far_share", "extra_repeats")}  # one pass each: nothing inside
     while len(runs) < repeats or disturbed.screen([x["output_tps"] for x in runs], repeats, job.get("far_share"),
                                                   job.get("extra_repeats") or 0)["more"]:
         r = len(runs)
@@ -111,7 +110,7 @@ def method(b: dict, mode: str) -> str:
              f"{b['repeats']} timed repeats inside one engine (vLLM's own bench code)" if mode == "engine" else
              f"{b['repeats']} runs, each its own engine start ({b['warmups']} warm-up requests each)")
     timed += f", prompts drawn with seed {workload.SEED} whatever engine.seed"
-    if b["extra_repeats"] and b["repeats"] >= 3:
+    if b["far_share"] and b["extra_repeats"] and b["repeats"] >= 3:
         timed += (f"; a repeat more than {b['far_share']:.0%} off the median of its engine's others is replaced by one "
                   f"more (at most {b['extra_repeats']}) and kept beside it, out of the median and interval")
     return (f"`vllm bench throughput`, {b['num_prompts']} prompts, {timed}, the prefix cache reset before each; "

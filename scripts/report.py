@@ -622,6 +622,10 @@ def disturbed_lines(lad: dict) -> list[str]:
     `disturbed_look`); or a line saying none were, or that the record predates the screen."""
     lines, screened = [], False
     p = f"p{lad['slo'].get('percentile', 99):g}"
+
+    def read(x: dict) -> str:
+        return (f"{x.get('over_slo')} of {x.get('counted')} counted over the SLO, {p} TTFT "
+                f"{x.get('slo_ttft_ms') or 0:.0f} ms, achieved {x.get('achieved_rps') or 0:.2f} req/s")
     for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or []):
         who = f"{r.get('index', '')} {r['name']}".strip()
         b, k = r.get("bench") or {}, r.get("knee") or {}
@@ -633,16 +637,12 @@ def disturbed_lines(lad: dict) -> list[str]:
                     "median and interval" if f.get("replaced_by") else
                     "no extra repeat left (bench.extra_repeats): it stays in the median and interval")
             lines.append(f"- **{who}** bench repeat {f['repeat']}: {f['output_tps']:.1f} output tok/s against its "
-                         f"siblings {sibs} ({f['off']:+.0%} off their median {f['median']:.1f}, beyond "
+                         f"siblings {sibs} ({f['off']:+.0%} off its engine's median {f['median']:.1f}, beyond "
                          f"bench.far_share {b.get('far_share', 0):.0%}){load}; {fate}")
         for row in k.get("rows") or []:
             d = row.get("disturbed_look")
             if not d:
                 continue
-
-            def read(x: dict) -> str:
-                return (f"{x.get('over_slo')} of {x.get('counted')} counted over the SLO, {p} TTFT "
-                        f"{x.get('slo_ttft_ms') or 0:.0f} ms, achieved {x.get('achieved_rps') or 0:.2f} req/s")
             lines.append(f"- **{who}** knee look at {row['offered_rps']:g} req/s (trace seed {row.get('seed')}): ran "
                          f"while {disturbed.busy_words(d['busy'])}, over knee.busy_share {k.get('busy_share', 0):.0%}: "
                          f"{read(d)} (kept in knee.json, {d.get('file')}); looked at again on the same trace: "
@@ -737,8 +737,9 @@ def render(lad: dict, out: Path) -> str:
           headline(lad), "", "## Setup", *header(lad), "", f"## The ladder ({plural} runs)", "", table(lad), "",
           "Output tok/s: median of one engine's repeats with their 95 % t-interval. " + stats.DELTA_WORDS + ". Knee: "
           "highest offered rate meeting the SLO, with the first rate that broke it.", "",
-          "## Disturbed measurements", "A repeat far off its engine's others, or a look while other work kept the "
-          "machine busy, is measured again and kept beside what replaced it, out of every verdict:",
+          "## Disturbed measurements", "A bench repeat far off its engine's others is replaced by one more pass (up to "
+          "bench.extra_repeats), a knee look while other work kept the machine busy is looked at again on its trace "
+          "(once); the flagged one is kept beside what replaced it and judged on by nothing:",
           *disturbed_lines(lad), "",
           "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
           *gate_power_lines(lad), "## Capacity plan", *capacity_lines(lad), "",

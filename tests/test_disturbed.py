@@ -97,7 +97,7 @@ def test_a_replaced_repeat_is_kept_in_the_results_but_not_in_the_median_or_inter
     (f,) = got["disturbed"]
     assert f["repeat"] == 2 and f["output_tps"] == 52.0 and f["siblings"] == [175.0, 181.0]
     assert f["replaced_by"] == 4 and f["replacement"] == 178.0 and f["load"] == busy
-    assert "-70% off the median 175.0" in f["why"] and "bench.far_share 20%" in f["why"]
+    assert "-70% off the median 175.0 of its engine's repeats" in f["why"] and "bench.far_share 20%" in f["why"]
     plain = bench.figures(runs_of([175.0, 178.0, 181.0]), B)
     assert plain["disturbed"] == [] and plain["output_tps_runs"] == [175.0, 178.0, 181.0]
 
@@ -246,9 +246,9 @@ def test_the_report_names_each_disturbed_repeat_and_look_or_says_none_were(tmp_p
         "other_work_share": 0.65, "file": "probe-01-2rps-disturbed.json"})
     knee_line, bench_line = report.disturbed_lines(lad)  # rung by rung: the base's knee, then the placebo's bench
     assert bench_line == (f"- **1 {placebo['name']}** bench repeat 2: 52.0 output tok/s against its siblings 175.0, "
-                          "181.0 (-70% off their median 175.0, beyond bench.far_share 20%); meanwhile other work took "
-                          "65% of the machine's 2 cores over its 78 s (101.4 CPU-s); replaced by repeat 4 (178.0): "
-                          "kept in bench.json, out of the median and interval")
+                          "181.0 (-70% off its engine's median 175.0, beyond bench.far_share 20%); meanwhile other "
+                          "work took 65% of the machine's 2 cores over its 78 s (101.4 CPU-s); replaced by repeat 4 "
+                          "(178.0): kept in bench.json, out of the median and interval")
     assert knee_line == ("- **0 baseline** knee look at 2 req/s (trace seed 20141): ran while other work took 65% of "
                          "the machine's 2 cores over its 78 s (101.4 CPU-s), over knee.busy_share 25%: 260 of 331 "
                          "counted over the SLO, p99 TTFT 63000 ms, achieved 1.98 req/s (kept in knee.json, "

@@ -65,8 +65,8 @@ def screen(values: list[float], repeats: int, far: float | None, extra: int) -> 
 
 
 def far_words(value: float, median: float, off: float, far: float) -> str:
-    return (f"{value:.1f} is {off:+.0%} off the median {median:.1f} of its engine's other repeats, beyond "
-            f"bench.far_share {far:.0%}")
+    return (f"{value:.1f} is {off:+.0%} off the median {median:.1f} of its engine's repeats, beyond bench.far_share "
+            f"{far:.0%}")
 
 
 # ---------------------------------------------------------------- knee: a look while the machine was busy
