@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import common
-from measure import probing, workload
+from measure import disturbed, probing, workload
 from serving import engine, vllm_compat
 
 
@@ -41,10 +41,14 @@ def check_shape(run: dict, num_prompts: int, input_len: int | tuple[int, int], o
 
 
 def worker(job_path: str) -> None:
-    """In the child: vLLM's own throughput benchmark, one engine, warm-up then `repeats` timed runs."""
+    """In the child: vLLM's own throughput benchmark, one engine, warm-up then `repeats` timed runs, and one more for
+    each that is far off the others (disturbed.screen, up to bench.extra_repeats); each pass's other work measured."""
     job = common.read_json(job_path)
+    far, extra = job.get("far_share"), job.get("extra_repeats") or 0
+    more = (lambda done: disturbed.screen(done, job["repeats"], far, extra)["more"]) if far and extra else None
     vllm_compat.run_throughput(job["argv"], job["repeats"], job["warmup_repeats"], job.get("prompts"),
-                               job.get("output_len"), job["dataset_seed"], job.get("warmup_prompts"))
+                               job.get("output_len"), job["dataset_seed"], job.get("warmup_prompts"), more=more,
+                               watch=disturbed.watch)
 
 
 def throughput_argv(model_path: str, b: dict, w: dict, engine_knobs: dict) -> list[str]:
@@ -55,11 +59,13 @@ def throughput_argv(model_path: str, b: dict, w: dict, engine_knobs: dict) -> li
             engine.cli_flags(engine_knobs))
 
 
-def job_of(sent: dict) -> dict:
+def job_of(sent: dict, b: dict | None = None) -> dict:
     """What the worker needs besides its argv: the seed its prompts are drawn with (never the engine's: a rung
-    that changes engine.seed must not change the traffic), and a rendered prompts file, if any."""
+    that changes engine.seed must not change the traffic), a rendered prompts file, if any, and (params `bench`
+    `b`) how a repeat far off the others is replaced (disturbed.screen)."""
     return {"dataset_seed": workload.SEED,
-            **({"prompts": sent["prompts"], "output_len": sent["output_len"]} if sent.get("prompts") else {})}
+            **({"prompts": sent["prompts"], "output_len": sent["output_len"]} if sent.get("prompts") else {}),
+            **({"far_share": b["far_share"], "extra_repeats": b["extra_repeats"]} if b else {})}
 
 
 def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float, warmup_repeats: int,
@@ -72,17 +78,24 @@ def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout:
                                         "warmup_prompts": warmup_prompts, **job}, logs, env_knobs, timeout,
                              "vllm bench throughput (in-engine repeats)")
     text = proc.log.read_text(encoding="utf-8", errors="replace")
-    return (vllm_compat.parse_output(text)[:repeats],
-            {**vllm_compat.engine_facts(proc.log), "warmup_output_tps": vllm_compat.warmup_passes(text),
-             "timing": vllm_compat.bench_timing(text, spawned)})
+    runs = vllm_compat.parse_output(text)[:vllm_compat.timed_passes(text) or repeats]
+    loads = vllm_compat.pass_loads(text)
+    for i, run in enumerate(runs, 1):
+        run["load"] = loads.get(i)  # the other work on the machine during the pass (disturbed.CpuWatch)
+    return (runs, {**vllm_compat.engine_facts(proc.log), "warmup_output_tps": vllm_compat.warmup_passes(text),
+                   "timing": vllm_compat.bench_timing(text, spawned)})
 
 
 def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float, job: dict) -> tuple[list[dict], dict]:
     """vLLM's bench throughput once per repeat, each its own process and engine (bench.mode cli), so the spread
-    holds the start-to-start noise: results and the first engine's facts, `timing` summed over the runs."""
+    holds the start-to-start noise: results and the first engine's facts, `timing` summed over the runs. A run far off
+    the others is replaced by one more engine (disturbed.screen, job's far_share and extra_repeats)."""
     runs, facts, timing = [], {}, {"start_s": 0.0, "measure_s": 0.0}
-    for r in range(repeats):
-        got, f = run_in_engine(argv, 1, Path(logs) / f"run{r + 1}", env_knobs, timeout, 0, job)
+    one = {k: v for k, v in job.items() if k not in ("far_share", "extra_repeats")}  # one pass each: nothing inside
+    while len(runs) < repeats or disturbed.screen([x["output_tps"] for x in runs], repeats, job.get("far_share"),
+                                                  job.get("extra_repeats") or 0)["more"]:
+        r = len(runs)
+        got, f = run_in_engine(argv, 1, Path(logs) / f"run{r + 1}", env_knobs, timeout, 0, one)
         runs += got
         facts = facts or f
         for k in timing:
@@ -97,6 +110,9 @@ def method(b: dict, mode: str) -> str:
              f"{b['repeats']} timed repeats inside one engine (vLLM's own bench code)" if mode == "engine" else
              f"{b['repeats']} runs, each its own engine start ({b['warmups']} warm-up requests each)")
     timed += f", prompts drawn with seed {workload.SEED} whatever engine.seed"
+    if b["far_share"] and b["extra_repeats"] and b["repeats"] >= 3:
+        timed += (f"; a repeat more than {b['far_share']:.0%} off the median of its engine's others is replaced by one "
+                  f"more (at most {b['extra_repeats']}) and kept beside it, out of the median and interval")
     return (f"`vllm bench throughput`, {b['num_prompts']} prompts, {timed}, the prefix cache reset before each; "
             "median with a 95 % t-interval of the repeats; each Δ counts fresh engines as the unit (the card's "
             "start-to-start floor, bench.noise_floor, pooled with the ladder's own re-measures; stats.delta)")
@@ -120,6 +136,47 @@ def warm_up(argv: list[str], logs: Path, env_knobs: dict, timeout: float, job: d
     out = {"output_tps": runs[0]["output_tps"] if runs else None, "wall_s": round(time.monotonic() - t0, 1)}
     print(f"bench: warm-up engine (untimed): {out['output_tps'] or 0:.1f} output tok/s in {out['wall_s']:.0f} s")
     return out
+
+
+def screen_runs(runs: list[dict], b: dict) -> tuple[dict, list[dict]]:
+    """The timed runs screened as the worker screened them (disturbed.screen over their output tok/s, params `bench`
+    `b`), and a flag for each replaced or unreplaced one: which, its value, its siblings, why; each run marked."""
+    values = [r["output_tps"] for r in runs]
+    s = disturbed.screen(values, b["repeats"], b["far_share"], b["extra_repeats"])
+    if s["more"]:  # the worker stopped before replacing it (it cannot: its rule is this one); never silently
+        s = {**s, "unreplaced": disturbed.screen(values, b["repeats"], b["far_share"], len(values) - b["repeats"])
+             ["unreplaced"]}
+    flags = []
+    for f in s["flagged"] + ([s["unreplaced"]] if s["unreplaced"] else []):
+        i = f["index"]
+        flag = {"repeat": i + 1, "output_tps": values[i], "siblings": [values[j] for j in f["siblings"]],
+                "median": round(f["median"], 2), "off": round(f["off"], 4), "load": runs[i].get("load"),
+                "why": disturbed.far_words(values[i], f["median"], f["off"], b["far_share"])}
+        if "replaced_by" in f:
+            flag.update(replaced_by=f["replaced_by"] + 1, replacement=values[f["replaced_by"]])
+            runs[i]["disturbed"] = "far off the others: replaced, not in the median"
+        else:
+            flag["unreplaced"] = True
+            runs[i]["disturbed"] = "far off the others, no replacement left: in the median"
+        flags.append(flag)
+        print(f"bench: repeat {i + 1} flagged: {flag['why']}"
+              + (f"; replaced by repeat {flag['replaced_by']}" if "replaced_by" in flag else
+                 f"; bench.extra_repeats ({b['extra_repeats']}) spent: it stays in the median"))
+    return s, flags
+
+
+def figures(runs: list[dict], b: dict) -> dict:
+    """The bench's figures from its timed runs (params `bench` `b`): medians and the interval over the runs the screen
+    kept (screen_runs); a replaced run stays in `runs` (marked) and in `disturbed`, never in a figure."""
+    screened, flags = screen_runs(runs, b)
+    used = [runs[i] for i in screened["clean"]]
+    summ = {key: probing.summarize([run[key] for run in used]) for key in ("output_tps", "total_tps", "requests_per_s")}
+    return {"output_tps": summ["output_tps"]["median"], "total_tps": summ["total_tps"]["median"],
+            "requests_per_s": summ["requests_per_s"]["median"], "output_tps_ci95": summ["output_tps"]["ci95"],
+            "output_tps_runs": summ["output_tps"]["values"],  # what a Δ vs another rung is computed from
+            "repeats": len(used), "timed_passes": len(runs), "far_share": b["far_share"],
+            "disturbed": flags,  # each timed repeat replaced (far off the others) or left far (no replacement left)
+            "summary": summ}
 
 
 def write_na(out: Path, logs: Path, reason: str, label: str, params: dict, cfg: dict) -> None:
@@ -153,22 +210,16 @@ def main(out: Path, logs: Path, gate_json: Path):
     warm = warm_up(argv, logs, cfg["env"], b["timeout_s"], job_of(sent)) if b["warm_up_engine"] else None
     if mode == "engine":
         runs, facts = run_in_engine(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], b["warmup_repeats"],
-                                    job_of(sent), b["warmup_prompts"])
+                                    job_of(sent, b), b["warmup_prompts"])
     else:
-        runs, facts = run_cli(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], job_of(sent))
+        runs, facts = run_cli(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], job_of(sent, b))
     for i, run in enumerate(runs, 1):
         run["applied"] = check_shape(run, b["num_prompts"], input_len, w["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
-    summ = {key: probing.summarize([run[key] for run in runs]) for key in ("output_tps", "total_tps", "requests_per_s")}
     common.write_json(out, {
         "status": "ok",
         "method": method(b, mode),
-        "output_tps": summ["output_tps"]["median"],
-        "total_tps": summ["total_tps"]["median"],
-        "requests_per_s": summ["requests_per_s"]["median"],
-        "output_tps_ci95": summ["output_tps"]["ci95"],
-        "output_tps_runs": summ["output_tps"]["values"],  # what a Δ vs another rung is computed from
-        "repeats": len(runs),
+        **figures(runs, b),
         "mode": mode,
         "workload": workload.describe(w),
         "shape": {"num_prompts": b["num_prompts"], "input_len": input_len, "output_len": w["output_len"],
@@ -185,7 +236,6 @@ def main(out: Path, logs: Path, gate_json: Path):
         "time": common.stage_time(facts["timing"]["start_s"] + (warm or {}).get("wall_s", 0.0),
                                   facts["timing"]["measure_s"]),  # a warm-up engine counts as starting
         "engine": facts,
-        "summary": summ,
         "runs": runs,
         "provenance": common.provenance(params, cfg),
     })

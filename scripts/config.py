@@ -325,6 +325,10 @@ class Bench(Section):
                                    True)
     noise_floor: NoiseFloor = F("{cv, engines, measured_on, vllm, measured}: `make benchmark` prints it",
                                 NoiseFloor())
+    # a timed repeat this far off its engine's median is replaced (measure/disturbed.screen): a measuring setting, not
+    # bench.noise_floor (a judgement threshold, and fresh engines' spread, not one engine's passes)
+    far_share: PosNum | None = F("a number > 0 (relative), or null: no repeat is replaced", 0.2)
+    extra_repeats: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0: timed repeats run to replace far ones", 2)
     timeout_s: PosNum = F("a number of seconds > 0", 1800)
 
 
@@ -364,6 +368,9 @@ class Knee(Section):
                                Dispersion())
     server_spread: ServerSpread = F("{sigma, knee_cv, phi, servers, looks, ...}: `make benchmark` part 4 with "
                                     "--spread-at prints it", ServerSpread())
+    # a look while other work held more than this share of the machine's cores is looked at again (knee.probe)
+    busy_share: Annotated[Num, at.Gt(0), at.Le(1)] | None = F(
+        "a fraction in (0, 1], or null: no look is repeated for the machine's other work", 0.25)
     start_timeout_s: PosNum = F("a number of seconds > 0", 900)
     probe_timeout_s: PosNum = F("a number of seconds > 0", 600)
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import common
-from measure import probing, workload
+from measure import disturbed, probing, workload
 from serving import engine, vllm_compat
 
 PCTS = (50, 90, 99)
@@ -36,7 +36,7 @@ COLUMNS = (["offered_rps", "num_prompts", "sent", "stopped_early", "seed", "achi
             "slo_ttft_ms", "slo_tpot_ms", "window_arrivals", "window_first_tokens",
             "window_completions", "window_allowance", "backlog", "e2e_over_window", "duration_s"]
            + [f"p{p}_{m}_ms" for m in METRICS for p in PCTS]
-           + ["passed", "why"])
+           + ["other_work_share", "relooked", "passed", "why"])
 
 
 def prompts_for(rate: float, k: dict, slo: dict, e2e_s: float) -> int:
@@ -141,6 +141,16 @@ def sent_words(row: dict) -> str:
     return str(row["num_prompts"])
 
 
+def relooked_words(row: dict) -> str:
+    """What a sweep.log line adds for a look taken again because the first ran while the machine was busy."""
+    d = row.get("disturbed_look")
+    if not d:
+        return " (busy: other work held {:.0%} of the cores; no look left)".format(row["other_work_share"]) \
+            if row.get("busy_again") else ""
+    return (f" (a second look on its trace: the first, {d['over_slo']} of {d['counted']} over the SLO, ran while "
+            f"{disturbed.busy_words(d['busy'])}" + ("; busy again" if row.get("busy_again") else "") + ")")
+
+
 def row_from(result: dict, reqs: list[dict], rate: float, n: int, k: dict, slo: dict) -> dict:
     """One probe's row: vLLM's own summary figures, and the SLO's percentile over the requests that count
     (probing.tail_stats: ramp-up left out, backlog judged inside the arrival window)."""
@@ -214,7 +224,7 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
                 f"the SLO; pooled {ev['over_slo']}/{ev['counted']}: {ev['verdict']}): {p} TTFT "
                 f"{row['slo_ttft_ms'] or 0:.0f} ms, {p} TPOT {row['slo_tpot_ms'] or 0:.1f} ms, achieved "
                 f"{row['achieved_rps'] or 0:.2f} req/s, failed {row['failed']} -> "
-                f"{'pass' if row['passed'] else 'FAIL: ' + row['why']}")
+                f"{'pass' if row['passed'] else 'FAIL: ' + row['why']}" + relooked_words(row))
         with open(logs / "sweep.log", "a") as f:  # the sweep so far survives a failure later in the stage
             f.write(line + "\n")
         write_csv(logs / "partial.csv", rows)
@@ -223,11 +233,15 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
 
 
 def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs, rate: float,
-          rows: list[dict], seed: int | None = None, visit: list[dict] | None = None, curtail: bool = True) -> dict:
+          rows: list[dict], seed: int | None = None, visit: list[dict] | None = None, curtail: bool = True,
+          relook: bool = True) -> dict:
     """One look at `rate`: its row, not yet judged (probing.visit judges it). Its seed from the `rows` so far unless
     given. It stops sending once enough requests broke the SLO to fail it (Curtail), counting the `visit`'s earlier
     looks (by default the rows before it at `rate`: the search visits a rate once); not with `curtail` False (a
-    look that measures the share itself, `make benchmark` part 4)."""
+    look that measures the share itself, `make benchmark` part 4). The machine's other work during it is measured
+    (disturbed.CpuWatch); a look while it held more than knee.busy_share of the cores is kept in the row that replaces
+    it (`disturbed_look`, its file renamed *-disturbed.json) and looked at again once, on the same trace: the search
+    judges the second (flagged `busy_again` where it was busy too)."""
     e2e = e2e_estimate(rows, k.get("e2e_warm_s"), rate)
     n = prompts_for(rate, k, slo, e2e)
     if seed is None:
@@ -237,17 +251,28 @@ def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
     name = f"probe-{len(rows) + 1:02d}-{rate:g}rps.json"
     if visit is None:
         visit = list(itertools.takewhile(lambda r: r["offered_rps"] == rate, reversed(rows)))
-    curtail = Curtail(rate, n, k, slo, visit, e2e) if curtail else None
+    stop = Curtail(rate, n, k, slo, visit, e2e) if curtail else None
+    load = disturbed.CpuWatch()
     try:
         prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
-               f"vllm bench serve at {rate:g} req/s", watch=curtail)
+               f"vllm bench serve at {rate:g} req/s", watch=stop)
     finally:  # `vllm bench serve` exits 0 with every request failed when the server is gone: ask it
         if not srv.alive():
             raise engine.EngineError("vllm serve", f"died during the knee sweep at {rate:g} req/s after "
                                      f"{len(rows)} probes: {srv.proc.error_line()}", srv.log)
+    busy = load.stop()
     row = row_from(*slim(logs / name), rate, n, k, slo)
-    row.update(seed=seed, stopped_early=bool(curtail and curtail.stopped))
-    return row
+    row.update(seed=seed, stopped_early=bool(stop and stop.stopped), busy=busy,
+               other_work_share=busy and busy["share"])
+    if not disturbed.busy(busy, k.get("busy_share")):
+        return row
+    if not relook:
+        return {**row, "busy_again": True}
+    (logs / name).replace(logs / name.replace(".json", "-disturbed.json"))
+    print(f"knee: the look at {rate:g} req/s ran while {disturbed.busy_words(busy)}, over knee.busy_share "
+          f"{k['busy_share']:.0%}: kept aside, looked at again on its trace (seed {seed})")
+    again = probe(prober, srv, model_path, k, slo, logs, rate, rows, seed, visit, curtail, relook=False)
+    return {**again, "relooked": True, "disturbed_look": {**row, "file": name.replace(".json", "-disturbed.json")}}
 
 
 def batch1(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> dict | None:
@@ -270,7 +295,8 @@ def recheck_looks(prober: Prober, srv: engine.Server, model_path: str, k: dict, 
     def report(rows: list[dict], ev: dict) -> None:
         row = rows[-1]
         line = (f"re-check at {row['offered_rps']:g} req/s x{sent_words(row)}: {row['over_slo']} of {row['counted']} "
-                f"counted over the SLO (pooled {ev['over_slo']}/{ev['counted']}: {ev['verdict']})")
+                f"counted over the SLO (pooled {ev['over_slo']}/{ev['counted']}: {ev['verdict']})"
+                + relooked_words(row))
         with open(logs / "sweep.log", "a") as f:
             f.write(line + "\n")
         print(f"knee: {line}")
@@ -304,7 +330,10 @@ def method(k: dict, slo: dict, started: str) -> str:
             f"the counts divided by the requests' {d.words()}: they break it in bursts), fails when it shows more "
             f"do, and is probed again while neither holds (its counts pooled, at most {k['max_repeats']} probes in a "
             f"row); a probe stops sending once the requests over the SLO so far make its fail certain, whatever "
-            f"the rest would show; no failed request and no backlog (first tokens short of arrivals in the second "
+            f"the rest would show; "
+            + (f"a look while other work held more than {k['busy_share']:.0%} of the machine's cores is kept aside and "
+               f"looked at again once, on its trace, the second judged; " if k.get("busy_share") else "")
+            + f"no failed request and no backlog (first tokens short of arrivals in the second "
             f"half of the arrival window by more than {1 - k['backlog_ratio']:.0%} of them and than their Poisson "
             f"noise); knee by {how}")
 
@@ -339,6 +368,7 @@ def write_recheck(out: Path, csv_out: Path, rows: list[dict], k: dict, slo: dict
                                                                   "verdicts": looks},
         **dict.fromkeys(("knee_rps", "last_pass_rps", "first_fail_rps", "conclusive_fail_rps", "mid_rps")),
         "probes": len(rows), "slo": slo, "mode": "recheck", "requests_sent": sum(r["sent"] for r in rows),
+        "busy_share": k.get("busy_share"),
         "method": (f"a knee verdict ({a.get('side') or 'the rung'}) re-checked on a fresh server: one visit of "
                    f"{a['look']:g} req/s on the search's traces, up to {probing.recheck_settings(k)['max_repeats']} "
                    "looks pooled" + (", one grid rate beyond where it reads as the verdict would not count"
@@ -414,6 +444,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
                   "dataset": sent["kind"],
                   "prefix_len": desc["shared_prefix_len"],
                   "arrivals": "poisson", "ignore_eos": True, "temperature": 0, "probe_seconds": k["probe_seconds"]},
+        "busy_share": k["busy_share"],  # a look while other work held more of the cores was looked at again
         "server_ready_s": round(ready_s, 1),
         "wall_s": round(measure_s, 1),
         "time": common.stage_time(ready_s, probed),  # start: the server's; measure: warm-up and probes

@@ -310,9 +310,11 @@ class Driver:
                 for r in got:
                     recs.remove(r)
                 pair(k, replay=False)
-        self.confirm.update(record.confirm_summary(recs, self.floor()))
+        kept = [r for r in self.records if r.get("kept") and r.get("role") != decide.BASELINE]
+        self.confirm.update(record.confirm_summary(recs, self.floor(), self.objective, kept))
         self.save()
-        print(f"  -> confirm: {self.confirm['summary']}", flush=True)
+        gone = "; the kept gains did not reproduce" if self.confirm.get("reproduced") is False else ""
+        print(f"  -> confirm: {self.confirm['summary']}{gone}", flush=True)
 
     def collect(self, rec: dict, base: dict | None) -> None:
         baseline = self.records[0] if self.records and self.records[0].get("status") == "ok" else None

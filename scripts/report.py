@@ -12,7 +12,7 @@ from tabulate import tabulate
 
 import common
 from judgement import stats
-from measure import probing
+from measure import disturbed, probing
 
 
 def fmt(v, spec=".1f", none="—"):
@@ -256,8 +256,25 @@ def change_cell(r) -> str:
         f"none: {r['of']} on a fresh server" if r.get("role") == "knee re-check" else "stock")
 
 
+def not_reproduced(lad: dict, why: bool = False) -> str | None:
+    """Where the confirm pair did not show the final stack better than rung 0 by the rule (record.confirm_summary's
+    `reproduced`): what the report says of the kept gains, naming the rungs they rested on (`why`: and the rule's
+    reading of the pair); None where it did, or where no confirm pair judged it."""
+    conf = lad.get("confirm") or {}
+    if not conf.get("delta") or conf.get("reproduced") is not False:
+        return None
+    rested = conf.get("rested_on") or [{"name": r["name"], "on": None} for r in lad["rungs"]
+                                       if r.get("kept") and r.get("role") != "baseline"]
+    names = ", ".join(f"{r['name']}" + (f" (kept on {r['on']})" if r.get("on") else "") for r in rested)
+    read = (conf.get("reproduced_why") or "").removeprefix("no measurable gain: ").removesuffix(
+        "; the simpler config stays")
+    return ("the kept gains did not reproduce: the confirm pair does not show the final stack better than rung 0 by "
+            "the rule" + (f" ({read})" if why and read else "") + f"; they rested on {names or 'no kept rung'}")
+
+
 def table(lad: dict) -> str:
     rows = []
+    unconfirmed = not_reproduced(lad) is not None
     for r in lad["rungs"]:
         rows.append({"stage": f"{r['index']} {r['name']}", "change": change_cell(r), "eval acc": acc_cell(r),
                      "per-category regressions": regress_cell(r), "output tok/s [95 % CI]": tps_cell(r),
@@ -265,7 +282,9 @@ def table(lad: dict) -> str:
                      "speedup vs baseline": fmt((r.get("speedup") or None), ".2f") + "×" if r.get("speedup") else "—",
                      "knee req/s @ SLO": knee_cell(r), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(r),
                      "KV cache · max concurrency": kv_cell(r), "roofline: TPOT floor / batch-1 TPOT": roof_cell(r),
-                     "kept?": kept_cell(r), "measured": measured_cell(r)})
+                     "kept?": kept_cell(r) + (" (not reproduced)" if unconfirmed and r.get("verdict") == "kept"
+                                              else ""),
+                     "measured": measured_cell(r)})
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
 
 
@@ -299,8 +318,9 @@ def headline(lad: dict) -> str:
                else f"no rate met the SLO ({slo_text(slo)})")
     minutes = lad.get("engine_seconds", 0) / 60
     cost = lad.get("cost_usd")
+    gone = not_reproduced(lad)
     return (f"**{base['model']} {tps} with "
-            f"{' + '.join(kept) or 'nothing kept'}; {acc}; {at_knee}; "
+            f"{' + '.join(kept) or 'nothing kept'}; " + (f"{gone}; " if gone else "") + f"{acc}; {at_knee}; "
             f"{minutes:.1f} {'GPU' if lad['environment'].get('device') == 'gpu' else 'CPU'}-minutes measured"
             + (f" ≈ ${cost:.2f}" if cost else "") + ".**")
 
@@ -348,7 +368,8 @@ def kernels_line(r, lad: dict) -> list[str]:
 
 
 def kept_why(lad: dict) -> list[str]:
-    lines = []
+    gone = not_reproduced(lad, why=True)
+    lines = [f"- ⚠ **Confirm pair**: {gone}."] if gone else []
     for r in lad["rungs"]:
         if r.get("role") == "baseline":
             continue
@@ -595,6 +616,50 @@ def plots(lad: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def disturbed_lines(lad: dict) -> list[str]:
+    """Every measurement a stage flagged as disturbed and measured again (measure/disturbed): a timed bench repeat far
+    off its engine's others (bench.json `disturbed`), a knee look while other work kept the machine busy (a knee row's
+    `disturbed_look`); or a line saying none were, or that the record predates the screen."""
+    lines, screened = [], False
+    p = f"p{lad['slo'].get('percentile', 99):g}"
+
+    def read(x: dict) -> str:
+        return (f"{x.get('over_slo')} of {x.get('counted')} counted over the SLO, {p} TTFT "
+                f"{x.get('slo_ttft_ms') or 0:.0f} ms, achieved {x.get('achieved_rps') or 0:.2f} req/s")
+    for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or []):
+        who = f"{r.get('index', '')} {r['name']}".strip()
+        b, k = r.get("bench") or {}, r.get("knee") or {}
+        screened = screened or "far_share" in b or "busy_share" in k
+        for f in b.get("disturbed") or []:
+            load = f"; meanwhile {disturbed.busy_words(f['load'])}" if f.get("load") else ""
+            sibs = ", ".join(f"{v:.1f}" for v in f["siblings"])
+            fate = (f"replaced by repeat {f['replaced_by']} ({f['replacement']:.1f}): kept in bench.json, out of the "
+                    "median and interval" if f.get("replaced_by") else
+                    "no extra repeat left (bench.extra_repeats): it stays in the median and interval")
+            lines.append(f"- **{who}** bench repeat {f['repeat']}: {f['output_tps']:.1f} output tok/s against its "
+                         f"siblings {sibs} ({f['off']:+.0%} off its engine's median {f['median']:.1f}, beyond "
+                         f"bench.far_share {b.get('far_share', 0):.0%}){load}; {fate}")
+        for row in k.get("rows") or []:
+            d = row.get("disturbed_look")
+            if not d:
+                continue
+            lines.append(f"- **{who}** knee look at {row['offered_rps']:g} req/s (trace seed {row.get('seed')}): ran "
+                         f"while {disturbed.busy_words(d['busy'])}, over knee.busy_share {k.get('busy_share', 0):.0%}: "
+                         f"{read(d)} (kept in knee.json, {d.get('file')}); looked at again on the same trace: "
+                         f"{read(row)}, judged on that"
+                         + (f" (it ran busy too, {row['other_work_share']:.0%}: no look left)"
+                            if row.get("busy_again") else ""))
+    if lines:
+        return lines
+    if not screened:
+        return ["- not screened: this record predates the screen (bench.far_share, knee.busy_share)"]
+    s = lad.get("settings") or {}
+    far, busy = (s.get("bench") or {}).get("far_share"), (s.get("knee") or {}).get("busy_share")
+    return ["- none: no timed bench repeat was more than " + (f"{far:.0%}" if far else "bench.far_share")
+            + " off its engine's others, and no knee look ran while other work held more than "
+            + (f"{busy:.0%}" if busy else "knee.busy_share") + " of the machine's cores"]
+
+
 def floor_lines(lad: dict) -> list[str]:
     """The start-to-start floor the ladder's Δs were drawn with, and the warm-up engine's reading beside the timed
     engine that followed it (the first engine on a machine reads slow)."""
@@ -672,6 +737,10 @@ def render(lad: dict, out: Path) -> str:
           headline(lad), "", "## Setup", *header(lad), "", f"## The ladder ({plural} runs)", "", table(lad), "",
           "Output tok/s: median of one engine's repeats with their 95 % t-interval. " + stats.DELTA_WORDS + ". Knee: "
           "highest offered rate meeting the SLO, with the first rate that broke it.", "",
+          "## Disturbed measurements", "A bench repeat far off its engine's others is replaced by one more pass (up to "
+          "bench.extra_repeats), a knee look while other work kept the machine busy is looked at again on its trace "
+          "(once); the flagged one is kept beside what replaced it and judged on by nothing:",
+          *disturbed_lines(lad), "",
           "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
           *gate_power_lines(lad), "## Capacity plan", *capacity_lines(lad), "",
           "## Plots", "![knee evidence per rung](knee.png)", "", "![throughput and accuracy](rungs.png)", "",

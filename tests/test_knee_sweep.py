@@ -13,7 +13,8 @@ import knee
 # workload the stage adds (workload.prepare)
 K = {**config.Knee.model_validate({
     "mode": "search", "start_rate": 4, "max_rate": 256, "rel_tol": 0.2, "max_probes": 10, "probe_seconds": 10,
-    "min_prompts": 8, "max_prompts": 600, "backlog_ratio": 0.8}).model_dump(),
+    "min_prompts": 8, "max_prompts": 600, "backlog_ratio": 0.8,
+    "busy_share": None}).model_dump(),  # the box's other work re-looks nothing here (tests/test_disturbed.py: it does)
     "workload": {"kind": "random", "input_len": 64, "output_len": 64}}
 SLO = {"percentile": 99, "ttft_ms": 500, "tpot_ms": 50}
 CAPACITY = 23.0  # req/s where the synthetic server's TTFT crosses the SLO

@@ -135,7 +135,7 @@ def test_the_confirm_step_re_measures_baseline_then_final_fresh_and_skips_when_n
         baseline = {}
         experiments = 3
     drv = ladder.Driver.__new__(ladder.Driver)
-    drv.plan, drv.eff, drv.confirm, drv.t0, drv.out = P, P.params, None, 0.0, None
+    drv.plan, drv.eff, drv.confirm, drv.t0, drv.out, drv.objective = P, P.params, None, 0.0, None, P.objective
     base = {"exp": "cpu-0-baseline", "knobs": {"engine.seed": 0}, "knee": {"knee_rps": 7.0, "conclusive_fail_rps": 8.0}}
     final = {"exp": "cpu-2-b", "knobs": {"engine.seed": 0, "engine.max_num_seqs": 32}}
     drv.records, drv.final_exp = [base, final], "cpu-2-b"
@@ -153,7 +153,8 @@ def test_the_confirm_step_re_measures_baseline_then_final_fresh_and_skips_when_n
     monkeypatch.setattr(drv, "run_exp", run_exp)
     monkeypatch.setattr(drv, "save", lambda final=False: None)
     monkeypatch.setattr(drv, "progress", lambda label: None)
-    monkeypatch.setattr(record, "confirm_summary", lambda runs, floor: {"summary": f"{len(runs)} runs", "delta": {}})
+    monkeypatch.setattr(record, "confirm_summary", lambda runs, floor, objective, kept: {"summary": f"{len(runs)} runs",
+                                                                                         "delta": {}})
     drv.confirm_step()
     assert [(n, r, cfg) for _, n, cfg, _, r in calls] == [
         ("confirm-1-baseline", 1, base["knobs"]), ("confirm-1-final", 1, final["knobs"]),

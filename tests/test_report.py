@@ -126,3 +126,62 @@ def test_a_knee_search_stopped_at_its_verdict_reads_as_open_not_as_an_slo_never_
     assert cell.startswith("< 9.514 (fails there on evidence, 8 inconclusive, no pass; 2 probes)") and \
         "never met" not in cell
     assert report.knee_cell({"knee": {**k, "conclusive_fail_rps": None}}).startswith("no pass or fail on evidence")
+
+
+def confirmed(lad: dict, base_runs: list[float], final_runs: list[float], knees: tuple | None = None) -> dict:
+    """lad with a confirm pair re-measuring rung 0 and the final kept stack: these bench repeats, the knees as given
+    (else their own), judged as the driver judges it (record.confirm_summary)."""
+    from judgement import record
+    base = lad["rungs"][0]
+    final = next(r for r in lad["rungs"] if r["exp"] == lad["final_exp"])
+
+    def again(src, which, runs, knee=None):
+        return {**src, "name": f"confirm-1-{which}", "exp": f"cpu-9-confirm-1-{which}", "status": "ok",
+                "role": "confirm", "knee": knee or src["knee"],
+                "bench": {**src["bench"], "output_tps_runs": runs, "output_tps": sorted(runs)[1]}}
+    runs = [again(base, "baseline", base_runs, knees and knees[0]),
+            again(final, "final", final_runs, knees and knees[1])]
+    kept = [r for r in lad["rungs"] if r.get("kept") and r.get("role") != "baseline"]
+    lad["confirm"] = {"pairs": 1, "runs": runs, **record.confirm_summary(runs, {"cv": 0.012, "engines": 4},
+                                                                         lad["objective"], kept)}
+    return lad
+
+
+def test_a_confirm_pair_that_shows_no_gain_says_the_kept_gains_did_not_reproduce_and_names_their_rungs(tmp_path):
+    # the cpu run of issue #39: on the confirm pair rung 0's knee read 4.757-5.657 req/s, the final stack's 4-5.657,
+    # tok/s 0.95x: not better by the rule (its knee floor 0.5), whatever its rungs had read
+    def knee(lo, hi):
+        return {"status": "inside", "knee_rps": lo, "last_pass_rps": lo, "first_fail_rps": hi,
+                "conclusive_fail_rps": hi, "mid_rps": (lo + hi) / 2, "half_width_rps": (hi - lo) / 2,
+                "noise_floor": 0.5, "probes": 3}
+    lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
+    lad = confirmed(lad, [400.0, 402.0, 404.0], [380.0, 382.0, 384.0], (knee(4.757, 5.657), knee(4.0, 5.657)))
+    assert lad["confirm"]["reproduced"] is False
+    md = report.render(lad, tmp_path)
+    headline = md.split("\n")[2]
+    assert "402 output tok/s → 382 tok/s (0.95×" in headline
+    assert ("with fp8-kv + spend-memory + prefix-caching + batched-tokens-1024; the kept gains did not reproduce: the "
+            "confirm pair does not show the final stack better than rung 0 by the rule; they rested on fp8-kv (kept on "
+            "output tok/s), spend-memory (kept on output tok/s)") in headline
+    kept = [r for r in lad["rungs"] if r.get("kept") and r.get("role") != "baseline"]
+    assert kept and all(f"{r['name']} (kept on " in headline for r in kept)
+    assert ("⚠ **Confirm pair**: the kept gains did not reproduce: the confirm pair does not show the final stack "
+            "better than rung 0 by the rule (knee -15.9 % (within noise, bracket 4.757–5.657 → 4–5.657 req/s") in md
+    # (the why: the rule's reading of the pair)
+    assert "**kept** (not reproduced)" in rows(md)["3 spend-memory"]
+
+
+def test_a_confirm_pair_that_reproduces_the_gain_leaves_the_headline_as_it_was(tmp_path):
+    lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
+    plain = json.loads((FIXTURES / "ladder_cpu.json").read_text())
+    lad = confirmed(lad, [400.0, 402.0, 404.0], [480.0, 482.0, 484.0])
+    assert lad["confirm"]["reproduced"] is True, lad["confirm"]["reproduced_why"]
+    md = report.render(lad, tmp_path)
+    headline = md.split("\n")[2]
+    assert "402 output tok/s → 482 tok/s (1.20×" in headline and "did not reproduce" not in md
+    assert "(not reproduced)" not in md
+    # the headline is the one a confirm pair without the check renders: the same words after the confirm's figures
+    old = confirmed(plain, [400.0, 402.0, 404.0], [480.0, 482.0, 484.0])
+    for k in ("reproduced", "reproduced_why", "rested_on"):
+        old["confirm"].pop(k)
+    assert report.render(old, tmp_path).split("\n")[2] == headline

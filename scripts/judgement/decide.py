@@ -17,18 +17,24 @@ _TPS = ("output tok/s is better with a {level} interval that excludes zero (the 
         "start-to-start SD that make benchmark measured on the card, pooled with the ladder's own re-measures)")
 _KNEE = ("its knee (req/s at the SLO) is better: it passed on evidence at a rate where the last kept rung's failed on "
          "evidence (its search probes that rate first, on the same arrival traces), beyond knee.noise_floor")
+# The confirm pair (rung 0 and the final kept stack measured again back to back, ladder.Driver.confirm_step) is judged
+# as a rung against its base (gain): a stack whose pair shows no gain is named, not reported as a gain.
+CONFIRM_WORDS = ("The confirm pair (rung 0 and the final kept stack measured again back to back) is judged by the same "
+                 "rule, the final stack as the rung and rung 0 as its base: where it does not come out better, the "
+                 "report and its headline say the kept gains did not reproduce and name the rungs they rested on")
 RULE = ("a rung is kept only when it is significantly better than the last kept rung: " + _KNEE + ", or its knee is "
         "not worse (it did not fail on evidence where the base passed) and " + _TPS + ". Anything else is reverted (no "
         "measurable gain: the simpler config stays); a lost knee is worse; " + stats.KNEE_AGAIN_WORDS + ". The quality "
         "gate and 'did the change take effect' come first; candidates of one rung are ranked against each other by "
         "the same rule. An instance with "
-        "more GPUs is compared per GPU (knee and tok/s divided by its GPUs).").format(level=f"{stats.CONFIDENCE:.1%}")
+        "more GPUs is compared per GPU (knee and tok/s divided by its GPUs). " + CONFIRM_WORDS + ".").format(
+            level=f"{stats.CONFIDENCE:.1%}")
 RULE_TPS = ("a rung is kept only when " + _TPS + " and the knee is not worse (it did not fail on evidence at a rate "
             "where the last kept rung's passed, beyond knee.noise_floor; a lost knee is worse). Anything else is "
             "reverted (no measurable gain: the simpler config stays); " + stats.KNEE_AGAIN_WORDS + ". The quality gate "
             "and 'did the change take effect' come first; candidates of one rung are ranked against each other by the "
             "same rule. An instance "
-            "with more GPUs is compared per GPU (knee and tok/s divided by its GPUs).").format(
+            "with more GPUs is compared per GPU (knee and tok/s divided by its GPUs). " + CONFIRM_WORDS + ".").format(
                 level=f"{stats.CONFIDENCE:.1%}")
 
 
@@ -54,6 +60,17 @@ def gain(d_knee: dict, d_tps: dict, objective: str) -> tuple[bool, str]:
         why = "the knee not better on evidence" if d_knee["verdict"] != "better" else "the knee is better too"
         return True, f"{tps} ({why}); {knee}"
     return False, f"no measurable gain: {knee}; {tps}; the simpler config stays"
+
+
+def reproduced(d: dict, objective: str) -> tuple[bool, str]:
+    """Whether the confirm pair's deltas (the final stack vs rung 0, record.confirm_summary) show the final stack better
+    by the rule (gain, as a rung against its base), and why: CONFIRM_WORDS."""
+    return gain(d["knee_rps"], d["output_tps"], objective)
+
+
+def rested_on(rec: dict, objective: str) -> str:
+    """What a kept rung's keep rested on, in a word or two: its knee or its output tok/s."""
+    return "output tok/s" if rests_on_tps(rec, objective) else "its knee"
 
 
 def reverted_before_speed(rec: dict) -> str | None:

@@ -269,9 +269,11 @@ def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:
     return out
 
 
-def confirm_summary(runs: list[dict], floor=None) -> dict:
+def confirm_summary(runs: list[dict], floor=None, objective: str = "knee_rps", kept: list[dict] | None = None) -> dict:
     """The confirm step's result: baseline and final stack, each re-measured in every pair (their bench repeats
-    pooled, the last pair's knee), compared in like units by `compare`. This is where the headline comes from."""
+    pooled, the last pair's knee), compared in like units by `compare`, and judged by the rule as a rung against its
+    base (decide.reproduced: `reproduced`, and why), with the `kept` rungs' records it rests on (`rested_on`: each
+    one's name and what its keep rested on, decide.rested_on). This is where the headline comes from."""
     ok = [r for r in runs if r.get("status") == "ok"]
     sides = {w: [r for r in ok if r["name"].endswith(f"-{w}")] for w in ("baseline", "final")}
     if not sides["baseline"] or not sides["final"] or len(ok) < len(runs):
@@ -292,9 +294,12 @@ def confirm_summary(runs: list[dict], floor=None) -> dict:
     tps = (f"{bt:.0f} output tok/s → {ft:.0f} tok/s ({ft / bt:.2f}×, Δ {d['output_tps']['rel'] * 100:+.1f} % "
            f"[{d['output_tps']['ci'][0] * 100:+.1f}, {d['output_tps']['ci'][1] * 100:+.1f}])"
            if bt and ft and d["output_tps"].get("ci") else "output tok/s n/a")
+    gained, why = decide.reproduced(d, objective)
     return {"baseline": {"output_tps": bt, "output_tps_runs": b["bench"]["output_tps_runs"], "knee": _knee(b["knee"])},
             "final": {"output_tps": ft, "output_tps_runs": f["bench"]["output_tps_runs"], "knee": _knee(f["knee"])},
-            "delta": d, "speedup": ft / bt if bt and ft else None,
+            "delta": d, "speedup": ft / bt if bt and ft else None, "reproduced": gained, "reproduced_why": why,
+            "rested_on": [{"name": r["name"], "exp": r.get("exp"), "on": decide.rested_on(r, objective)}
+                          for r in kept or []],
             "summary": f"{tps}; knee {d['knee_rps']['why']} ({d['knee_rps']['verdict']})"}
 
 

@@ -155,7 +155,8 @@ def seeded_requests(get_requests, seed: int, engine_seed: int | None):
 
 
 def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, prompts: str | None = None,
-                   output_len: int | None = None, dataset_seed: int = 0, warmup_prompts: int | None = None) -> None:
+                   output_len: int | None = None, dataset_seed: int = 0, warmup_prompts: int | None = None,
+                   more=None, watch=None) -> None:
     """vLLM's own `bench throughput` main, its arguments parsed by its own parser, with its `run_vllm` replaced
     so that ONE engine serves the warm-up and `repeats` timed runs (an engine start costs more than a run).
     The warm-up ends with `warmup_repeats` whole untimed passes over the same requests: a short warm-up left the
@@ -163,7 +164,9 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, promp
     Each timed run prints a result block; vLLM's main then prints its own for the last one. `prompts`: a
     rendered prompts file (vLLM's custom format), sampled by vLLM's CustomDataset, each request `output_len` out.
     `dataset_seed`: what the prompts are drawn with (seeded_requests), not the engine's --seed. `warmup_prompts`: each
-    untimed pass sends only the first that many (None: all)."""
+    untimed pass sends only the first that many (None: all). `more(tok/s so far)`: after the `repeats`, whether to
+    time one pass more (one far off the others is replaced: the bench stage's screen); `watch()`: started before each
+    timed pass, its `stop()` (a dict: the other work on the machine meanwhile) printed after the pass's block."""
     throughput = import_throughput()
     parser = _flexible_parser()
     throughput.add_cli_args(parser)
@@ -185,14 +188,22 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, promp
             elapsed, outputs = throughput._run_vllm_requests(llm, requests[:warmup_prompts or len(requests)], **kw)
             o = sum(len(c.token_ids) for out in outputs for c in out.outputs if c is not None)
             print(f"Warm-up pass {w + 1}/{warmup_repeats} (untimed): {o / elapsed:.2f} output tokens/s", flush=True)
-        for r in range(repeats):
+        done: list[float] = []
+        while len(done) < repeats or (more and more(done)):
             # Every repeat re-sends the same seeded prompts: with prefix caching on, repeat 2 would be served
             # from repeat 1's cache (seen on the H200: 14.7k -> 20.2k tok/s). Each repeat starts cold.
             llm.reset_prefix_cache()
+            w = watch() if watch else None
             elapsed, outputs = throughput._run_vllm_requests(llm, requests, **kw)
+            load = w.stop() if w else None
             p = sum(len(o.prompt_token_ids or []) for o in outputs)
             o = sum(len(c.token_ids) for out in outputs for c in out.outputs if c is not None)
-            print(_result_block(len(requests), elapsed, p, o, f"[repeat {r + 1}/{repeats}] "), flush=True)
+            again = "" if len(done) < repeats else ", again: one was far off the others"
+            print(_result_block(len(requests), elapsed, p, o, f"[repeat {len(done) + 1}/{repeats}{again}] "),
+                  flush=True)
+            if load:
+                print(f"[load] repeat {len(done) + 1}: {json.dumps(load)}", flush=True)
+            done.append(o / elapsed)
         print(f"[timing] warm-up and timed passes took {time.monotonic() - t0:.3f} s", flush=True)
         return elapsed, outputs
 
@@ -209,6 +220,20 @@ _WARMUP_PASS = re.compile(r"Warm-up pass \d+/\d+ \(untimed\): ([\d.]+) output to
 def warmup_passes(text: str) -> list[float]:
     """Output tok/s of the untimed warm-up passes (kept as evidence of how slow a cold pass is)."""
     return [float(m) for m in _WARMUP_PASS.findall(text)]
+
+
+_TIMED = re.compile(r"^\[repeat \d+/\d+[^\]]*\] Throughput:", re.M)
+_LOAD = re.compile(r"^\[load\] repeat (\d+): (\{.*\})$", re.M)
+
+
+def timed_passes(text: str) -> int:
+    """How many timed passes run_throughput printed (vLLM's main prints one more block, for the last)."""
+    return len(_TIMED.findall(text))
+
+
+def pass_loads(text: str) -> dict[int, dict]:
+    """The other work on the machine during each timed pass (repeat number -> run_throughput's watch dict)."""
+    return {int(n): json.loads(d) for n, d in _LOAD.findall(text)}
 
 
 _READY_AT = re.compile(r"^\[timing\] engine ready at ([\d.]+)$", re.M)

@@ -1,0 +1,258 @@
+"""A disturbed measurement is named, not judged on (measure/disturbed.py): a timed bench repeat far off its engine's
+others is replaced by one more and kept out of the median; a knee look while other work kept the machine busy is looked
+at again on its trace; the report lists both. The rules on numbers, the bench's repeat loop on vLLM's own throughput
+module (its main stands in: no engine starts), the knee's look on the synthetic server of test_knee_sweep, and the CPU
+watch on this machine's own /proc."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import bench
+import config
+import knee
+import report
+from conftest import FIXTURES
+from measure import disturbed
+from serving import vllm_compat
+from test_knee_sweep import SLO, FakeProber, FakeServer
+from test_knee_sweep import K as KNEE
+
+PARAMS = config.load_params()
+B = PARAMS["bench"]  # the cpu profile's: far_share 0.2, extra_repeats 2, repeats 3
+FLOOR_CV = B["noise_floor"]["cv"]
+
+
+# ---------------------------------------------------------------- the far rule
+def test_the_far_rule_flags_52_among_175_and_181_and_the_next_repeat_replaces_it():
+    s = disturbed.screen([175.0, 52.0, 181.0], 3, B["far_share"], B["extra_repeats"])
+    assert s["more"] and not s["flagged"]  # the worker times one more pass before anything is judged
+    s = disturbed.screen([175.0, 52.0, 181.0, 178.0], 3, B["far_share"], B["extra_repeats"])
+    assert not s["more"] and s["clean"] == [0, 2, 3] and s["unreplaced"] is None
+    (f,) = s["flagged"]
+    assert f["index"] == 1 and f["median"] == 175.0 and f["siblings"] == [0, 2] and f["replaced_by"] == 3
+    assert f["off"] == pytest.approx(52 / 175 - 1)
+
+
+def test_ordinary_spread_is_not_flagged():
+    # three repeats within +-3 of the cpu floor's SDs (CV 1.44 %) of each other, and the widest spreads the 2-core box's
+    # own ladders read inside one engine (13 % off their median at most)
+    lo, hi = 178 * (1 - 3 * FLOOR_CV), 178 * (1 + 3 * FLOOR_CV)
+    for values in ([lo, 178.0, hi], [365.45, 390.1, 339.15], [278.2, 318.83, 319.02], [93.25, 102.24, 106.53]):
+        s = disturbed.screen(values, 3, B["far_share"], B["extra_repeats"])
+        assert not s["more"] and not s["flagged"] and s["clean"] == [0, 1, 2], values
+    assert B["far_share"] > 6 * FLOOR_CV  # so no spread the floor allows (+-3 SDs about the median) is ever far
+
+
+def test_two_repeats_cannot_say_which_is_off_and_the_cap_holds():
+    assert not disturbed.screen([175.0, 52.0], 2, 0.2, 2)["more"]  # their median is their mean: no sibling to trust
+    # a machine that stays busy: every replacement reads far too; after extra_repeats the last far one stays, named
+    s = disturbed.screen([175.0, 52.0, 181.0, 60.0, 58.0], 3, 0.2, 2)
+    assert not s["more"] and [f["index"] for f in s["flagged"]] == [1, 3]
+    assert s["unreplaced"]["index"] == 4 and s["clean"] == [0, 2, 4]
+    assert disturbed.screen([175.0, 52.0, 181.0], 3, None, 2) == {"clean": [0, 1, 2], "flagged": [], "more": False,
+                                                                  "unreplaced": None}
+
+
+def test_the_far_rule_false_flags_about_one_engine_in_a_hundred_at_the_boxs_own_spread():
+    """Simulated (fixed seed): three repeats of one engine, normal about their mean. At the 2-core box's in-engine
+    spread (robust SD 5.9 % over its two ladders' 39 repeats) 0.9 % of engines get a repeat replaced (one pass more);
+    at the cpu floor's 1.44 % none do; a repeat read at 0.5x (another engine on the pinned core) or at 0.3x (the ~52 of
+    ~175) is flagged every time, at 0.7x in 92 %."""
+    rng = np.random.default_rng(0)
+
+    def share(sd: float, slow: float | None = None, n: int = 20_000) -> float:
+        hits = 0
+        for _ in range(n):
+            v = list(175 * (1 + sd * rng.standard_normal(3)))
+            if slow:
+                v[rng.integers(3)] *= slow
+            hits += disturbed.screen(v, 3, B["far_share"], B["extra_repeats"])["more"]
+        return hits / n
+    assert share(FLOOR_CV) == 0.0
+    assert 0.004 < share(0.059) < 0.015
+    assert share(0.059, 0.3, 2000) == share(0.059, 0.5, 2000) == 1.0
+    assert share(0.059, 0.7, 2000) > 0.85
+
+
+# ---------------------------------------------------------------- the bench stage
+def runs_of(values, loads=None):
+    return [{"output_tps": v, "total_tps": 1.5 * v, "requests_per_s": v / 32, "load": (loads or {}).get(i)}
+            for i, v in enumerate(values)]
+
+
+def test_a_replaced_repeat_is_kept_in_the_results_but_not_in_the_median_or_interval():
+    busy = {"wall_s": 78.0, "cores": 2, "other_cpu_s": 101.4, "steal_s": 0.0, "ours_cpu_s": 54.6, "share": 0.65}
+    runs = runs_of([175.0, 52.0, 181.0, 178.0], {1: busy})
+    got = bench.figures(runs, B)
+    assert got["output_tps_runs"] == [175.0, 181.0, 178.0] and got["output_tps"] == 178.0
+    assert got["output_tps_ci95"][0] > 170 and got["repeats"] == 3 and got["timed_passes"] == 4
+    assert got["total_tps"] == 1.5 * 178.0
+    assert [r["output_tps"] for r in runs] == [175.0, 52.0, 181.0, 178.0]  # nothing measured is lost
+    assert runs[1]["disturbed"].startswith("far off the others: replaced") and "disturbed" not in runs[0]
+    (f,) = got["disturbed"]
+    assert f["repeat"] == 2 and f["output_tps"] == 52.0 and f["siblings"] == [175.0, 181.0]
+    assert f["replaced_by"] == 4 and f["replacement"] == 178.0 and f["load"] == busy
+    assert "-70% off the median 175.0 of its engine's repeats" in f["why"] and "bench.far_share 20%" in f["why"]
+    plain = bench.figures(runs_of([175.0, 178.0, 181.0]), B)
+    assert plain["disturbed"] == [] and plain["output_tps_runs"] == [175.0, 178.0, 181.0]
+
+
+def test_the_in_engine_loop_times_one_more_pass_for_a_far_one_and_prints_each_passs_load(monkeypatch, capsys):
+    """vllm_compat.run_throughput's timed loop with the bench worker's hooks: vLLM's own module and parser, its main
+    and the engine standing in (no engine starts); each pass's tok/s is what the stand-in engine is told to read."""
+    throughput = vllm_compat.import_throughput()
+    reads = iter([175.0, 52.0, 181.0, 178.0, 999.0])
+
+    class Out:
+        prompt_token_ids = [0] * 64
+        outputs = [type("C", (), {"token_ids": [0] * 32})()]
+
+    def passes(llm, requests, n, disable_detokenize, do_profile, prequeue_requests, enable_lora):  # vLLM's own
+        # parameters (vllm_compat checks them); a pass of 10 requests x 32 tokens at the next tok/s
+        return 320 / next(reads), [Out()] * 10
+
+    class LLM:
+        @classmethod
+        def from_engine_args(cls, engine_args):
+            return cls()
+
+        def reset_prefix_cache(self):
+            pass
+
+    class Watch:
+        def stop(self):
+            return {"share": 0.5, "cores": 2}
+
+    import vllm
+    monkeypatch.setattr(vllm, "LLM", LLM)
+    monkeypatch.setattr(throughput, "_run_vllm_requests", passes)
+    monkeypatch.setattr(throughput, "main", lambda args: throughput.run_vllm(
+        list(range(10)), 1, type("EngineArgs", (), {"enable_lora": False})(), False))
+    more = lambda done: disturbed.screen(done, 3, 0.2, 2)["more"]  # noqa: E731 -- as bench.worker builds it
+    vllm_compat.run_throughput(["--model", "m", "--num-prompts", "10"], 3, 0, more=more, watch=Watch)
+    text = capsys.readouterr().out
+    assert vllm_compat.timed_passes(text) == 4  # 3, and one for the far one; never the fifth
+    assert [r["output_tps"] for r in vllm_compat.parse_output(text)] == [175.0, 52.0, 181.0, 178.0]
+    assert "[repeat 4/3, again: one was far off the others] Throughput" in text
+    assert vllm_compat.pass_loads(text) == {i: {"share": 0.5, "cores": 2} for i in (1, 2, 3, 4)}
+
+
+# ---------------------------------------------------------------- the knee stage
+def test_the_busy_rule_flags_a_look_with_other_work_above_the_threshold_and_not_below():
+    share = PARAMS["knee"]["busy_share"]
+    assert disturbed.busy({"share": 0.6}, share) and disturbed.busy({"share": share + 0.01}, share)
+    assert not disturbed.busy({"share": 0.1}, share) and not disturbed.busy({"share": share}, share)
+    assert not disturbed.busy(None, share) and not disturbed.busy({"share": 0.9}, None)
+
+
+def test_a_busy_look_is_kept_aside_and_looked_at_again_on_its_trace(tmp_path, monkeypatch):
+    loads = iter([0.6, 0.05])  # the first look ran while other work held 60 % of the cores; the second on a quiet box
+
+    class Watch:
+        def __init__(self):
+            self.share = next(loads, 0.0)
+
+        def stop(self):
+            return {"wall_s": 40.0, "cores": 2, "other_cpu_s": 80 * self.share, "steal_s": 0.0, "ours_cpu_s": 60.0,
+                    "share": self.share}
+    monkeypatch.setattr(disturbed, "CpuWatch", Watch)
+    prober, k = FakeProber(), {**KNEE, "busy_share": 0.25}
+    rows: list[dict] = []
+    row = knee.probe(prober, FakeServer(), "model", k, SLO, tmp_path, 4.0, rows)
+    assert [c["seed"] for c in prober.calls] == [prober.calls[0]["seed"]] * 2  # the same trace twice
+    assert [c["n"] for c in prober.calls] == [prober.calls[0]["n"]] * 2
+    assert row["relooked"] and row["other_work_share"] == 0.05 and not row.get("busy_again")
+    d = row["disturbed_look"]
+    assert d["other_work_share"] == 0.6 and d["counted"] and d["file"] == "probe-01-4rps-disturbed.json"
+    assert (tmp_path / d["file"]).exists() and (tmp_path / "probe-01-4rps.json").exists()  # both kept
+    # a look that runs busy again is judged anyway, and says so; a quiet one is not looked at twice
+    monkeypatch.setattr(disturbed, "CpuWatch", lambda: type("W", (), {"stop": lambda self: {
+        "wall_s": 40.0, "cores": 2, "other_cpu_s": 60.0, "steal_s": 0.0, "ours_cpu_s": 60.0, "share": 0.75}})())
+    again = knee.probe(prober, FakeServer(), "model", k, SLO, tmp_path, 4.0, rows)
+    assert again["busy_again"] and again["disturbed_look"]["other_work_share"] == 0.75 and len(prober.calls) == 4
+    monkeypatch.setattr(disturbed, "CpuWatch", lambda: type("W", (), {"stop": lambda self: None})())
+    quiet = knee.probe(prober, FakeServer(), "model", k, SLO, tmp_path, 4.0, rows)
+    assert "disturbed_look" not in quiet and len(prober.calls) == 5
+
+
+def test_a_search_judges_the_clean_look_and_keeps_the_busy_one_in_its_row(tmp_path, monkeypatch):
+    first = [True]
+
+    class Watch:  # the search's first look only ran while the machine was busy
+        def __init__(self):
+            self.busy, first[0] = first[0], False
+
+        def stop(self):
+            return {"wall_s": 40.0, "cores": 2, "other_cpu_s": 60.0 if self.busy else 1.0, "steal_s": 0.0,
+                    "ours_cpu_s": 60.0, "share": 0.75 if self.busy else 0.0125}
+    monkeypatch.setattr(disturbed, "CpuWatch", Watch)
+    rows, probes = knee.sweep(FakeProber(), FakeServer(), "model", {**KNEE, "busy_share": 0.25}, SLO, tmp_path)
+    assert len(rows) == len(probes) and rows[0]["disturbed_look"]["other_work_share"] == 0.75
+    assert [r for r in rows[1:] if r.get("disturbed_look")] == []
+    assert "a second look on its trace" in (tmp_path / "sweep.log").read_text().splitlines()[0]
+
+
+# ---------------------------------------------------------------- the CPU watch, on this machine
+def spin(seconds: float) -> float:
+    """Burn this process's CPU for about `seconds` of it; returns the CPU seconds burnt."""
+    t0 = time.process_time()
+    while time.process_time() - t0 < seconds:
+        pass
+    return time.process_time() - t0
+
+
+def test_the_cpu_watch_counts_another_process_tree_and_not_its_own():
+    # rooted at an idle child, this process's spinning is other work; rooted at this process, it is its own. Lower
+    # bounds only: the box's other work adds to both figures
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        w = disturbed.CpuWatch(idle.pid)
+        burnt = spin(disturbed.MIN_WALL_S)  # CPU time never outruns the wall: the look is long enough for a share
+        got = w.stop()
+    finally:
+        idle.kill()
+        idle.wait()
+    assert got["cores"] == len(os.sched_getaffinity(0))
+    assert got["other_cpu_s"] >= 0.7 * burnt and got["share"] > 0
+    w = disturbed.CpuWatch()
+    burnt = spin(0.5)
+    got = w.stop()
+    assert got["ours_cpu_s"] >= 0.9 * burnt
+    assert disturbed.CpuWatch().stop()["share"] is None  # too short to tell
+
+
+# ---------------------------------------------------------------- the report
+def test_the_report_names_each_disturbed_repeat_and_look_or_says_none_were(tmp_path):
+    lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
+    assert report.disturbed_lines(lad) == ["- not screened: this record predates the screen (bench.far_share, "
+                                           "knee.busy_share)"]
+    lad["settings"]["bench"]["far_share"], lad["settings"]["knee"]["busy_share"] = 0.2, 0.25
+    base, placebo = lad["rungs"][0], lad["rungs"][1]
+    for r in lad["rungs"]:
+        r.setdefault("bench", {})["far_share"] = 0.2
+        r.setdefault("knee", {})["busy_share"] = 0.25
+    assert report.disturbed_lines(lad)[0].startswith("- none: no timed bench repeat was more than 20% off")
+    busy = {"wall_s": 78.0, "cores": 2, "other_cpu_s": 101.4, "steal_s": 0.0, "ours_cpu_s": 54.6, "share": 0.65}
+    placebo["bench"].update(bench.figures(runs_of([175.0, 52.0, 181.0, 178.0], {1: busy}), B))
+    row = base["knee"]["rows"][0]
+    row.update(over_slo=2, counted=331, slo_ttft_ms=420.0, achieved_rps=2.8)
+    row.update(relooked=True, seed=20_141, disturbed_look={
+        **row, "over_slo": 260, "counted": 331, "slo_ttft_ms": 63_000.0, "achieved_rps": 1.98, "busy": busy,
+        "other_work_share": 0.65, "file": "probe-01-2rps-disturbed.json"})
+    knee_line, bench_line = report.disturbed_lines(lad)  # rung by rung: the base's knee, then the placebo's bench
+    assert bench_line == (f"- **1 {placebo['name']}** bench repeat 2: 52.0 output tok/s against its siblings 175.0, "
+                          "181.0 (-70% off its engine's median 175.0, beyond bench.far_share 20%); meanwhile other "
+                          "work took 65% of the machine's 2 cores over its 78 s (101.4 CPU-s); replaced by repeat 4 "
+                          "(178.0): kept in bench.json, out of the median and interval")
+    assert knee_line == ("- **0 baseline** knee look at 2 req/s (trace seed 20141): ran while other work took 65% of "
+                         "the machine's 2 cores over its 78 s (101.4 CPU-s), over knee.busy_share 25%: 260 of 331 "
+                         "counted over the SLO, p99 TTFT 63000 ms, achieved 1.98 req/s (kept in knee.json, "
+                         "probe-01-2rps-disturbed.json); looked at again on the same trace: 2 of 331 counted over the "
+                         "SLO, p99 TTFT 420 ms, achieved 2.80 req/s, judged on that")
+    md = report.render(lad, tmp_path)
+    assert "## Disturbed measurements" in md and knee_line in md and bench_line in md
