@@ -50,7 +50,7 @@ import plan as planning
 from judgement import stats
 from measure import probing, workload
 from measure import spread as server_spread_fit
-from serving import engine
+from serving import engine, vllm_compat
 
 
 def spread(name: str, values: list[float]) -> None:
@@ -298,9 +298,12 @@ def server_spread(model_path: str, cfg: dict, k: dict, slo: dict, logs, rate: fl
         folder = logs / f"server-{s_i}"
         with engine.Server(model_path, cfg["engine"], cfg["env"], folder / "server.log",
                            start_timeout=k["start_timeout_s"]) as srv:
-            entry = {"server": s_i, "timed": timed, "ready_s": round(srv.ready_s, 1), "looks": []}
+            facts = vllm_compat.engine_facts(srv.log)  # what its start settled on: servers may differ in KV capacity
+            entry = {"server": s_i, "timed": timed, "ready_s": round(srv.ready_s, 1),
+                     "engine": {x: facts.get(x) for x in SERVER_FACTS}, "looks": []}
             out["servers"].append(entry)
-            print(f"4. server {s_i}{'' if timed else ' (untimed)'} ready in {srv.ready_s:.0f} s", flush=True)
+            print(f"4. server {s_i}{'' if timed else ' (untimed)'} ready in {srv.ready_s:.0f} s: "
+                  + ", ".join(f"{x} {facts.get(x)}" for x in SERVER_FACTS), flush=True)
             prober = knee.Prober(folder / "probes.log")
             kk = {**k, "e2e_warm_s": knee.warm_up(prober, srv, model_path, {**k, "start_rate": rate}, slo, folder)}
             rows: list[dict] = []
@@ -338,6 +341,10 @@ def spread_summary(out: dict, path) -> dict:
     if first:
         print("4. untimed server(s): " + ", ".join(f"{x['over_slo']} of {x['counted']}" for x in first)
               + " over the SLO (not fitted)")
+    for s in out["servers"]:  # each server's share beside what its start settled on (the spread's suspects)
+        n, o = sum(x["counted"] for x in s["looks"]), sum(x["over_slo"] for x in s["looks"])
+        print(f"4. server {s['server']}{'' if s['timed'] else ' (untimed)'}: {o} of {n} over the SLO; "
+              + ", ".join(f"{k} {v}" for k, v in (s.get("engine") or {}).items()))
     try:
         fit = server_spread_fit.fit(fitted, rate)
     except ValueError as e:
@@ -364,6 +371,10 @@ def spread_summary(out: dict, path) -> dict:
           + yaml.safe_dump({"knee.server_spread": block}, sort_keys=False, width=200, default_flow_style=None))
     return out
 
+
+# A server's start as its log tells it (vllm_compat.engine_facts): the spread's suspects beside each server's looks
+SERVER_FACTS = ("kv_cache_tokens", "max_concurrency", "kv_cache_gib", "activation_gib", "non_torch_gib",
+                "cudagraph_gib", "engine_init_s", "compile_cache_hit")
 
 # The wall's exponent: the share over the SLO rises as (rate / knee)^13 (the H200 study, tests/test_rule_simulation.py)
 SPREAD_GAMMA = 13.0
