@@ -371,7 +371,7 @@ def write_recheck(out: Path, csv_out: Path, rows: list[dict], k: dict, slo: dict
         "busy_share": k.get("busy_share"),
         "method": (f"a knee verdict ({a.get('side') or 'the rung'}) re-checked on a fresh server: one visit of "
                    f"{a['look']:g} req/s on the search's traces, up to {probing.recheck_settings(k)['max_repeats']} "
-                   "looks pooled" + (", one grid rate beyond where it reads as the verdict would not count"
+                   "looks pooled" + (", one grid rate beyond where it does not read the other way on evidence"
                                      if a.get("side") else "")),
         "server_ready_s": round(ready_s, 1), "wall_s": round(wall_s, 1), "time": common.stage_time(ready_s, probed_s),
         "rows": rows, "provenance": common.provenance(params, cfg)})

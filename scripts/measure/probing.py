@@ -583,7 +583,7 @@ RECHECK_EXTRA_LOOKS = 1  # a re-check's visit may take one look more than the se
                          # 79 % without
 
 
-RECHECK_STEPS = 1  # grid rates a re-check moves on where its base reads as the verdict would not count (more: each
+RECHECK_STEPS = 1  # grid rates a re-check moves on where its base does not read the other way (more: each
                    # step rejudges at a rate its base chose, 22 % of placebos called better on a base that ran slow)
 
 
