@@ -204,6 +204,7 @@ def main(out: Path, logs: Path, gate_json: Path):
         write_na(out, logs, na, "offline engine cannot run it", params, cfg)
         return
     entry = common.model_entry(cfg["model"]["name"])
+    engine.check_start(params, "rung", cfg, entry["path"], logs)  # what vLLM would refuse, before any engine starts
     mode, t0 = b["mode"], time.monotonic()
     sent, input_len = workload.prepare(w, entry["path"], logs)
     argv = throughput_argv(entry["path"], b, sent, cfg["engine"])
