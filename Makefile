@@ -35,7 +35,7 @@ CHOICES = $(if $(MODEL),--model '$(MODEL)') $(if $(QUANT_MODEL),--quant-model '$
 ladder: setup ## run the whole ladder as DVC experiments and write report/before_after.md (PROFILE=, RUNGS=N, LADDER=file, MODEL=, QUANT_MODEL=, WORKLOAD=)
 	python scripts/ladder.py --profile $(PROFILE) $(if $(RUNGS),--rungs $(RUNGS)) $(if $(LADDER),--ladder $(LADDER)) $(CHOICES)
 
-check: setup ## validate params.yaml, the ladder (RUNGS=N, LADDER=file) and the eval set, and build every engine config with vLLM's own code (MODEL=, QUANT_MODEL=, WORKLOAD= too); start no engine
+check: setup ## validate params.yaml as it stands, the ladder (RUNGS=N, LADDER=file) and the eval set, and build every engine config with vLLM's own code (MODEL=, QUANT_MODEL=, WORKLOAD= too); start no engine
 	python scripts/ladder.py --profile $(PROFILE) --check $(if $(RUNGS),--rungs $(RUNGS)) $(if $(LADDER),--ladder $(LADDER)) $(CHOICES)
 
 repro: setup ## dvc repro: re-run only the stale stages of the rung in params.yaml

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import common
-from measure import disturbed, probing, workload
+from measure import disturbed, summary, workload
 from serving import engine, vllm_compat
 
 
@@ -170,7 +170,7 @@ def figures(runs: list[dict], b: dict) -> dict:
     kept (screen_runs); a replaced run stays in `runs` (marked) and in `disturbed`, never in a figure."""
     screened, flags = screen_runs(runs, b)
     used = [runs[i] for i in screened["clean"]]
-    summ = {key: probing.summarize([run[key] for run in used]) for key in ("output_tps", "total_tps", "requests_per_s")}
+    summ = {key: summary.summarize([run[key] for run in used]) for key in ("output_tps", "total_tps", "requests_per_s")}
     return {"output_tps": summ["output_tps"]["median"], "total_tps": summ["total_tps"]["median"],
             "requests_per_s": summ["requests_per_s"]["median"], "output_tps_ci95": summ["output_tps"]["ci95"],
             "output_tps_runs": summ["output_tps"]["values"],  # what a Δ vs another rung is computed from
@@ -204,6 +204,7 @@ def main(out: Path, logs: Path, gate_json: Path):
         write_na(out, logs, na, "offline engine cannot run it", params, cfg)
         return
     entry = common.model_entry(cfg["model"]["name"])
+    engine.check_start(params, "rung", cfg, entry["path"], logs)  # what vLLM would refuse, before any engine starts
     mode, t0 = b["mode"], time.monotonic()
     sent, input_len = workload.prepare(w, entry["path"], logs)
     argv = throughput_argv(entry["path"], b, sent, cfg["engine"])

@@ -48,13 +48,13 @@ import fingerprint
 import knee
 import plan as planning
 from judgement import stats
-from measure import probing, workload
+from measure import probing, summary, workload
 from measure import spread as server_spread_fit
 from serving import engine, vllm_compat
 
 
 def spread(name: str, values: list[float]) -> None:
-    s = probing.summarize(values)
+    s = summary.summarize(values)
     lo, hi = s["ci95"]
     print(f"{name}: n={s['n']} median {s['median']:.1f} tok/s, min {min(values):.1f}, max {max(values):.1f}, "
           f"range {(max(values) - min(values)) / s['median'] * 100:.1f} %, "

@@ -114,6 +114,7 @@ def main(which: str, out: Path, base_dir: Path) -> None:
         reuse(base_dir, base, out)
         return
     logs = out / "logs" / "eval"
+    engine.check_start(params, which, cfg, entry["path"], logs)  # what vLLM would refuse, before its engine starts
     job = {"model": entry["path"], "engine": engine.llm_kwargs(cfg["engine"]), "conversations": conversations(items),
            "temperature": ev["temperature"], "seed": ev["seed"], "max_tokens": ev["max_tokens"],
            "out": str(logs / "texts.json"), "recheck": which == "baseline"}

@@ -560,15 +560,26 @@ def main() -> int:
     profile = args.profile or ("gpu" if gpus else "cpu")
     try:  # every bad input is reported here, before any engine starts
         params, lad = common.load_params(check=False), planning.load_ladder(args.ladder)
-        plan = planning.resolve(params, lad, profile, planning.committed_params(), gpus, args.rungs,
-                                args.model, args.quant_model, args.workload)
+        # params.yaml as it stands, as `dvc repro` would run it, whatever the profile replaces: a bad value is bad input
+        here = planning.as_it_stands(params, gpu_list)
+        score.load_items(here["eval"]["file"])
+        head = planning.committed_params()
+        plan = planning.resolve(params, lad, profile, head, gpus, args.rungs, args.model, args.quant_model,
+                                args.workload)
+        if replaced := planning.replaced_edits(params, plan, lad, head):
+            print("ladder: params.yaml's uncommitted edits that this ladder replaces (dvc repro runs them as they "
+                  "stand):\n  " + "\n  ".join(replaced), file=sys.stderr)
         score.load_items(plan.params["eval"]["file"])
         planning.check_target(plan, gpu_list)  # a target card this machine cannot emulate (no GPU, too small)
-        # vLLM's own parser, the models (the download stage's logic) and every engine config the ladder may start,
-        # built by vLLM's own code on this machine: what vLLM would refuse at start is refused now, naming the rung
-        pre = planning.preflight(plan, gpu_list)
-        if pre["errors"]:
-            raise common.ParamsError("the ladder is not valid (nothing was run):\n  " + "\n  ".join(pre["errors"]))
+        # vLLM's own parser, the models (the download stage's logic) and every engine config the ladder may start
+        # (and params.yaml's as it stands), built by vLLM's own code on this machine: what vLLM would refuse at start
+        # is refused now, naming the rung or the field
+        pre = planning.preflight(plan, gpu_list, here)
+        said = {"params.yaml is not valid:": pre["params_errors"],
+                "the ladder is not valid (nothing was run):": pre["errors"]}
+        if any(said.values()):
+            raise common.ParamsError("\n".join(f"{title}\n  " + "\n  ".join(errs) for title, errs in said.items()
+                                               if errs))
     except (common.ParamsError, score.EvalFileError) as e:
         common.die(str(e))
     for line in pre["unchecked"]:

@@ -79,6 +79,71 @@ def effective_params(params: dict, lad: dict, profile: str, defaults: dict | Non
     return eff
 
 
+def as_it_stands(params: dict, gpus: list[dict]) -> dict:
+    """params.yaml as it stands (what `dvc repro` runs, whatever a profile would replace), checked as the fingerprint
+    stage checks it: validated, its prompts file read, its target card against this machine's GPUs; its engine args
+    and configs are the pre-flight's (`preflight`). Returns it with the defaults filled; raises ParamsError."""
+    here = common.validate(params)
+    wl.check(here)
+    for which in ("baseline", "rung"):
+        common.engine_config(here, which, gpus)
+    return here
+
+
+def _leaves(value, key: str) -> dict:
+    """{dotted key: value} of every leaf under `key` (a list is a leaf)."""
+    if isinstance(value, dict) and value:
+        return {k: v for name, sub in value.items() for k, v in _leaves(sub, f"{key}.{name}").items()}
+    return {key: value}
+
+
+_ABSENT = object()  # a key one side does not hold
+
+
+def _shown(v) -> str:
+    return "(absent)" if v is _ABSENT else repr(v)
+
+
+def _at(d: dict | None, dotted: str):
+    try:
+        return get_dotted(d or {}, dotted)
+    except (KeyError, TypeError):
+        return _ABSENT
+
+
+def replaced_edits(params: dict, p: Plan, lad: dict, head: dict | None) -> list[str]:
+    """The edits of params.yaml not in git HEAD's (`head`) that this ladder does not run, one line each with what runs
+    instead: a key a profile sets (this profile's value, else HEAD's), a MODEL=/WORKLOAD= choice, and the rung in force
+    (model, engine, env), which every ladder starts at rung 0. Said, not refused: every `dvc exp run` leaves its rung's
+    params in the workspace, so after a ladder params.yaml differs from HEAD with no edit of the user's."""
+    settings = lad["profiles"][p.profile]["settings"]
+    profile_keys = profile_overrides(lad, p.profile, head or params)
+    pairs = []  # (key, what runs instead, where that comes from)
+    for key, value in p.overrides.items():
+        if key == "profile":
+            continue
+        if key not in profile_keys or profile_keys[key] != value:
+            source = "your MODEL=/QUANT_MODEL=/WORKLOAD="
+        elif key in settings:
+            source = f"ladder.yaml profiles.{p.profile}.settings"
+        else:
+            source = (f"git HEAD's params.yaml: another profile sets it; commit the edit, or set it in ladder.yaml "
+                      f"profiles.{p.profile}.settings")
+        pairs.append((key, value, source))
+    for section in KNOB_SECTIONS:
+        pairs.append((section, p.params["baseline"][section], f"rung 0's baseline.{section}: every ladder starts at "
+                                                              "rung 0; edit baseline, or make the change a rung"))
+    lines = []
+    for key, value, source in pairs:
+        mine, runs = _leaves(_at(params, key), key), _leaves(value, key)
+        theirs = _leaves(_at(head, key), key) if head is not None else {}
+        for leaf in dict.fromkeys([*mine, *runs]):
+            got, instead = mine.get(leaf, _ABSENT), runs.get(leaf, _ABSENT)
+            if got != instead and (head is None or got != theirs.get(leaf, _ABSENT)):
+                lines.append(f"{leaf}: {_shown(got)} -> {_shown(instead)} ({source})")
+    return lines
+
+
 # ---------------------------------------------------------------- the user's model and traffic
 HF_SPEC = re.compile(r"([\w.-]+)/([\w.-]+)@([\w./-]+)")
 
@@ -371,12 +436,6 @@ def _knobs_text(change: dict) -> str:
     return ", ".join(f"{k}: {v!r}" for k, v in change.items())
 
 
-def _names(why: str, name: str, value) -> bool:
-    """vLLM's reason names this knob: as a config field (`SchedulerConfig.max_num_seqs: ...`) or in words with its
-    value (`max_model_len (100000)`, `tensor parallel size (2)`). Only to say which baseline knob it is."""
-    return f".{name}:" in why or any(f"{n} ({value})" in why for n in (name, name.replace("_", " ")))
-
-
 def engine_config_errors(p: Plan, gpus: list[dict], paths: dict, refuse) -> tuple[list[str], list[str], int]:
     """Rung 0 and every change the driver may run on this machine (candidates and fallbacks too) built into an
     engine config as vLLM builds it at start (`refuse`: vllm_compat.engine_config_error, which returns vLLM's
@@ -405,7 +464,7 @@ def engine_config_errors(p: Plan, gpus: list[dict], paths: dict, refuse) -> tupl
     base = p.baseline
     if not ok("baseline (rung 0)", {}, base):
         said = {f"baseline.{k}": v for k, v in base.items()
-                if k.startswith(("engine.", "env.")) and _names(errors[-1], k.partition(".")[2], v)}
+                if k.startswith(("engine.", "env.")) and vllm_compat.names_knob(errors[-1], k.partition(".")[2], v)}
         errors[-1] = errors[-1].replace("its engine config", _knobs_text(said) or "baseline.engine", 1)
         return errors, unchecked, len(built)
     in_force, kept = dict(base), []
@@ -430,6 +489,32 @@ def engine_config_errors(p: Plan, gpus: list[dict], paths: dict, refuse) -> tupl
     return errors, unchecked, len(built)
 
 
+def as_it_stands_errors(here: dict, gpus: list[dict], paths: dict, refuse) -> tuple[list[str], list[str]]:
+    """params.yaml's rung 0 and rung in force as they stand (what `dvc repro` starts) built as engine_config_errors
+    builds the ladder's, in the words each engine stage refuses them with (engine.check_start). A model this plan
+    does not provide is not fetched for it: its stage checks it before its engine starts. Returns (errors,
+    configs not checked)."""
+    from serving import vllm_compat
+    errors, unchecked = [], []
+    for which, prefix in (("baseline", "baseline."), ("rung", "")):
+        cfg, where = common.rung_config(here, which), f"{prefix}engine"
+        name = cfg["model"]["name"]
+        if name not in paths:
+            unchecked.append(f"params.yaml {where}: not checked before its engine starts: its model {name!r} is not "
+                             f"one this profile provides (its stage checks it before its engine starts)")
+            continue
+        eng, _ = common.target_engine(cfg["engine"], here["target"], gpus, where)
+        try:
+            why = refuse(paths[name], eng, cfg["env"])
+        except vllm_compat.VllmCompatError as e:
+            unchecked.append(f"params.yaml {where}: not checked before its engine starts: {e}")
+            continue
+        if why:
+            fields = {prefix + k: v for k, v in common.flatten_knobs(cfg).items() if k != "model.name"}
+            errors.append(vllm_compat.refused_words(fields, why, where))
+    return errors, unchecked
+
+
 def provide_models(p: Plan) -> dict:
     """Model name -> folder for every model of download.fetch, by the download stage's own logic (download.provide)
     with this plan's download section (MODEL= and QUANT_MODEL= included): the same store and markers, so the first
@@ -447,32 +532,53 @@ def _preflight_worker(job_path: str, out_path: str) -> None:
     import download
     from serving import vllm_compat
     t0, job = time.monotonic(), common.read_json(job_path)
-    p = Plan(**job["plan"])
-    result = {"errors": engine_arg_errors(p), "unchecked": [], "configs": 0, "version": vllm_compat.installed_version()}
-    if not result["errors"]:  # a value the parser refuses builds no config: fix those first
+    p, here = Plan(**job["plan"]), job.get("here")
+    here_args = common.engine_args(here) if here else []
+    result = {"errors": engine_arg_errors(p), "params_errors": vllm_compat.engine_arg_errors(here_args),
+              "unchecked": [], "configs": 0, "version": vllm_compat.installed_version()}
+    if not result["params_errors"]:
+        vllm_compat.remember_accepted(here_args)
+    built, accepted = set(), set()
+
+    def refuse(model_path: str, eng: dict, env: dict) -> str | None:
+        """vLLM's reason, or None: then remembered, so that no stage builds that config again (engine.check_start)."""
+        key = vllm_compat.config_key(model_path, eng, env)
+        built.add(key)
+        why = vllm_compat.engine_config_error(model_path, eng, env)
+        if why is None:
+            accepted.add(key)
+        return why
+
+    if not result["errors"] and not result["params_errors"]:  # a value the parser refuses builds no config: fix it
         try:
             paths = provide_models(p)
         except (download.ModelError, common.ParamsError) as e:
             result["errors"] = [str(e)]
         else:
-            result["errors"], result["unchecked"], result["configs"] = engine_config_errors(
-                p, job["gpus"], paths, vllm_compat.engine_config_error)
+            result["errors"], result["unchecked"], _ = engine_config_errors(p, job["gpus"], paths, refuse)
+            if here:
+                result["params_errors"], unchecked = as_it_stands_errors(here, job["gpus"], paths, refuse)
+                result["unchecked"] += unchecked
+            result["configs"] = len(built)
+            vllm_compat.remember_keys(accepted)
     result["seconds"] = round(time.monotonic() - t0, 1)
     common.write_json(out_path, result)
 
 
-def preflight(p: Plan, gpus: list[dict]) -> dict:
+def preflight(p: Plan, gpus: list[dict], here: dict | None = None) -> dict:
     """Before any engine starts, on this machine: every engine arg through vLLM's parser (`engine_arg_errors`), the
     models provided (`provide_models`), and every engine config the ladder may start built by vLLM's own code
-    (`engine_config_errors`). In a child process (this file with --preflight, under engine.guarded): vLLM's config
+    (`engine_config_errors`); `here`, params.yaml as it stands (`as_it_stands`), its engine args and configs alike
+    (`as_it_stands_errors`). In a child process (this file with --preflight, under engine.guarded): vLLM's config
     code sets environment variables (the CPU platform sets LD_PRELOAD), imports torch and on a GPU may open a CUDA
     context, none of which may stay in the ladder's process, whose stages and engines inherit it. Returns the
-    child's result: errors (each naming rung, knob and value), unchecked, configs, seconds, version."""
+    child's result: errors (each naming rung, knob and value), params_errors (params.yaml's as it stands, each naming
+    field and value), unchecked, configs, seconds, version."""
     from serving import engine
     with tempfile.TemporaryDirectory(prefix="ladder-preflight-") as tmp:
         job, out = Path(tmp, "job.json"), Path(tmp, "result.json")
         plan_fields = {f.name: getattr(p, f.name) for f in dataclasses.fields(Plan) if f.init}
-        common.write_json(job, {"plan": plan_fields, "gpus": gpus})
+        common.write_json(job, {"plan": plan_fields, "gpus": gpus, "here": here})
         env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"}  # vLLM's INFO lines are for the engines' logs
         proc = engine.guarded([sys.executable, str(Path(__file__).resolve()), "--preflight", str(job), str(out)],
                               env=env)

@@ -123,3 +123,16 @@ def test_each_part_imports_only_what_its_docstring_allows():
             if m.startswith(part + "."):
                 used = {n.split(".")[0] for n in imported(m)}
                 assert used <= allowed, f"{m} imports {sorted(used - allowed)}; {part}/ may import {sorted(allowed)}"
+
+
+def test_only_the_knee_stage_stands_on_the_knee_search():
+    # editing the knee search re-measures knees, never a rung's eval, bench or fingerprint
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name in ("fingerprint", "download", "eval_baseline", "eval", "bench", "knee"):
+        assert ("scripts/measure/probing.py" in stages[name]["deps"]) == (name == "knee"), name
+
+
+def test_config_and_common_import_nothing_above_them():
+    # every stage imports config (through common): whatever they import, every stage stands on
+    assert imported("config") == set()
+    assert imported("common") == {"config"}

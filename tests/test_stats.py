@@ -8,15 +8,15 @@ import pytest
 
 from conftest import FIXTURES
 from judgement import stats
-from measure import probing
+from measure import probing, summary
 
 
 def test_summary_interval_matches_students_t():
-    s = probing.summarize([90.0, 100.0, 110.0])
+    s = summary.summarize([90.0, 100.0, 110.0])
     assert s["median"] == 100 and s["mean"] == 100 and s["sd"] == pytest.approx(10)
     half = 4.303 * 10 / math.sqrt(3)
     assert s["ci95"] == pytest.approx([100 - half, 100 + half], rel=1e-4)
-    assert probing.summarize([5.0])["ci95"] is None  # one run: no interval
+    assert summary.summarize([5.0])["ci95"] is None  # one run: no interval
 
 
 FLOOR = stats.Floor(0.015, engines=9, source="fixture")  # 1.5 % from 9 engines: df 8

@@ -11,7 +11,7 @@ from typing import TypedDict
 
 import common
 from judgement import capacity, decide, stats
-from measure import probing
+from measure import summary
 
 
 class RungRecord(TypedDict, total=False):
@@ -286,7 +286,7 @@ def confirm_summary(runs: list[dict], floor=None, objective: str = "knee_rps", k
         runs_ = [x for r in recs for x in (r["bench"].get("output_tps_runs") or [])]
         return {"knobs": last["knobs"], "knee": last["knee"], "exp": [r["exp"] for r in recs],
                 "bench": {**last["bench"], "output_tps_runs": runs_,
-                          "output_tps": (probing.summarize(runs_)["median"] if runs_
+                          "output_tps": (summary.summarize(runs_)["median"] if runs_
                                          else last["bench"].get("output_tps"))}}
     b, f = pooled(sides["baseline"]), pooled(sides["final"])
     d = compare_sides(sides["baseline"], sides["final"], floor)  # each pair's engine a unit, not its repeats

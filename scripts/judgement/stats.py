@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
-from measure.probing import GRID_ROUNDING, fmt_g, tq
+from measure.probing import GRID_ROUNDING
+from measure.summary import fmt_g, tq
 
 # ---------------------------------------------------------------- intervals
 # The engine is the unit of replication for output tok/s: repeats inside one engine cannot see how far a fresh

@@ -1,42 +1,18 @@
-"""The measuring maths, pure functions only (unit-tested on fixture numbers): the repeats' summary, a knee probe's
-size and its counted evidence (a binomial bound on the share of requests over the SLO, as MLPerf LoadGen's early
-stopping), the knee search on its grid (next rate, bracket, result). The stages that measure (bench, knee) stand on
-this module alone; what judges their numbers (stats.py) imports it, never the other way round."""
+"""The knee search's maths, pure functions only (unit-tested on fixture numbers): a knee probe's size and its counted
+evidence (a binomial bound on the share of requests over the SLO, as MLPerf LoadGen's early stopping), the knee
+search on its grid (next rate, bracket, result). Only the knee stage stands on it (the bench's summary of its
+repeats is measure/summary.py; the pass minimum that params.yaml is checked by is config's); what judges their
+numbers (stats.py) imports it, never the other way round."""
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
-from scipy import stats as sps
 
-
-# ---------------------------------------------------------------- repeats
-def tq(confidence: float, df: float) -> float:
-    """The two-sided Student t quantile at `confidence`; inf below 1 df (no interval)."""
-    return math.inf if df < 1 else float(sps.t.ppf((1 + confidence) / 2, df))
-
-
-def fmt_g(v: float | None) -> str:
-    return "–" if v is None else "∞" if math.isinf(v) else "0" if not v else f"{v:g}"
-
-
-def summarize(values: list[float]) -> dict:
-    """Median (what the report shows), mean and a 95 % t-interval of the mean; the interval needs n >= 2."""
-    vals = [float(v) for v in values]
-    n = len(vals)
-    out = {"n": n, "values": vals, "median": statistics.median(vals) if vals else None,
-           "mean": statistics.fmean(vals) if vals else None, "ci95": None, "rel_halfwidth": None}
-    if n >= 2:
-        sd = statistics.stdev(vals)
-        half = tq(0.95, n - 1) * sd / math.sqrt(n)
-        out.update(sd=sd, ci95=[out["mean"] - half, out["mean"] + half],
-                   rel_halfwidth=half / out["mean"] if out["mean"] else None)
-    return out
-
-
+from common import PROBE_CONFIDENCE, look_confidence, pass_minimum  # config's: it checks knee.max_prompts by them
+from measure.summary import fmt_g
 
 GRID_ROUNDING = 1e-3  # relative: grid_rate keeps 4 significant figures (at most 5e-4 off)
 
@@ -65,27 +41,6 @@ def tail_requests(percentile: float, beyond: int = 3) -> int:
 def probe_minimum(percentile: float, ramp_fraction: float) -> int:
     """Requests a probe must send so that `tail_requests` remain once the ramp-up share is dropped."""
     return math.ceil(tail_requests(percentile) / (1 - ramp_fraction))
-
-
-# A probe's pass/fail is a test on the count of its counted requests that broke the SLO, as MLPerf LoadGen's early
-# stopping does: a point p95 of ~80 requests in a non-steady window swung 942 / 784 / 332 ms on one trace back to back.
-# Requests over the SLO come in bursts (a cluster of arrivals queues together), so their count varies `phi` times as
-# much as a binomial's (knee.dispersion, measured by `make benchmark` part 6): the test counts counted/phi requests.
-PROBE_CONFIDENCE = 0.95  # one-sided, per visit of a rate: its up to knee.max_repeats pooled looks share the 5 %
-                         # (look_confidence); at 5 % a look, three looks failed a share of exactly q in 9 % (simulated)
-
-
-def look_confidence(looks: int) -> float:
-    """The confidence of each look at a rate whose visit may take `looks` pooled looks (Bonferroni: the visit as a
-    whole errs in at most 1 - PROBE_CONFIDENCE each way)."""
-    return 1 - (1 - PROBE_CONFIDENCE) / max(looks, 1)
-
-
-def pass_minimum(percentile: float, phi: float = 1.0, looks: int = 1) -> int:
-    """The fewest counted requests with which one look can pass: none of them over the SLO must be that unlikely
-    (P <= 1 - look_confidence(looks)) were q of all requests breaking it, counts divided by `phi`."""
-    q = 1 - percentile / 100
-    return math.ceil(max(phi, 1.0) * math.log(1 - look_confidence(looks)) / math.log(1 - q) - 1e-9)
 
 
 @dataclass(frozen=True)

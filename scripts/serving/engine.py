@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -32,6 +33,7 @@ from pathlib import Path
 import psutil
 
 import common
+from serving import vllm_compat
 from serving.vllm_compat import LOG_PREFIX, child_env, cli_flags
 
 STOP_GRACE_S = 30
@@ -222,6 +224,40 @@ def run_worker(script: str, job: dict, logs: Path, env_knobs: dict, timeout: flo
     log.unlink(missing_ok=True)  # the stage reads its results from this log: an earlier run's must not be there
     return run([sys.executable, script, "--worker", str(job_path)], log, child_env(env_knobs),
                timeout=timeout, what=what)
+
+
+# the child a stage checks its engine config in (vllm_compat.config_check_main): vLLM's config code sets environment
+# variables and may open a CUDA context, neither of which may stay in the stage whose engine starts next
+_CONFIG_MAIN = ("import sys; sys.path.insert(0, sys.argv[1]); from serving import vllm_compat; "
+                "vllm_compat.config_check_main(sys.argv[2:])")
+
+
+def check_start(params: dict, which: str, cfg: dict, model_path: str, logs: Path) -> None:
+    """Before a stage starts its engine (`which`: rung or baseline, `cfg`: common.engine_config's): what vLLM would
+    refuse at start (its parser, then the engine config it builds) is refused now as `make check` refuses it, naming
+    the field, the value and vLLM's message (common.ParamsError). A config that the ladder's pre-flight or an earlier
+    stage built is not built again (vllm_compat.ACCEPTED): a ladder pays it once, not ~15 s of vLLM imports a stage."""
+    key = vllm_compat.config_key(model_path, cfg["engine"], cfg["env"])
+    if key in vllm_compat.accepted_args():
+        return
+    where = "baseline.engine" if which == "baseline" else "engine"
+    with tempfile.TemporaryDirectory(prefix="ladder-config-check-") as tmp:
+        job, out = Path(tmp, "job.json"), Path(tmp, "result.json")
+        common.write_json(job, {"model": model_path, "engine": cfg["engine"], "env": cfg["env"], "where": where})
+        run([sys.executable, "-c", _CONFIG_MAIN, str(Path(__file__).resolve().parents[1]), str(job), str(out)],
+            Path(logs) / "engine-config-check.log", {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"}, timeout=900,
+            what=f"{where}: the engine config check")
+        got = common.read_json(out)
+    if got["unchecked"]:  # our reading of vLLM, not the config: the engine's start says what it refuses
+        print(f"warning: {where}: not checked before its engine starts: {got['unchecked']}", file=sys.stderr)
+        return
+    if got["errors"] or got["why"]:
+        prefix = "baseline." if which == "baseline" else ""
+        fields = {prefix + k: v for k, v in common.flatten_knobs(common.rung_config(params, which)).items()
+                  if k != "model.name"}
+        lines = got["errors"] or [vllm_compat.refused_words(fields, got["why"], where)]
+        raise common.ParamsError("params.yaml is not valid:\n  " + "\n  ".join(lines))
+    vllm_compat.remember_keys({key})
 
 
 # ---------------------------------------------------------------- a command that must not outlive its caller

@@ -533,8 +533,8 @@ def engine_arg_parser():
     return parser
 
 
-ACCEPTED = common.RESULTS / "logs" / "engine-args-accepted.txt"  # not a DVC output: a cache of engine args this
-# vLLM's parser accepted (one key per arg and value)
+ACCEPTED = common.RESULTS / "logs" / "engine-args-accepted.txt"  # not a DVC output: a cache of what this vLLM
+# accepted: one key per engine arg and value its parser took, one per engine config it built (config_key)
 
 
 def arg_key(name: str, value) -> str:
@@ -546,11 +546,14 @@ def accepted_args() -> set[str]:
     return set(ACCEPTED.read_text().split()) if ACCEPTED.exists() else set()
 
 
+def remember_keys(keys: set[str]) -> None:
+    """Record arg_key or config_key keys of what this vLLM accepted."""
+    common.write_text(ACCEPTED, "\n".join(sorted(accepted_args() | set(keys))) + "\n")
+
+
 def remember_accepted(knobs: list[tuple[str, str, object]]) -> None:
     """Record args vLLM's parser accepted (engine_arg_errors found nothing wrong with them)."""
-    ACCEPTED.parent.mkdir(parents=True, exist_ok=True)
-    keys = accepted_args() | {arg_key(name, value) for _, name, value in knobs}
-    ACCEPTED.write_text("\n".join(sorted(keys)) + "\n")
+    remember_keys({arg_key(name, value) for _, name, value in knobs})
 
 
 def engine_arg_errors(knobs: list[tuple[str, str, object]]) -> list[str]:
@@ -649,6 +652,45 @@ def _engine_config_error(model_path: str, flags: tuple[str, ...], env: tuple[tup
         os.environ.clear()
         os.environ.update(saved)
     return None
+
+
+def config_key(model_path: str, engine_knobs: dict, env_knobs: dict) -> str:
+    """One engine config (as engine_config_error builds it) under the installed vLLM, as ACCEPTED keeps it: the model
+    folder and its config.json (what ModelConfig reads), the knobs in any order, their environment."""
+    cfg = Path(model_path, "config.json")
+    return common.params_hash(["engine config", str(model_path), common.sha256_file(cfg) if cfg.is_file() else None,
+                               cli_flags(dict(sorted(engine_knobs.items()))),
+                               sorted((k, str(v)) for k, v in (env_knobs or {}).items()),
+                               offline_unsupported(engine_knobs) is None, installed_version()])
+
+
+def names_knob(why: str, name: str, value) -> bool:
+    """vLLM's reason names this knob: as a config field (`SchedulerConfig.max_num_seqs: ...`) or in words with its
+    value (`max_model_len (100000)`, `tensor parallel size (2)`)."""
+    return f".{name}:" in why or any(f"{n} ({value})" in why for n in (name, name.replace("_", " ")))
+
+
+def refused_words(fields: dict, why: str, fallback: str) -> str:
+    """A config vLLM refuses at start as `make check` and every engine stage say it: the fields (dotted, as params.yaml
+    spells them) that vLLM's reason names, with their values (else `fallback`), then the reason."""
+    named = ", ".join(f"{k}: {v!r}" for k, v in fields.items() if names_knob(why, k.rpartition(".")[2], v))
+    return f"{named or fallback} would be refused when its engine starts: {why}"
+
+
+def config_check_main(argv: list[str]) -> None:
+    """The child an engine stage checks its config in (engine.check_start): `JOB.json OUT.json`. vLLM's parser on the
+    knobs, then the engine config vLLM builds at start; OUT holds the parser's errors, vLLM's refusal (`why`) or why
+    it could not be checked (`unchecked`)."""
+    job_path, out_path = argv
+    job = common.read_json(job_path)
+    result = {"errors": [], "why": None, "unchecked": None}
+    try:
+        result["errors"] = engine_arg_errors([(job["where"], k, v) for k, v in job["engine"].items()])
+        if not result["errors"]:
+            result["why"] = engine_config_error(job["model"], job["engine"], job["env"])
+    except VllmCompatError as e:
+        result["unchecked"] = str(e)
+    common.write_json(out_path, result)
 
 
 def engine_config_error(model_path: str, engine_knobs: dict, env_knobs: dict) -> str | None:
