@@ -510,8 +510,7 @@ def as_it_stands_errors(here: dict, gpus: list[dict], paths: dict, refuse) -> tu
             unchecked.append(f"params.yaml {where}: not checked before its engine starts: {e}")
             continue
         if why:
-            fields = {prefix + k: v for k, v in common.flatten_knobs(cfg).items() if k != "model.name"}
-            errors.append(vllm_compat.refused_words(fields, why, where))
+            errors.append(vllm_compat.refused_words(cfg, prefix, why, where))
     return errors, unchecked
 
 

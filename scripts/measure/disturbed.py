@@ -90,7 +90,8 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def _machine(cpus: set[int]) -> tuple[float, float] | None:
     """CPU-seconds the kernel counts busy (user, nice, system) and stolen, summed over `cpus`, from /proc/stat: it
-    counts every process, those that came and went during a look and those of other containers, at no cost."""
+    counts every process, those that came and went during a look and those of other containers, at no cost. Read by
+    name, not through psutil.cpu_times(percpu=True): that list drops the cpu numbers the affinity set is given in."""
     try:
         lines = open("/proc/stat").read().splitlines()
     except OSError:

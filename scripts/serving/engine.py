@@ -253,9 +253,8 @@ def check_start(params: dict, which: str, cfg: dict, model_path: str, logs: Path
         return
     if got["errors"] or got["why"]:
         prefix = "baseline." if which == "baseline" else ""
-        fields = {prefix + k: v for k, v in common.flatten_knobs(common.rung_config(params, which)).items()
-                  if k != "model.name"}
-        lines = got["errors"] or [vllm_compat.refused_words(fields, got["why"], where)]
+        lines = got["errors"] or [vllm_compat.refused_words(common.rung_config(params, which), prefix, got["why"],
+                                                            where)]
         raise common.ParamsError("params.yaml is not valid:\n  " + "\n  ".join(lines))
     vllm_compat.remember_keys({key})
 

@@ -670,9 +670,11 @@ def names_knob(why: str, name: str, value) -> bool:
     return f".{name}:" in why or any(f"{n} ({value})" in why for n in (name, name.replace("_", " ")))
 
 
-def refused_words(fields: dict, why: str, fallback: str) -> str:
-    """A config vLLM refuses at start as `make check` and every engine stage say it: the fields (dotted, as params.yaml
-    spells them) that vLLM's reason names, with their values (else `fallback`), then the reason."""
+def refused_words(cfg: dict, prefix: str, why: str, fallback: str) -> str:
+    """A config vLLM refuses at start as `make check` and every engine stage say it: the knobs of `cfg`
+    (common.rung_config's; dotted as params.yaml spells them, after `prefix`) that vLLM's reason names, with their
+    values (else `fallback`), then the reason."""
+    fields = {prefix + k: v for k, v in common.flatten_knobs(cfg).items() if k != "model.name"}
     named = ", ".join(f"{k}: {v!r}" for k, v in fields.items() if names_knob(why, k.rpartition(".")[2], v))
     return f"{named or fallback} would be refused when its engine starts: {why}"
 
