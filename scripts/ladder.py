@@ -101,6 +101,23 @@ def knee_anchor(base: dict, knobs: dict, bracket: bool = False, floor: float = 0
             **({"last": True} if last and not bracket else {})}
 
 
+def set_args(sets: dict, workspace: dict) -> list[str]:
+    """The `-S` overrides that leave params.yaml holding exactly `sets`, whatever an earlier experiment left in the
+    workspace (each `dvc exp run` leaves its params there). `++key=value` is Hydra's set-or-add, so a knob params.yaml
+    does not list yet (hf_overrides, say) works too; but on a dict it MERGES: a re-check's run.anchor {look, side}
+    stayed under the next rung's {pass, fail}, which then looked instead of searching. So a dict is nulled first
+    (`++key=null`, then the dict: exactly its keys). `~key`: a knob an earlier rung added is removed."""
+    args = []
+    for k, v in sets.items():
+        args += (["-S", f"++{k}=null"] if isinstance(v, dict) else []) + ["-S", f"++{k}={hydra(v)}"]
+    return args + [a for k in stale_knobs(workspace, sets) for a in ("-S", f"~{k}")]
+
+
+def exp_command(exp: str, sets: dict, workspace: dict) -> list[str]:
+    """The `dvc exp run` of experiment `exp` with these sets, on the workspace's params.yaml as it stands."""
+    return ["dvc", "exp", "run", "-n", exp, *set_args(sets, workspace), *TARGETS]
+
+
 def remeasure_key(held: list[dict]) -> int:
     """run.remeasure for the re-measure of these held rungs' base: when the last of them had its bench measured
     (Unix seconds), so that a held rung and the re-measure taken after it are restored or measured together."""
@@ -232,13 +249,8 @@ class Driver:
                 anchor: dict | None = None, replay: bool = True) -> dict:
         exp = f"{self.profile}-{index}-{name}"
         sets = self.sets_of(cfg_flat, round_, remeasure, anchor)
-        # `++key=value`: Hydra's set-or-add, so a knob params.yaml does not list yet (hf_overrides, say) works too;
-        # `~key`: a knob an earlier rung added stays in the workspace's params.yaml unless removed
         ref = replay and self.elsewhere(exp, sets)
-        stale = stale_knobs(yaml.safe_load((common.ROOT / "params.yaml").read_text()) or {}, sets)
-        cmd = (["dvc", "exp", "run", "-n", exp]
-               + [a for k, v in sets.items() for a in ("-S", f"++{k}={hydra(v)}")]
-               + [a for k in stale for a in ("-S", f"~{k}")] + TARGETS)
+        cmd = exp_command(exp, sets, yaml.safe_load((common.ROOT / "params.yaml").read_text()) or {})
         rec = {"index": index, "name": name, "exp": exp, "role": role, "change": change or {}, "note": note,
                "base": base["exp"] if base else None, "knobs": cfg_flat, "status": "running"}
         (self.records if into is None else into).append(rec)

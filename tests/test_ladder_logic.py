@@ -1,6 +1,8 @@
 """Keep/revert decisions and the applied-knob check, on fixture records: pure logic, no engine."""
 import pytest
+import yaml
 
+from conftest import ROOT
 from judgement import decide, stats
 
 
@@ -429,3 +431,41 @@ def test_only_another_machines_experiment_of_this_commit_with_these_params_is_re
     assert drv.elsewhere("cpu-2-here", sets) is None  # this machine's own: the run-cache restores it
     assert drv.elsewhere("cpu-0-old-commit", sets) is None  # another commit's
     assert drv.elsewhere("cpu-3-never-run", sets) is None
+
+
+def test_every_experiment_s_run_params_are_exactly_its_sets_whatever_the_one_before_set(tmp_path):
+    """Each `dvc exp run` leaves its params in the workspace, and Hydra's `++` merges a dict into the one there: a
+    re-check's run.anchor {look, side, after} once stayed under the next rung's {pass, fail}, and that rung looked
+    once at the re-check's rate instead of searching. The args the driver builds, applied in sequence by DVC's own
+    override code (what `dvc exp run -S` calls): search rung -> re-check base -> re-check rung -> next rung -> a
+    bench-only re-measure -> a knob dict that shrinks."""
+    import shutil
+    from types import SimpleNamespace
+
+    from dvc.utils.hydra import apply_overrides
+
+    import ladder
+    ws = tmp_path / "params.yaml"
+    shutil.copy(ROOT / "params.yaml", ws)
+    drv = SimpleNamespace(overrides={"knee.max_probes": 3})
+    knobs = {"model.name": "m", "engine.seed": 0}
+    rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 1.0}}
+    seq = [
+        ladder.Driver.sets_of(drv, {**knobs, "engine.seed": 1}, anchor={"pass": 2.0, "fail": 2.828, "worse": 1.5}),
+        ladder.Driver.sets_of(drv, knobs, anchor={"look": 1.189, "side": "worse", "after": 1764892800}),
+        ladder.Driver.sets_of(drv, {**knobs, "engine.seed": 1}, anchor={"look": 1.189, "after": 1764892800}),
+        ladder.Driver.sets_of(drv, {**knobs, "engine.hf_overrides": rope}, anchor={"pass": 2.0, "fail": 2.828}),
+        ladder.Driver.sets_of(drv, knobs, remeasure=1764892900),
+        ladder.Driver.sets_of(drv, {**knobs, "engine.hf_overrides": {"rope_parameters": {"rope_theta": 2.0}}},
+                              round_=1, anchor={"pass": 2.0, "bracket": True}),
+    ]
+    for sets in seq:
+        cmd = ladder.exp_command("cpu-1-x", sets, yaml.safe_load(ws.read_text()))
+        assert cmd[:5] == ["dvc", "exp", "run", "-n", "cpu-1-x"] and cmd[-len(ladder.TARGETS):] == ladder.TARGETS
+        apply_overrides(str(ws), [a for i, a in enumerate(cmd) if i and cmd[i - 1] == "-S"])
+        got = yaml.safe_load(ws.read_text())
+        assert got["run"] == {k.split(".", 1)[1]: v for k, v in sets.items() if k.startswith("run.")}, sets
+        for k, v in sets.items():
+            section, key = k.split(".", 1)
+            assert got[section][key] == v, k
+        assert ("hf_overrides" in got["engine"]) == ("engine.hf_overrides" in sets)
