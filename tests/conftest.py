@@ -120,7 +120,8 @@ def make_project(dest: Path) -> Project:
                            text=True, check=True).stdout.split("\n")
     for rel in filter(None, files):
         src = ROOT / rel
-        if src.is_file() and not rel.startswith(("results/", "report/")):
+        # a run's outputs (results/, a local dvc.lock) are not copied: each project starts as a clean clone does
+        if src.is_file() and not rel.startswith("results/") and rel != "dvc.lock":
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     (dest / "results").mkdir(exist_ok=True)
@@ -129,8 +130,6 @@ def make_project(dest: Path) -> Project:
     proj.run("git", "init", "-q")
     proj.run("git", "config", "user.email", "t@example.com")
     proj.run("git", "config", "user.name", "t")
-    if (ROOT / "report" / "ladder.json").exists():
-        proj.run("cp", "-r", str(ROOT / "report"), str(dest / "report"), check=False)
     proj.commit("copy")
     return proj
 
