@@ -25,6 +25,7 @@ from pathlib import Path
 
 import common
 from measure import disturbed, probing, workload
+from records.knee import KneeResult
 from serving import engine, vllm_compat
 
 PCTS = (50, 90, 99)
@@ -343,7 +344,7 @@ def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, para
     among them), an empty knee.csv (its header only: `dvc plots` still reads it) and logs/skipped.txt."""
     common.write_text(logs / "skipped.txt", reason + "\n")
     write_csv(csv_out, [])
-    common.write_json(out, {
+    KneeResult(**{
         "status": "n/a", "reason": reason, "label": label,
         **dict.fromkeys(("knee_rps", "last_pass_rps", "first_fail_rps", "bracket_rps", "mid_rps", "half_width_rps",
                          "rel_width", "range_rps", "start_rate", "goodput_at_knee_rps", "ttft_ms_at_knee",
@@ -353,7 +354,7 @@ def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, para
         "short_probes": False, "slo": params["slo"],
         "mode": params["knee"]["mode"], "requests_sent": 0,
         "server_ready_s": 0, "wall_s": 0, "time": common.stage_time(0, 0), "applied": {}, "rows": [],
-        "provenance": common.provenance(params, cfg)})
+        "provenance": common.provenance(params, cfg)}).save_file(out)
     print(f"knee: n/a — {reason}")
 
 
@@ -363,7 +364,7 @@ def write_recheck(out: Path, csv_out: Path, rows: list[dict], k: dict, slo: dict
     write_csv(csv_out, rows)
     a = k["anchor"]
     looks = {f"{r['offered_rps']:g}": r["visit_verdict"] for r in rows}
-    common.write_json(out, {
+    KneeResult(**{
         "status": "ok", "label": common.KNEE_RECHECK, "recheck": {"rate": a["look"], "side": a.get("side"),
                                                                   "verdicts": looks},
         **dict.fromkeys(("knee_rps", "last_pass_rps", "first_fail_rps", "conclusive_fail_rps", "mid_rps")),
@@ -374,7 +375,7 @@ def write_recheck(out: Path, csv_out: Path, rows: list[dict], k: dict, slo: dict
                    "looks pooled" + (", one grid rate beyond where it does not read the other way on evidence"
                                      if a.get("side") else "")),
         "server_ready_s": round(ready_s, 1), "wall_s": round(wall_s, 1), "time": common.stage_time(ready_s, probed_s),
-        "rows": rows, "provenance": common.provenance(params, cfg)})
+        "rows": rows, "provenance": common.provenance(params, cfg)}).save_file(out)
     print("knee: re-check: " + ", ".join(f"{r} req/s {v}" for r, v in looks.items()) + f"; {wall_s:.0f} s")
 
 
@@ -427,7 +428,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     result["conclusive_fail_rps"] = probing.conclusive_fail(rows)
     at = next((r for r in rows if r["offered_rps"] == result["knee_rps"]), None)
     write_csv(csv_out, rows)
-    common.write_json(out, {
+    KneeResult(**{
         **result,
         "slo": slo,
         "mode": k["mode"],
@@ -457,7 +458,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
                     "workload_shared_prefix_len": desc["shared_prefix_len"]},
         "rows": rows,
         "provenance": common.provenance(params, cfg),
-    })
+    }).save_file(out)
     # only the status's own numbers exist (a sweep whose every rate passed has no first break): format that one
     where = {"inside": lambda: (f"knee {result['mid_rps']:.3g} ± {result['half_width_rps']:.2g} req/s (passes at "
                                 f"{result['knee_rps']:g}, breaks at {result['first_fail_rps']:g}"

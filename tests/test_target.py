@@ -18,6 +18,7 @@ import plan as planning
 import report
 from conftest import FIXTURES, ROOT
 from judgement import decide, record
+from records.knee import KneeResult
 from serving import engine, vllm_compat
 
 RAW = config.load_params(ROOT / "params.yaml", check=False)
@@ -200,8 +201,8 @@ def test_the_record_reads_the_conversion_from_the_stage_results(tmp_path):
 
 def _results(path, t):
     knobs = {"model": {"name": "m"}, "engine": {}, "env": {}, **({"target": t} if t else {})}
-    for name in ("knee.json", "bench.json"):
-        common.write_json(path / name, {"provenance": {"knobs": knobs}})
+    KneeResult(status="n/a", mode="search", provenance={"knobs": knobs}).save_file(path / "knee.json")
+    common.write_json(path / "bench.json", {"provenance": {"knobs": knobs}})
     return path
 
 

@@ -3,5 +3,5 @@
 (tests/test_dvc_deps.py), so editing a rule, a threshold or the report re-judges and re-renders and re-measures
 nothing.
 
-May import: common, measure.
+May import: common, measure, records.
 """

@@ -12,6 +12,7 @@ from typing import TypedDict
 import common
 from judgement import capacity, decide, stats
 from measure import summary
+from records.knee import KneeResult
 
 
 class RungRecord(TypedDict, total=False):
@@ -84,8 +85,10 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
          before: RungRecord | None = None) -> dict:
     """Fill a rung that ran to the end from results/; returns the download manifest's models."""
     res = common.RESULTS
-    ev, bench, knee, gate = (_summary(res / f) for f in ("eval.json", "bench.json", "knee.json", "gate.json"))
-    knee["noise_floor"] = params["knee"]["noise_floor"]  # a judgement threshold: the params judging now, not measuring
+    ev, bench, gate = (_summary(res / f) for f in ("eval.json", "bench.json", "gate.json"))
+    knee_rec = KneeResult.load_file(res / "knee.json")
+    # a judgement threshold: the params judging now, not measuring (the stage never writes it)
+    knee = knee_rec.model_copy(update={"noise_floor": params["knee"]["noise_floor"]}).summary()
     prov = common.read_json(res / "bench.json").get("provenance") or {}
     env = prov.get("environment") or {}
     rec["measured"] = {"at": prov.get("measured_at"), "host_id": env.get("host_id"),
@@ -121,8 +124,9 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
 def target_of(res: Path) -> dict | None:
     """The target card's conversion the engine stages ran with (common.engine_config), from their provenance:
     the knee's server, else the bench's engine."""
-    for name in ("knee.json", "bench.json"):
-        knobs = (common.read_json(res / name).get("provenance") or {}).get("knobs") or {}
+    knee_prov = KneeResult.load_file(res / "knee.json").provenance
+    for prov in (knee_prov, common.read_json(res / "bench.json").get("provenance")):
+        knobs = (prov or {}).get("knobs") or {}
         if knobs.get("target"):
             return knobs["target"]
     return None

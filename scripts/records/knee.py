@@ -1,0 +1,144 @@
+"""results/knee.json: the knee stage's record, its looks, and the re-check a verdict gets on a fresh server.
+
+Written by scripts/knee.py through `KneeResult(...).save_file` only, read by the ladder record through `load_file`
+only (tests/test_records.py holds both). Three kinds share the one model, told apart by `mode` and `status`:
+a search or sweep (`status` inside / below / open / above, a bracket), a re-check (`mode` recheck, `recheck` set,
+no knee), and a knee that measured nothing (`status` n/a, `reason`, every figure null).
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+import config
+from records.base import Record, StageTime
+
+Status = Literal["inside", "below", "open", "above", "ok", "n/a"]
+
+
+class Look(BaseModel):
+    """One look at one offered rate (a row of knee.csv): vLLM's own figures of the probe, the SLO's percentile over
+    the requests that count, and the evidence. The look is built in steps (knee.row_from, probing.judge, the visit
+    and the disturbed-look check): fields those steps add are declared below; `extra="allow"` keeps a look readable
+    while a step adds one that is not declared yet (the thin-stages piece gives the look one builder)."""
+    model_config = ConfigDict(extra="allow")
+    offered_rps: float
+    num_prompts: int | None = None
+    sent: int | None = None
+    achieved_rps: float | None = None
+    output_tps: float | None = None
+    goodput_rps: float | None = None
+    completed: int | None = None
+    failed: int | None = None
+    duration_s: float | None = None
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    counted: int | None = None
+    needed: int | None = None
+    over_slo: int | None = None
+    ramp_skipped: int | None = None
+    window_open_s: float | None = None
+    window_close_s: float | None = None
+    e2e_p50_s: float | None = None
+    settled: bool | None = None
+    window_arrivals: int | None = None
+    window_first_tokens: int | None = None
+    window_completions: int | None = None
+    window_allowance: float | None = None
+    backlog: bool | None = None
+    e2e_over_window: float | None = None
+    seed: int | None = None
+    stopped_early: bool | None = None
+    busy: dict | None = None
+    other_work_share: float | None = None
+    busy_again: bool | None = None
+    relooked: bool | None = None
+    disturbed_look: dict | None = None
+    evidence: str | None = None
+    pooled_counted: int | None = None
+    pooled_over: int | None = None
+    passed: bool | None = None
+    why: str | None = None
+    repeats: int | None = None
+    visit_verdict: str | None = None
+
+
+class Recheck(BaseModel):
+    """A knee verdict re-checked on a fresh server (run.anchor.look): the rate, the side it re-checks, each rate's
+    verdict as visited."""
+    model_config = ConfigDict(extra="forbid")
+    rate: float
+    side: Literal["better", "worse"] | None = None
+    verdicts: dict[str, str]
+
+
+class KneeResult(Record):
+    SCHEMA: ClassVar[int] = 2
+    status: Status
+    label: str | None = None           # common.KNEE_RECHECK, common.BENCH_ONLY, common.GATE_FAILED; None: a search
+    reason: str | None = None          # n/a only: why nothing was measured
+    mode: Literal["search", "sweep", "recheck"]
+    method: str | None = None          # how it was found, in the report's words
+    # the bracket (probing.knee_result): last pass and first fail, and what is known on evidence
+    knee_rps: float | None = None
+    last_pass_rps: float | None = None
+    first_fail_rps: float | None = None
+    conclusive_fail_rps: float | None = None
+    bracket_rps: float | None = None
+    mid_rps: float | None = None
+    half_width_rps: float | None = None
+    rel_width: float | None = None
+    range_rps: list[float] | None = None
+    resolved: bool = False
+    confirmed: bool = False
+    non_monotonic: bool = False
+    mixed_rates: list[float] = []
+    short_probes: bool = False
+    probes: int = 0
+    start_rate: float | None = None
+    requests_sent: int = 0
+    # at the knee's rate: the look that passed there
+    goodput_at_knee_rps: float | None = None
+    ttft_ms_at_knee: float | None = None
+    tpot_ms_at_knee: float | None = None
+    counted_at_knee: int | None = None
+    output_tps_at_knee: float | None = None
+    batch1: dict | None = None         # p50 TPOT/TTFT of requests sent one at a time (the roofline's batch-1)
+    recheck: Recheck | None = None
+    slo: config.Slo | None = None      # None only in a version-1 record that did not write it
+    workload: dict | None = None       # workload.describe: what was sent
+    shape: dict | None = None          # the request shape the knee holds for (input, output, prefix, arrivals)
+    busy_share: float | None = None    # knee.busy_share the looks were checked against
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    applied: dict[str, Any] = {}       # the server's own evidence of its config (decide.applied_check reads it)
+    server_ready_s: float = 0
+    wall_s: float = 0
+    time: StageTime | None = None
+    rows: list[Look] = []
+    provenance: dict | None = None     # common.provenance; the ladder record leaves it in results/
+    # knee.noise_floor as the ladder judged with it: set on the ladder record's copy (record.fill), never by the stage
+    noise_floor: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        """Version 1 (untyped, before 2026-12-04): a p99-only SLO was spelled {p99_ttft_ms, p99_tpot_ms} and named
+        its at-knee figures p99_*; a record from before `mode` was written was a search."""
+        if not isinstance(data, dict) or data.get("schema_version", 1) >= 2:
+            return data
+        data = dict(data)
+        for old, new in (("p99_ttft_ms_at_knee", "ttft_ms_at_knee"), ("p99_tpot_ms_at_knee", "tpot_ms_at_knee")):
+            if old in data:
+                data.setdefault(new, data.pop(old))
+        data.setdefault("mode", "recheck" if data.get("recheck") else "search")
+        slo = data.get("slo") or {}
+        if "p99_ttft_ms" in slo:  # the SLO spelled p99-only: {p99_ttft_ms, p99_tpot_ms}
+            data["slo"] = {"percentile": 99, "ttft_ms": slo["p99_ttft_ms"], "tpot_ms": slo["p99_tpot_ms"]}
+        data["schema_version"] = 2
+        return data
+
+    def summary(self) -> dict:
+        """The record as the ladder record holds it: whole, but for its provenance (stated there once)."""
+        return self.model_dump(mode="json", exclude={"provenance"})
