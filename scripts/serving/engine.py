@@ -404,14 +404,31 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
             return False
 
 
+def api_server_processes(pid: int, prefix: str = "VLLM") -> list[psutil.Process]:
+    """The live descendants of process `pid` titled as vLLM titles an API server of `vllm serve --api-server-count N`
+    (vllm_compat.api_server_title)."""
+    title = vllm_compat.api_server_title(prefix)
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for p in kids:
+        with contextlib.suppress(psutil.Error):
+            if title.fullmatch(p.name()) and _alive(p):
+                found.append(p)
+    return found
+
+
 class Server:
     """`vllm serve` on 127.0.0.1 and a free port, for a `with` block; stopped by PID whatever happens inside."""
 
     host = "127.0.0.1"
 
     def __init__(self, model_path: str, engine: dict, env_knobs: dict, log: Path, start_timeout: float = 900,
-                 port: int | None = None):
-        self.model_path, self.engine, self.env_knobs = model_path, engine, env_knobs
+                 port: int | None = None, serve: dict | None = None):
+        """`serve`: `vllm serve`'s own arguments (params `serve`: --api-server-count), none by default."""
+        self.model_path, self.engine, self.env_knobs, self.serve = model_path, engine, env_knobs, serve or {}
         self.log, self.start_timeout = Path(log), start_timeout
         self.port = port if port and port_free(port) else free_port()  # a taken port is never fought over
         self.proc: Proc | None = None
@@ -421,10 +438,13 @@ class Server:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def command(self) -> list[str]:
+        """The `vllm serve` command line; a `serve` argument left null passes no flag (vLLM's default)."""
+        return vllm_cli() + ["serve", self.model_path, "--host", self.host, "--port", str(self.port),
+                             "--disable-uvicorn-access-log"] + cli_flags(self.engine) + cli_flags(self.serve)
+
     def __enter__(self) -> Server:
-        cmd = vllm_cli() + ["serve", self.model_path, "--host", self.host, "--port", str(self.port),
-                            "--disable-uvicorn-access-log"] + cli_flags(self.engine)
-        self.proc = Proc(cmd, self.log, child_env(self.env_knobs), what="vllm serve")
+        self.proc = Proc(self.command(), self.log, child_env(self.env_knobs), what="vllm serve")
         try:
             self._wait_healthy()
         except BaseException:
@@ -451,6 +471,13 @@ class Server:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.running()
+
+    def api_servers(self) -> dict:
+        """Did --api-server-count take effect: what was asked (null: vLLM's default) and the API-server processes
+        found once the server answered. None titled as vLLM titles them: the serve process serves HTTP itself (1)."""
+        prefix = child_env(self.env_knobs).get("VLLM_PROCESS_NAME_PREFIX", "VLLM")
+        found = len(api_server_processes(self.proc.pid, prefix)) if self.alive() else 0
+        return {"asked": self.serve.get("api_server_count"), "found": found or int(self.alive())}
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:

@@ -366,6 +366,13 @@ def cli_flags(engine: dict) -> list[str]:
     return flags
 
 
+def api_server_title(prefix: str = "VLLM") -> re.Pattern:
+    """The process title of one API server that `vllm serve --api-server-count N` (N > 1) starts as a child process:
+    `<VLLM_PROCESS_NAME_PREFIX>::APIServer_<i>` (vllm/v1/utils.py run_api_server_worker_proc, by setproctitle; the
+    kernel's 15-character name cuts it to `VLLM::APIServer`). With N = 1 the serve process serves HTTP itself."""
+    return re.compile(re.escape(prefix) + r"::APIServer(_\d+)?")
+
+
 def child_env(env_knobs: dict | None = None) -> dict:
     """The environment for a vLLM child: ours minus secrets (models are local), plus the rung's env knobs."""
     env = {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in common.SECRET_WORDS)}
