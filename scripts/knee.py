@@ -390,7 +390,8 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
                  common.BENCH_ONLY, params, cfg)
         return
     entry = common.model_entry(cfg["model"]["name"])
-    engine.check_start(params, "rung", cfg, entry["path"], logs)  # what vLLM would refuse, before its server starts
+    # what vLLM would refuse, `vllm serve`'s own arguments included, before its server starts
+    engine.check_start(params, "rung", cfg, entry["path"], logs, serve=params["serve"])
     sent, input_len = workload.prepare(params["workload"], entry["path"], logs)
     first, started = start_rate(k, common.read_json(bench_json) if bench_json.exists() else None)
     k = {**k, "workload": sent, "start_rate": first, "anchor": params["run"]["anchor"]}

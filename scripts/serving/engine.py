@@ -232,31 +232,34 @@ _CONFIG_MAIN = ("import sys; sys.path.insert(0, sys.argv[1]); from serving impor
                 "vllm_compat.config_check_main(sys.argv[2:])")
 
 
-def check_start(params: dict, which: str, cfg: dict, model_path: str, logs: Path) -> None:
+def check_start(params: dict, which: str, cfg: dict, model_path: str, logs: Path, serve: dict | None = None) -> None:
     """Before a stage starts its engine (`which`: rung or baseline, `cfg`: common.engine_config's): what vLLM would
     refuse at start (its parser, then the engine config it builds) is refused now as `make check` refuses it, naming
-    the field, the value and vLLM's message (common.ParamsError). A config that the ladder's pre-flight or an earlier
-    stage built is not built again (vllm_compat.ACCEPTED): a ladder pays it once, not ~15 s of vLLM imports a stage."""
-    key = vllm_compat.config_key(model_path, cfg["engine"], cfg["env"])
-    if key in vllm_compat.accepted_args():
+    the field, the value and vLLM's message (common.ParamsError). `serve`: the knee's `vllm serve` arguments (params
+    `serve`), through `vllm serve`'s own parser first. A config that the ladder's pre-flight or an earlier stage built
+    is not built again (vllm_compat.ACCEPTED): a ladder pays it once, not ~15 s of vLLM imports a stage."""
+    key, serve = vllm_compat.config_key(model_path, cfg["engine"], cfg["env"]), serve or {}
+    keys = {key} | {vllm_compat.serve_key(k, v) for k, v in serve.items()}
+    if keys <= vllm_compat.accepted_args():
         return
     where = "baseline.engine" if which == "baseline" else "engine"
     with tempfile.TemporaryDirectory(prefix="ladder-config-check-") as tmp:
         job, out = Path(tmp, "job.json"), Path(tmp, "result.json")
-        common.write_json(job, {"model": model_path, "engine": cfg["engine"], "env": cfg["env"], "where": where})
+        common.write_json(job, {"model": model_path, "engine": cfg["engine"], "env": cfg["env"], "where": where,
+                                "serve": serve})
         run([sys.executable, "-c", _CONFIG_MAIN, str(Path(__file__).resolve().parents[1]), str(job), str(out)],
             Path(logs) / "engine-config-check.log", {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"}, timeout=900,
             what=f"{where}: the engine config check")
         got = common.read_json(out)
+    if got["errors"] or got["why"]:
+        prefix = "baseline." if which == "baseline" else ""
+        lines = got["errors"] + ([vllm_compat.refused_words(common.rung_config(params, which), prefix, got["why"],
+                                                             where)] if got["why"] else [])
+        raise common.ParamsError("params.yaml is not valid:\n  " + "\n  ".join(lines))
     if got["unchecked"]:  # our reading of vLLM, not the config: the engine's start says what it refuses
         print(f"warning: {where}: not checked before its engine starts: {got['unchecked']}", file=sys.stderr)
         return
-    if got["errors"] or got["why"]:
-        prefix = "baseline." if which == "baseline" else ""
-        lines = got["errors"] or [vllm_compat.refused_words(common.rung_config(params, which), prefix, got["why"],
-                                                            where)]
-        raise common.ParamsError("params.yaml is not valid:\n  " + "\n  ".join(lines))
-    vllm_compat.remember_keys({key})
+    vllm_compat.remember_keys(keys)
 
 
 # ---------------------------------------------------------------- a command that must not outlive its caller
