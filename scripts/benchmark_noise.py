@@ -410,6 +410,9 @@ def probe_repeats(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: l
         print(f"7. server ready in {srv.ready_s:.0f} s", flush=True)
         prober = knee.Prober(logs / "probes.log")
         warm = knee.warm_up(prober, srv, model_path, {**k, "start_rate": rates[0]}, slo, logs)
+        out["api_servers"] = srv.api_servers()  # did serve.api_server_count take effect (after the warm-up)
+        print(f"7. API server processes: {out['api_servers']['found']} (asked {out['api_servers']['asked']})",
+              flush=True)
         kk = {**k, "e2e_warm_s": warm}
         rows: list[dict] = []
         for rate in rates:
@@ -420,7 +423,8 @@ def probe_repeats(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: l
                 visits.append("pass" if last["passed"] else "fail" if last["evidence"] == "pass" else last["evidence"])
                 out["rates"][f"{rate:g}"] = {"visits": visits, "looks": [
                     {x: r.get(x) for x in ("visit", "num_prompts", "sent", "stopped_early", "counted", "over_slo",
-                                           "evidence", "slo_ttft_ms", "slo_tpot_ms", "wall_s")}
+                                           "evidence", "slo_ttft_ms", "slo_tpot_ms", "achieved_rps", "p50_ttft_ms",
+                                           "p99_ttft_ms", "p99_itl_ms", "wall_s")}
                     for r in rows if r["offered_rps"] == rate]}
                 common.write_json(logs / "repeats.json", out)
             top = max(set(visits), key=visits.count)
