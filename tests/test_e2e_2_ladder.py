@@ -238,3 +238,40 @@ def test_a_ladder_cut_off_after_rung_2_resumes_on_another_machine(project, tmp_p
     md = (clone / "report/before_after.md").read_text()
     assert "**Machines**" in md and b_id in md and there["cpu-0-baseline"]["measured"]["machine"] in md
     assert not wait_no_vllm()
+
+
+# A rung whose knee reads worse on one server a side, re-checked on fresh servers, then a rung after it: the re-check's
+# run.anchor {look, side, after} must not ride into the next rung's params (Hydra's `++` merges dicts), or that rung
+# looks once at the re-check's rate instead of searching. One sequence at a time (max_num_seqs 1) serves well under
+# the base's knee; the placebo after it is searched (or restored from its own search in the run-cache).
+RECHECK_LADDER = {**CI_LADDER, "profiles": {"cpu": {**CI_LADDER["profiles"]["cpu"], "rungs": [
+    {"name": "one-seq", "set": {"engine.max_num_seqs": 1}, "note": "one sequence at a time: a knee well below"},
+    {"name": "placebo-seed", "set": {"engine.seed": 1}, "note": "a placebo: greedy decoding ignores the seed"},
+]}}}
+
+
+def test_a_rung_after_a_knee_re_check_is_searched_not_re_checked(project):
+    path = project.path / "recheck-ladder.yaml"
+    path.write_text(yaml.safe_dump(RECHECK_LADDER, sort_keys=False))
+    p = project.run("python", "scripts/ladder.py", "--profile", "cpu", "--ladder", str(path), check=False,
+                    timeout=3600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    lad = ladder_json(project)
+    order = [r["name"] for r in lad["rungs"]]
+    checks = [r for r in lad["rungs"] if r["role"] == decide.KNEE_RECHECK]
+    assert [r["name"] for r in checks] == ["one-seq-knee-base", "one-seq-knee-rung"], (
+        order, [(r["name"], (r.get("delta") or {}).get("knee_rps")) for r in lad["rungs"]])
+    for r in checks:
+        assert r["knee"]["mode"] == "recheck" and r["knee"]["label"] == "knee re-check", r["knee"]
+    pl = next(r for r in lad["rungs"] if r["name"] == "placebo-seed")
+    assert order.index("placebo-seed") > order.index("one-seq-knee-rung"), order
+    assert pl["status"] == "ok", pl.get("error")
+    k = pl["knee"]
+    assert k["mode"] == "search" and k["label"] != "knee re-check" and k.get("recheck") is None, k
+    assert k["knee_rps"] is not None or k["first_fail_rps"] is not None, k  # a bracket of its own
+    got = project.dvc("exp", "show", "--json").stdout
+    assert '"look"' not in json.dumps(project.params()["run"]), project.params()["run"]
+    assert "cpu-2-placebo-seed" in got
+    row = (project.path / "report/before_after.md").read_text().split("| 2 placebo-seed")[1].split("\n")[0]
+    assert "re-check:" not in row, row
+    assert not wait_no_vllm()
