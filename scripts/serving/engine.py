@@ -452,8 +452,8 @@ class Server:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.running()
 
-    def metrics(self) -> str:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+    def metrics(self, timeout: float = 10) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=timeout) as r:
             return r.read().decode("utf-8", "replace")
 
     def __exit__(self, *exc):
