@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 import common
-from measure import disturbed, probing, workload
+from measure import disturbed, frontend, probing, workload
 from records.knee import KneeResult
-from serving import engine, vllm_compat
+from serving import engine, vllm_compat, watch
 
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -37,7 +37,7 @@ COLUMNS = (["offered_rps", "num_prompts", "sent", "stopped_early", "seed", "achi
             "slo_ttft_ms", "slo_tpot_ms", "window_arrivals", "window_first_tokens",
             "window_completions", "window_allowance", "backlog", "e2e_over_window", "duration_s"]
            + [f"p{p}_{m}_ms" for m in METRICS for p in PCTS]
-           + ["other_work_share", "relooked", "passed", "why"])
+           + ["other_work_share", "relooked", "bound", "passed", "why"])
 
 
 def prompts_for(rate: float, k: dict, slo: dict, e2e_s: float) -> int:
@@ -190,6 +190,7 @@ def write_csv(path, rows):
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         for r in sorted(rows, key=lambda r: r["offered_rps"]):
+            r = {**r, "bound": (r.get("frontend") or {}).get("bound")}  # where its latency came from, flat
             # rates stay as the grid spells them (4 significant figures: 0.4204, not 0.42)
             w.writerow({c: (round(v, 3) if isinstance(v, float) and c != "offered_rps" else v)
                         for c, v in r.items() if c in COLUMNS})
@@ -230,7 +231,24 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
             f.write(line + "\n")
         write_csv(logs / "partial.csv", rows)
         print(f"knee: {line}")
-    return probing.search(lambda rate, rows: probe(prober, srv, model_path, k, slo, logs, rate, rows), k, slo, report)
+    rows, probes = probing.search(lambda rate, rows: probe(prober, srv, model_path, k, slo, logs, rate, rows), k, slo,
+                                  report)
+    return mark_bound(rows, k, slo, logs), probes
+
+
+def mark_bound(rows: list[dict], k: dict, slo: dict, logs) -> list[dict]:
+    """Each look's `frontend.bound` once its visit's verdict is final (frontend.mark: a look that passed is never
+    bound), each bound look said in sweep.log; the rows."""
+    for row in frontend.mark(rows, slo["percentile"], probing.Dispersion.of(k.get("dispersion")).phi,
+                             k["max_repeats"]):
+        fe = row["frontend"]
+        if fe["bound"]:
+            line = (f"the look at {row['offered_rps']:g} req/s (seed {row.get('seed')}) is {fe['bound']} bound: "
+                    f"{fe['why']}")
+            with open(logs / "sweep.log", "a") as f:
+                f.write(line + "\n")
+            print(f"knee: {line}")
+    return rows
 
 
 def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs, rate: float,
@@ -253,18 +271,20 @@ def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
     if visit is None:
         visit = list(itertools.takewhile(lambda r: r["offered_rps"] == rate, reversed(rows)))
     stop = Curtail(rate, n, k, slo, visit, e2e) if curtail else None
-    load = disturbed.CpuWatch()
+    load, seen = disturbed.CpuWatch(), watch.LookWatch(srv.metrics, srv.proc.pid)
     try:
         prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
                f"vllm bench serve at {rate:g} req/s", watch=stop)
     finally:  # `vllm bench serve` exits 0 with every request failed when the server is gone: ask it
+        fe = seen.stop()
         if not srv.alive():
             raise engine.EngineError("vllm serve", f"died during the knee sweep at {rate:g} req/s after "
                                      f"{len(rows)} probes: {srv.proc.error_line()}", srv.log)
     busy = load.stop()
-    row = row_from(*slim(logs / name), rate, n, k, slo)
+    result, reqs = slim(logs / name)
+    row = row_from(result, reqs, rate, n, k, slo)
     row.update(seed=seed, stopped_early=bool(stop and stop.stopped), busy=busy,
-               other_work_share=busy and busy["share"])
+               other_work_share=busy and busy["share"], frontend=frontend.look(fe, reqs, slo["ttft_ms"]))
     if not disturbed.busy(busy, k.get("busy_share")):
         return row
     if not relook:
@@ -301,8 +321,9 @@ def recheck_looks(prober: Prober, srv: engine.Server, model_path: str, k: dict, 
         with open(logs / "sweep.log", "a") as f:
             f.write(line + "\n")
         print(f"knee: {line}")
-    return probing.recheck(lambda rate, rows: probe(prober, srv, model_path, kk, slo, logs, rate, rows), a["look"], k,
+    rows = probing.recheck(lambda rate, rows: probe(prober, srv, model_path, kk, slo, logs, rate, rows), a["look"], k,
                            slo, a.get("side"), report)
+    return mark_bound(rows, kk, slo, logs)
 
 
 def method(k: dict, slo: dict, started: str) -> str:
@@ -370,6 +391,7 @@ def write_recheck(out: Path, csv_out: Path, rows: list[dict], k: dict, slo: dict
         **dict.fromkeys(("knee_rps", "last_pass_rps", "first_fail_rps", "conclusive_fail_rps", "mid_rps")),
         "probes": len(rows), "slo": slo, "mode": "recheck", "requests_sent": sum(r["sent"] for r in rows),
         "busy_share": k.get("busy_share"),
+        **dict(zip(("frontend_bound_looks", "frontend_words"), frontend.summary(rows, None))),
         "method": (f"a knee verdict ({a.get('side') or 'the rung'}) re-checked on a fresh server: one visit of "
                    f"{a['look']:g} req/s on the search's traces, up to {probing.recheck_settings(k)['max_repeats']} "
                    "looks pooled" + (", one grid rate beyond where it does not read the other way on evidence"
@@ -430,6 +452,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     result["short_probes"] = probing.short_probes(rows, result["knee_rps"])
     result["conclusive_fail_rps"] = probing.conclusive_fail(rows)
     at = next((r for r in rows if r["offered_rps"] == result["knee_rps"]), None)
+    bound, bound_words = frontend.summary(rows, result["first_fail_rps"])
     write_csv(csv_out, rows)
     KneeResult(**{
         **result,
@@ -450,6 +473,8 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
                   "prefix_len": desc["shared_prefix_len"],
                   "arrivals": "poisson", "ignore_eos": True, "temperature": 0, "probe_seconds": k["probe_seconds"]},
         "busy_share": k["busy_share"],  # a look while other work held more of the cores was looked at again
+        "frontend_bound_looks": bound,  # looks whose latency was added outside the engine (measure/frontend.py)
+        "frontend_words": bound_words,
         "server_ready_s": round(ready_s, 1),
         "api_servers": api_servers,  # did serve.api_server_count take effect: {asked, found} (Server.api_servers)
         "wall_s": round(measure_s, 1),
@@ -473,7 +498,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
                               f"req/s, inconclusive at {result['first_fail_rps']:g}"),
              "above": lambda: f"SLO met at every rate probed, up to {result['last_pass_rps']:g} req/s",
              }[result["status"]]()
-    print(f"knee: {where}; {len(rows)} probes, {measure_s:.0f} s")
+    print(f"knee: {where}; {len(rows)} probes, {measure_s:.0f} s" + (f"; {bound_words}" if bound else ""))
 
 
 if __name__ == "__main__":

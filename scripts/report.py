@@ -82,6 +82,15 @@ def delta_cell(r):
                   f" ({d['verdict']})" if d["verdict"] == "unknown" else "")
 
 
+FRONT_END_FLAG = "the front end's knee, not the engine's"  # knee.json frontend_words (measure/frontend.summary)
+
+
+def not_the_engine_s(k: dict) -> bool:
+    """Whether the knee's boundary look was bound outside the engine (the front end or the client): its
+    frontend_words open with "this knee is the ..." (records before schema 3 say nothing)."""
+    return (k.get("frontend_words") or "").startswith("this knee is the")
+
+
 def knee_cell(r):
     """The knee as its bracket: midpoint ± half-width, the confirmed pass and failure, and any flag."""
     k = r.get("knee") or {}
@@ -106,7 +115,8 @@ def knee_cell(r):
         return f"{k['knee_rps']:g} (breaks at {k['first_fail_rps']:g})"
     flags = [f for f, on in (("a repeat disagreed", k.get("non_monotonic")),
                              ("wider than knee.rel_tol", not k.get("resolved")),
-                             (probing.SHORT_PROBE_FLAG, k.get("short_probes"))) if on]
+                             (probing.SHORT_PROBE_FLAG, k.get("short_probes")),
+                             (FRONT_END_FLAG, not_the_engine_s(k))) if on]
     known = k.get("conclusive_fail_rps", k["first_fail_rps"])  # a rate left inconclusive is no boundary
     on_evidence = "" if known == k["first_fail_rps"] else f", on evidence {fmt(known, 'g', 'at no rate')}"
     return (f"{k['mid_rps']:.3g} ± {k['half_width_rps']:.2g} (passes {k['knee_rps']:g}, breaks "
@@ -384,6 +394,8 @@ def kept_why(lad: dict) -> list[str]:
             lines.append(f"  - bench and knee: not measured — {r['knee']['reason']}")
         elif (r.get("bench") or {}).get("status") == "n/a":  # the offline engine (bench, eval) cannot run it
             lines.append(f"  - bench and eval: n/a — {r['bench']['reason']}")
+        if (r.get("knee") or {}).get("frontend_bound_looks"):  # where its looks' latency came from (issue 50)
+            lines.append(f"  - knee: {r['knee']['frontend_words']}")
         lines += kernels_line(r, lad)
         lines += flip_lines(r.get("gate") or {})
     return lines

@@ -2,7 +2,9 @@
 calls re-send the same prompts (one seed for all let the prefix cache serve later probes: 66 % hits on the
 H200). The probe client is a stand-in writing vLLM-shaped result JSON; the real path runs in the e2e tests."""
 import json
+import os
 import time
+import types
 
 import pytest
 
@@ -21,10 +23,16 @@ CAPACITY = 23.0  # req/s where the synthetic server's TTFT crosses the SLO
 
 
 class FakeServer:
+    """No server: /metrics does not answer (a look's watcher reads no queue and no histogram: nothing is bound), and
+    its API-server process is this one."""
     url = "http://127.0.0.1:1"
+    proc = types.SimpleNamespace(pid=os.getpid())
 
     def alive(self):
         return True
+
+    def metrics(self, timeout: float = 10) -> str:
+        raise ConnectionRefusedError("no server")
 
 
 class FakeProber:

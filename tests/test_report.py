@@ -120,6 +120,15 @@ def test_the_knee_cell_flags_a_knee_from_probes_short_against_their_latency():
     assert "⚠ probes short against latency: may read high" in report.knee_cell({"knee": {**k, "short_probes": True}})
 
 
+def test_the_knee_cell_flags_a_knee_whose_boundary_look_was_the_front_end_s():
+    k = {"status": "inside", "knee_rps": 2.0, "first_fail_rps": 2.378, "mid_rps": 2.19, "half_width_rps": 0.19,
+         "resolved": True, "probes": 3}
+    assert "⚠" not in report.knee_cell({"knee": k})
+    words = "this knee is the front end's, not the engine's (planted); 1 of 3 looks' latency was added outside"
+    assert f"⚠ {report.FRONT_END_FLAG}" in report.knee_cell({"knee": {**k, "frontend_words": words}})
+    assert "⚠" not in report.knee_cell({"knee": {**k, "frontend_words": "0 of 3 looks' latency was added outside"}})
+
+
 def test_a_knee_search_stopped_at_its_verdict_reads_as_open_not_as_an_slo_never_met():
     k = {"status": "open", "knee_rps": None, "first_fail_rps": 8.0, "conclusive_fail_rps": 9.514, "probes": 2}
     cell = report.knee_cell({"knee": k})

@@ -116,8 +116,8 @@ def test_the_api_server_processes_are_counted_by_vllms_title(tmp_path):
     proc = fake_serve(tmp_path, *titles)
     try:
         titled(proc, len(titles))
-        assert len(engine.api_server_processes(proc.pid)) == 3
-        assert len(engine.api_server_processes(proc.pid, "MINE")) == 1  # VLLM_PROCESS_NAME_PREFIX
+        assert len(vllm_compat.api_processes(proc.pid)) == 3
+        assert len(vllm_compat.api_processes(proc.pid, "MINE")) == 1  # VLLM_PROCESS_NAME_PREFIX
         srv = server(tmp_path, {"api_server_count": 3})
         srv.proc = proc
         assert srv.api_servers() == {"asked": 3, "found": 3}

