@@ -9,7 +9,7 @@ from pydantic import ValidationError
 import common
 import knee as knee_stage
 from conftest import ROOT
-from records.knee import KneeResult
+from records.knee import KneeResult, RungKnee
 
 LADDERS = ["report/examples/cpu-smollm2.ladder.json", "report/examples/h200x2-qwen2.5-7b-shape.ladder.json",
            "tests/fixtures/ladder_cpu.json", "tests/fixtures/ladder_gpu_shape.json"]
@@ -40,8 +40,8 @@ def test_knee_json_is_written_and_read_only_through_its_model():
 
 @pytest.mark.parametrize("path", LADDERS)
 def test_every_knee_an_older_version_wrote_reads_through_the_model(path):
-    for name, k in knees_of(path):
-        rec = KneeResult.model_validate(k)
+    for name, k in knees_of(path):  # each as a rung of the ladder record holds it (with knee.noise_floor)
+        rec = RungKnee.model_validate(k)
         assert rec.knee_rps == k["knee_rps"] and rec.status == k["status"] and len(rec.rows) == len(k["rows"]), name
         assert rec.summary()["schema_version"] == KneeResult.SCHEMA
 
@@ -49,7 +49,7 @@ def test_every_knee_an_older_version_wrote_reads_through_the_model(path):
 def test_a_p99_only_slo_of_version_1_is_read_as_the_slo_it_was():
     name, k = knees_of("report/examples/h200x2-qwen2.5-7b-shape.ladder.json")[0]
     assert "p99_ttft_ms" in k["slo"] and "schema_version" not in k
-    rec = KneeResult.model_validate(k)
+    rec = RungKnee.model_validate(k)
     assert (rec.slo.percentile, rec.slo.ttft_ms, rec.slo.tpot_ms) == (99, k["slo"]["p99_ttft_ms"],
                                                                       k["slo"]["p99_tpot_ms"])
 
@@ -57,7 +57,9 @@ def test_a_p99_only_slo_of_version_1_is_read_as_the_slo_it_was():
 def test_a_field_the_model_does_not_declare_is_refused_by_name(tmp_path):
     _, k = knees_of("tests/fixtures/ladder_cpu.json")[0]
     with pytest.raises(ValidationError, match="knee_rsp"):
-        KneeResult.model_validate({**k, "schema_version": 2, "knee_rsp": 3.0})
+        RungKnee.model_validate({**k, "schema_version": 2, "knee_rsp": 3.0})
+    with pytest.raises(ValidationError, match="noise_floor"):  # the stage's own record never holds the judgement's
+        KneeResult.model_validate({**k, "schema_version": 3, "noise_floor": 0.5})
 
 
 def test_the_stage_s_own_writer_round_trips(tmp_path):
@@ -67,6 +69,7 @@ def test_the_stage_s_own_writer_round_trips(tmp_path):
                         common.engine_config(params))
     raw = json.loads(out.read_text())
     assert raw["schema_version"] == KneeResult.SCHEMA and raw["status"] == "n/a" and raw["label"] == common.BENCH_ONLY
+    assert "noise_floor" not in raw  # a judgement threshold: the ladder record's, not the stage's
     rec = KneeResult.load_file(out)
     assert rec.reason == "why not" and rec.knee_rps is None and rec.slo.percentile == params["slo"]["percentile"]
     again = tmp_path / "again.json"

@@ -12,7 +12,7 @@ from typing import TypedDict
 import common
 from judgement import capacity, decide, stats
 from measure import summary
-from records.knee import KneeResult
+from records.knee import KneeResult, RungKnee
 
 
 class RungRecord(TypedDict, total=False):
@@ -88,7 +88,7 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
     ev, bench, gate = (_summary(res / f) for f in ("eval.json", "bench.json", "gate.json"))
     knee_rec = KneeResult.load_file(res / "knee.json")
     # a judgement threshold: the params judging now, not measuring (the stage never writes it)
-    knee = knee_rec.model_copy(update={"noise_floor": params["knee"]["noise_floor"]}).summary()
+    knee = RungKnee(**dict(knee_rec), noise_floor=params["knee"]["noise_floor"]).summary()
     prov = common.read_json(res / "bench.json").get("provenance") or {}
     env = prov.get("environment") or {}
     rec["measured"] = {"at": prov.get("measured_at"), "host_id": env.get("host_id"),

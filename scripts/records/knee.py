@@ -153,8 +153,6 @@ class KneeResult(Record):
     time: StageTime | None = None
     rows: list[Look] = []
     provenance: dict | None = None     # common.provenance; the ladder record leaves it in results/
-    # knee.noise_floor as the ladder judged with it: set on the ladder record's copy (record.fill), never by the stage
-    noise_floor: float | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -180,3 +178,9 @@ class KneeResult(Record):
     def summary(self) -> dict:
         """The record as the ladder record holds it: whole, but for its provenance (stated there once)."""
         return self.model_dump(mode="json", exclude={"provenance"})
+
+
+class RungKnee(KneeResult):
+    """The knee as a rung of the ladder record holds it (record.fill): the stage's record, less its provenance, plus
+    knee.noise_floor as the ladder judged with it, a judgement threshold the stage never writes."""
+    noise_floor: float | None = None
