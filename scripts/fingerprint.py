@@ -151,25 +151,14 @@ def check_engine_args(params: dict) -> None:
     accepted = vllm_compat.accepted_args()
     todo = [a for a in args if vllm_compat.arg_key(a[1], a[2]) not in accepted]
     serve = {k: v for k, v in params["serve"].items() if vllm_compat.serve_key(k, v) not in accepted}
-    errors = serve_arg_errors(serve) if serve else []
+    errors, unchecked = vllm_compat.check_serve(serve) if serve else ([], None)
+    if unchecked:
+        print(f"warning: {unchecked}", file=sys.stderr)
     errors += vllm_compat.engine_arg_errors(todo) if todo else []
     if errors:
         raise common.ParamsError("params.yaml is not valid:\n  " + "\n  ".join(errors))
     if todo:
         vllm_compat.remember_accepted(todo)
-
-
-def serve_arg_errors(serve: dict) -> list[str]:
-    """`vllm serve`'s parser on params `serve`; where this module cannot find that parser in the installed vLLM, a
-    warning (the knee stage's server start says what it refuses), not a stop of every stage."""
-    try:
-        errors = vllm_compat.serve_arg_errors(serve)
-    except vllm_compat.VllmCompatError as e:
-        print(f"warning: serve: not checked before its server starts: {e}", file=sys.stderr)
-        return []
-    if not errors:
-        vllm_compat.remember_keys({vllm_compat.serve_key(k, v) for k, v in serve.items()})
-    return errors
 
 
 def main(out: Path):

@@ -533,14 +533,11 @@ def serve_errors(p: Plan, here: dict | None, result: dict) -> None:
     todo = [("params_errors", here["serve"])] if here else []
     todo += [("errors", p.params["serve"])] if not here or p.params["serve"] != here["serve"] else []
     for kind, serve in todo:
-        try:
-            errors = vllm_compat.serve_arg_errors(serve)
-        except vllm_compat.VllmCompatError as e:
-            result["unchecked"].append(f"serve: not checked before its server starts: {e}")
+        errors, unchecked = vllm_compat.check_serve(serve)
+        if unchecked:
+            result["unchecked"].append(unchecked)
             return
         result[kind] += errors
-        if not errors:
-            vllm_compat.remember_keys({vllm_compat.serve_key(k, v) for k, v in serve.items()})
 
 
 def _preflight_worker(job_path: str, out_path: str) -> None:

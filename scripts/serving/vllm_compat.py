@@ -652,6 +652,20 @@ def serve_arg_errors(serve: dict, where: str = "serve") -> list[str]:
     return errors
 
 
+def check_serve(serve: dict) -> tuple[list[str], str | None]:
+    """params `serve` checked as every entry point checks it before a server starts (`dvc repro`'s fingerprint stage,
+    `make check`'s pre-flight): (the refused ones' error lines, why it could not be checked or None); what vLLM took
+    is remembered (remember_keys), so a ladder checks it once. A vLLM whose serve parser this module cannot find is a
+    warning, not a stop: the knee's server start says what it refuses."""
+    try:
+        errors = serve_arg_errors(serve)
+    except VllmCompatError as e:
+        return [], f"serve: not checked before its server starts: {e}"
+    if not errors:
+        remember_keys({serve_key(k, v) for k, v in serve.items()})
+    return errors, None
+
+
 ACCEPTED = common.RESULTS / "logs" / "engine-args-accepted.txt"  # not a DVC output: a cache of what this vLLM
 # accepted: one key per engine arg and value its parser took, one per engine config it built (config_key)
 
