@@ -271,7 +271,7 @@ def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
     if visit is None:
         visit = list(itertools.takewhile(lambda r: r["offered_rps"] == rate, reversed(rows)))
     stop = Curtail(rate, n, k, slo, visit, e2e) if curtail else None
-    load, seen = disturbed.CpuWatch(), watch.LookWatch(srv.metrics, srv.proc.pid)
+    load, seen = disturbed.CpuWatch(), watch.LookWatch(srv.metrics, srv.proc.pid, prefix=srv.title_prefix)
     try:
         prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
                f"vllm bench serve at {rate:g} req/s", watch=stop)

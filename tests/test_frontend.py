@@ -227,8 +227,9 @@ def test_a_server_that_does_not_answer_is_a_stall_not_an_error():
 
 
 def test_a_look_s_row_carries_what_its_watcher_read(tmp_path):
-    srv = types.SimpleNamespace(url="http://127.0.0.1:1", proc=types.SimpleNamespace(pid=os.getpid()),
-                                alive=lambda: True, metrics=Pages(TTFT_PAGE, planted(TTFT_PAGE, {0.1: 500})))
+    srv = types.SimpleNamespace(url="http://127.0.0.1:1", title_prefix="VLLM",
+                                proc=types.SimpleNamespace(pid=os.getpid()), alive=lambda: True,
+                                metrics=Pages(TTFT_PAGE, planted(TTFT_PAGE, {0.1: 500})))
     row = knee.probe(FakeProber(), srv, "model", K, SLO, tmp_path, 4.0, [])
     got = FrontEndLook.model_validate(row["frontend"])
     assert got.counted == row["sent"] and got.client_over_ttft == 0 and got.api_processes == 1

@@ -26,6 +26,7 @@ class FakeServer:
     """No server: /metrics does not answer (a look's watcher reads no queue and no histogram: nothing is bound), and
     its API-server process is this one."""
     url = "http://127.0.0.1:1"
+    title_prefix = "VLLM"  # engine.Server.title_prefix: vLLM's own
     proc = types.SimpleNamespace(pid=os.getpid())
 
     def alive(self):

@@ -459,11 +459,15 @@ class Server:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.running()
 
+    @property
+    def title_prefix(self) -> str:
+        """What vLLM titles this server's processes with (VLLM_PROCESS_NAME_PREFIX, as the rung's env sets it)."""
+        return child_env(self.env_knobs).get("VLLM_PROCESS_NAME_PREFIX", "VLLM")
+
     def api_servers(self) -> dict:
         """Did --api-server-count take effect: what was asked (null: vLLM's default) and the API-server processes
         found once the server answered. None titled as vLLM titles them: the serve process serves HTTP itself (1)."""
-        prefix = child_env(self.env_knobs).get("VLLM_PROCESS_NAME_PREFIX", "VLLM")
-        found = len(vllm_compat.api_processes(self.proc.pid, prefix)) if self.alive() else 0
+        found = len(vllm_compat.api_processes(self.proc.pid, self.title_prefix)) if self.alive() else 0
         return {"asked": self.serve.get("api_server_count"), "found": found}
 
     def metrics(self, timeout: float = 10) -> str:

@@ -32,11 +32,12 @@ def threads(p: psutil.Process) -> dict[int, float]:
 
 class LookWatch:
     """Started just before a look, stopped right after it. `metrics()`: the server's /metrics text (Server.metrics);
-    `server_pid`: the `vllm serve` process (its API servers are found from it, vllm_compat.api_processes)."""
+    `server_pid`: the `vllm serve` process (its API servers are found from it, vllm_compat.api_processes, by the
+    title `prefix` its env gives them: Server.title_prefix)."""
 
-    def __init__(self, metrics, server_pid: int, interval: float = INTERVAL_S):
+    def __init__(self, metrics, server_pid: int, interval: float = INTERVAL_S, prefix: str = "VLLM"):
         self.metrics, self.interval = metrics, interval
-        self.api = vllm_compat.api_processes(server_pid)
+        self.api = vllm_compat.api_processes(server_pid, prefix)  # as Server.api_servers counts them
         self.client = psutil.Process(os.getpid())
         self.api_samples: list[list] = [[] for _ in self.api]
         self.client_samples: list = []
