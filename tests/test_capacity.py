@@ -145,9 +145,9 @@ def test_the_report_prints_the_recorded_plan_and_says_so_when_there_is_none(tmp_
     assert f"0 baseline ({lad['rungs'][0]['exp']}): knee" in section
 
 
-def test_the_examples_hold_a_capacity_plan_from_their_recorded_knees():
-    for name, unit in (("h200x2-qwen2.5-7b-shape", "gpus"), ("cpu-smollm2", "instances")):
-        lad = json.loads((ROOT / "report" / "examples" / f"{name}.ladder.json").read_text())
+def test_the_older_ladders_hold_a_capacity_plan_from_their_recorded_knees():
+    for name, unit in (("ladder_h200x2_c536b45", "gpus"), ("ladder_cpu_7ce1c08", "instances")):
+        lad = json.loads((ROOT / "tests" / "fixtures" / f"{name}.json").read_text())
         cap = lad["capacity"]
         assert cap["saved"]["unit"] == unit
         again = capacity.plan(lad["rungs"], lad["final_exp"], lad["settings"]["capacity"],
@@ -158,7 +158,7 @@ def test_the_examples_hold_a_capacity_plan_from_their_recorded_knees():
 def test_fill_capacity_plans_an_older_record_from_its_knees_and_says_so(tmp_path):
     import subprocess
     import sys
-    lad = json.loads((ROOT / "report" / "examples" / "cpu-smollm2.ladder.json").read_text())
+    lad = json.loads((ROOT / "tests" / "fixtures" / "ladder_cpu_7ce1c08.json").read_text())
     lad.pop("capacity")
     older = tmp_path / "ladder.json"
     older.write_text(json.dumps(lad))
