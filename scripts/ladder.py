@@ -480,7 +480,9 @@ class Driver:
         """A knee verdict read on one server a side (better or worse) re-checked on a fresh server of the base, then
         one of the rung, both started after the rung, at the rate it was read at (stats.knee_recheck): fresh servers
         of one config differ by more than one look a side can tell apart, and a machine that drifted between the
-        base's search and the rung's is measured beside the rung. Knee only: their bench and eval are restored."""
+        base's search and the rung's is measured beside the rung. Better is re-checked on stats.recheck_rounds pairs,
+        one after another, each only where the pair before held (the ladder's error budget). Knee only: their bench
+        and eval are restored."""
         d = rec["delta"]["knee_rps"]
         side = d["verdict"]
         gb, g = (capacity.gpus_per_instance(r.get("knobs") or {}) for r in (base, rec))
@@ -488,11 +490,13 @@ class Driver:
         rate = rate and float(f"{rate:.4g}")
         key = remeasure_key([rec])
 
-        def look(who: str, src: dict, anchor: dict) -> dict:
-            self.progress(f"rung {i}: its knee re-checked on a fresh {who} server")
-            again = self.run_exp(i, f"{rec['name']}-knee-{who}", src["knobs"], decide.KNEE_RECHECK, None, None,
+        def look(who: str, src: dict, anchor: dict, n: int) -> dict:
+            self.progress(f"rung {i}: its knee re-checked on a fresh {who} server" + (f" (pair {n})" if n > 1 else ""))
+            # a later pair is its own experiment (run.round): the run-cache must not hand it the first pair's server
+            again = self.run_exp(i, f"{rec['name']}-knee-{who}" + (f"-{n}" if n > 1 else ""), src["knobs"],
+                                 decide.KNEE_RECHECK, None, None,
                                  f"re-checks {rec['exp']}'s knee ({side}) on a fresh server of {src['exp']}",
-                                 anchor={**anchor, "after": key})
+                                 anchor={**anchor, "after": key}, round_=n if n > 1 else 0)
             again["base"], again["of"], again["kept"] = base["exp"], src["exp"], False
             verdicts = (again.get("knee") or {}).get("recheck", {}).get("verdicts", {})
             again["decision"] = (f"{src['exp']} on a fresh server: " + ", ".join(f"{r} req/s {v}" for r, v in
@@ -500,15 +504,20 @@ class Driver:
                                  if again["status"] == "ok" else
                                  f"could not be measured: {again.get('error', 'no reason recorded')}")
             return self.finish(again)
-        base_rows = rung_rows = None
-        if rate:
-            fresh_base = look("base", base, {"look": rate, "side": side})
-            if fresh_base["status"] == "ok":
-                base_rows = fresh_base["knee"]["rows"]
-                # the rung is looked at where the fresh base was judged, in its own units
-                fresh_rung = look("rung", rec, {"look": float(f"{stats.recheck_rate(base_rows) * g / gb:.4g}")})
-                rung_rows = fresh_rung["knee"]["rows"] if fresh_rung["status"] == "ok" else None
-        rec["delta"]["knee_rps"] = stats.knee_recheck(d, base_rows, rung_rows)
+        rounds: list[tuple] = []
+        for n in range(1, stats.recheck_rounds(d) + 1):
+            if not rate:
+                break
+            fresh_base = look("base", base, {"look": rate, "side": side}, n)
+            if fresh_base["status"] != "ok":
+                break
+            base_rows = fresh_base["knee"]["rows"]
+            # the rung is looked at where the fresh base was judged, in its own units
+            fresh_rung = look("rung", rec, {"look": float(f"{stats.recheck_rate(base_rows) * g / gb:.4g}")}, n)
+            rounds.append((base_rows, fresh_rung["knee"]["rows"] if fresh_rung["status"] == "ok" else None))
+            if not stats.pair_holds(side, *rounds[-1]):  # this pair did not hold: no pair after it
+                break
+        rec["delta"]["knee_rps"] = stats.knee_recheck(d, rounds)
 
     def finish(self, rec: dict) -> dict:
         if rec not in self.records:

@@ -268,18 +268,21 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
                "c-base-again": rec([401.0, 399.0, 400.0], None)}
     for name in ("seqs-base-again", "c-base-again"):  # a re-measure searches no knee
         results[name]["knee"] = {"status": "n/a", "label": "bench only", "knee_rps": None}
-    for name, verdict in (("c-knee-base", "fail"), ("c-knee-rung", "pass")):  # c's knee re-checked: it holds
+    for name, verdict in (("c-knee-base", "fail"), ("c-knee-rung", "pass"), ("c-knee-base-2", "fail"),
+                          ("c-knee-rung-2", "pass")):  # c's knee re-checked on two pairs of fresh servers: it holds
         results[name] = rec([400.0, 401.0, 399.0], None)
         results[name]["knee"] = {"status": "ok", "label": "knee re-check", "knee_rps": None,
                                  "recheck": {"verdicts": {"9": verdict}},
                                  "rows": [{"offered_rps": 9.0, "visit_verdict": verdict, "over_slo": 1,
                                            "counted": 500}]}
     drv.records.append(base)
-    calls = []
+    calls, rounds = [], []
 
     def run_exp(index, name, cfg, role, change, b, note="", into=None, round_=0, remeasure=0, anchor=None,
                 replay=True):
         calls.append((name, cfg, role, remeasure))
+        if role == decide.KNEE_RECHECK:
+            rounds.append((round_,))
         if role == decide.RECHECK:  # held meanwhile: an interruption here must not leave them kept
             assert all(r["kept"] is False and r.get("verdict") is None for r in drv.records if r is not base)
         r = {**results[name], "index": index, "name": name, "exp": f"cpu-{index}-{name}", "role": role,
@@ -305,11 +308,23 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
     drv.records[:] = [base]
     assert drv.try_rung(2, {"name": "c", "note": ""}, [("c", {"engine.max_num_seqs": 64}, "rung")],
                         {"engine.seed": 0}, base) is not None
-    # kept on its knee: no re-measure of its tok/s, but its knee re-checked on a fresh server of each side
-    assert [c[0] for c in calls] == ["c", "c-knee-base", "c-knee-rung"]
-    assert [c[2] for c in calls[1:]] == [decide.KNEE_RECHECK] * 2 and calls[1][1] == base["knobs"]
+    # kept on its knee: no re-measure of its tok/s, but its knee re-checked on two pairs of fresh servers, the
+    # second its own experiment (run.round 2, so DVC's run-cache cannot hand it the first pair's servers)
+    assert [c[0] for c in calls] == ["c", "c-knee-base", "c-knee-rung", "c-knee-base-2", "c-knee-rung-2"]
+    assert [c[2] for c in calls[1:]] == [decide.KNEE_RECHECK] * 4 and calls[1][1] == calls[3][1] == base["knobs"]
+    assert [r for r, in rounds] == [0, 0, 2, 2]
     by = {r["name"]: r for r in drv.records}
-    assert by["c"]["verdict"] == "kept" and "holds on two servers a side" in by["c"]["decision"], by["c"]["decision"]
+    assert by["c"]["verdict"] == "kept" and "holds on 3 servers a side" in by["c"]["decision"], by["c"]["decision"]
+    # where the first pair does not hold, no second pair is started
+    calls.clear()
+    rounds.clear()
+    drv.records[:] = [base]
+    results["c-knee-rung"]["knee"] = {**results["c-knee-rung"]["knee"], "recheck": {"verdicts": {"9": "fail"}},
+                                      "rows": [{"offered_rps": 9.0, "visit_verdict": "fail", "over_slo": 90,
+                                                "counted": 500}]}
+    assert drv.try_rung(2, {"name": "c", "note": ""}, [("c", {"engine.max_num_seqs": 64}, "rung")],
+                        {"engine.seed": 0}, base) is None
+    assert [c[0] for c in calls] == ["c", "c-knee-base", "c-knee-rung"]
 
 
 def test_after_a_revert_the_next_rung_is_compared_with_its_base_as_last_measured():

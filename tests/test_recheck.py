@@ -44,7 +44,7 @@ def rows(rate, verdict, over=3, counted=550):
 @pytest.mark.parametrize("base, rung, holds", [
     ("fail", "pass", True), ("inconclusive", "pass", False), ("pass", "pass", False), ("fail", "inconclusive", False)])
 def test_better_stands_only_where_the_rung_passes_again_and_the_fresh_base_fails_on_evidence(base, rung, holds):
-    d = stats.knee_recheck(delta("better"), rows(11.31, base), rows(11.31, rung))
+    d = stats.knee_recheck(delta("better"), [(rows(11.31, base), rows(11.31, rung))] * 2)
     assert d["verdict"] == ("better" if holds else "within noise") and d["first"] == "better"
     assert "again on a fresh server of each at 11.31 req/s" in d["why"]
 
@@ -52,14 +52,14 @@ def test_better_stands_only_where_the_rung_passes_again_and_the_fresh_base_fails
 @pytest.mark.parametrize("base, rung, holds", [
     ("pass", "fail", True), ("inconclusive", "fail", False), ("fail", "fail", False), ("pass", "inconclusive", False)])
 def test_worse_stands_only_where_the_rung_fails_again_and_the_fresh_base_passes(base, rung, holds):
-    d = stats.knee_recheck(delta("worse"), rows(9.514, base), rows(9.514, rung))
+    d = stats.knee_recheck(delta("worse"), [(rows(9.514, base), rows(9.514, rung))])
     assert d["verdict"] == ("worse" if holds else "within noise")
 
 
 def test_a_verdict_whose_recheck_could_not_be_measured_is_not_credited():
-    d = stats.knee_recheck(delta("better"), rows(11.31, "fail"), None)
+    d = stats.knee_recheck(delta("better"), [(rows(11.31, "fail"), None)])
     assert d["verdict"] == "within noise" and "not confirmed" in d["why"]
-    assert stats.knee_recheck(delta("within noise"), None, None)["verdict"] == "within noise"
+    assert stats.knee_recheck(delta("within noise"), [])["verdict"] == "within noise"
 
 
 def test_the_verdict_rate_is_where_the_rung_passed_past_the_base_fail_or_where_it_failed():
@@ -93,3 +93,32 @@ def test_the_spread_fit_finds_a_server_effect_it_was_given_and_none_where_there_
     assert with_effect.sigma_ci[0] > 0.2 and with_effect.sigma_ci[0] <= 1.0 <= with_effect.sigma_ci[1], with_effect
     assert without.sigma_ci[0] == 0.0 and without.sigma < 0.3, without
     assert without.phi_ci[0] <= 1.0 + 1e-9 or without.phi < 2, without
+
+
+def test_better_keeps_a_rung_only_where_every_pair_of_fresh_servers_holds():
+    # better keeps a rung, so it is re-checked on stats.KNEE_BETTER_ROUNDS pairs (the ladder's error budget); worse on
+    # one
+    holds, misses = (rows(11.31, "fail"), rows(11.31, "pass")), (rows(11.31, "pass"), rows(11.31, "pass"))
+    assert stats.recheck_rounds(delta("better")) == stats.KNEE_BETTER_ROUNDS == 2
+    assert stats.recheck_rounds(delta("worse")) == 1 and stats.recheck_rounds(delta("within noise")) == 0
+    both = stats.knee_recheck(delta("better"), [holds, holds])
+    assert both["verdict"] == "better" and "holds on 3 servers a side" in both["why"] and len(both["recheck"]) == 2
+    one = stats.knee_recheck(delta("better"), [holds])  # the second pair never measured: not credited
+    assert one["verdict"] == "within noise" and "not confirmed" in one["why"], one["why"]
+    second_misses = stats.knee_recheck(delta("better"), [holds, misses])
+    assert second_misses["verdict"] == "within noise" and "pair 2 at 11.31 req/s" in second_misses["why"]
+    assert stats.knee_recheck(delta("better"), [misses, holds])["verdict"] == "within noise"  # the first decides
+    worse = stats.knee_recheck(delta("worse"), [(rows(9.514, "pass"), rows(9.514, "fail"))] * 2)
+    assert worse["verdict"] == "worse" and len(worse["recheck"]) == 1  # one pair: a second is never read
+
+
+def test_a_knee_whose_own_search_passed_three_grid_steps_past_the_base_fail_is_re_checked_on_one_pair():
+    base = {"knee_rps": 9.514, "conclusive_fail_rps": 11.31, "noise_floor": 0.0}
+    far = stats.knee_delta(base, {"knee_rps": 19.03, "conclusive_fail_rps": 22.63, "noise_floor": 0.0})
+    near = stats.knee_delta(base, {"knee_rps": 16.0, "conclusive_fail_rps": 19.03, "noise_floor": 0.0})
+    assert far["verdict"] == near["verdict"] == "better" and far["past"] == pytest.approx(19.03 / 11.31, abs=1e-4)
+    assert stats.recheck_rounds(far) == 1 and stats.recheck_rounds(near) == 2  # 19.03 = 11.31 x 2^(3/4)
+    holds = (rows(11.31, "fail"), rows(11.31, "pass"))
+    assert stats.knee_recheck(far, [holds])["verdict"] == "better"
+    assert stats.knee_recheck(near, [holds])["verdict"] == "within noise"
+    assert "past" not in stats.knee_delta(base, {**base})  # only better says how far

@@ -140,7 +140,7 @@ def test_a_cpu_placebo_is_falsely_kept_in_at_most_1_percent():
 #   PHI, up to knee.max_repeats (2) probes of a rate pooled while inconclusive; the base's search starts at 0.7 K
 #   (the H200s' searches started at 1.0-1.2 K), the rung's at the base's knee (run.anchor); a verdict it reads
 #   better or worse is re-checked on a fresh server of the base, then of the rung (probing.recheck,
-#   stats.knee_recheck), as ladder.Driver.knee_again does.
+#   stats.knee_recheck), better on stats.KNEE_BETTER_ROUNDS such pairs, as ladder.Driver.knee_again does.
 
 
 P4090 = profile_settings("gpu-shape-4090")
@@ -209,18 +209,32 @@ def recheck(rng, knee: float, rate: float, side: str | None, server_cv: float, t
     return probing.recheck(probe, rate, KNEE_SETTINGS, KNEE_SLO, side)
 
 
+def rechecked(d: dict, base_server, rung_server, rate: float) -> dict:
+    """stats.knee_recheck as ladder.Driver.knee_again runs it: pairs of fresh servers, the base's looked at `rate`
+    (`base_server(rate, side)`: its rows), the rung's where that one was judged (`rung_server(rate)`), one pair after
+    another while each holds, up to stats.recheck_rounds."""
+    side, rounds = d["verdict"], []
+    for _ in range(stats.recheck_rounds(d)):
+        b = base_server(rate, side)
+        rounds.append((b, rung_server(stats.recheck_rate(b))))
+        if not stats.pair_holds(side, *rounds[-1]):
+            break
+    return stats.knee_recheck(d, rounds)
+
+
 KNEE = 11.31  # on a grid rate: the worst place for a knee (the rate at it is inconclusive half the time)
 
 
 def knee_rates(factor: float, seed: int, server_cv: float = SERVER_CV, floor: float = 0.0, knee: float = KNEE,
-               true_phi: float = PHI, again: bool = True, base_drift: float = 1.0, **search) -> dict:
+               true_phi: float = PHI, again: bool = True, base_drift: float = 1.0, trials: int = TRIALS,
+               **search) -> dict:
     """A base's knee search on its own server, then a rung's (the base's knee times `factor`) on another, started
     from the base's knee as the ladder starts it (ladder.knee_anchor), judged by stats.knee_delta; where that reads
     better or worse (and `again`), re-checked on a fresh server of the base and then of the rung (stats.knee_recheck).
     `base_drift`: the machine ran at this share of its speed while the base's search ran (loaded by other work)."""
     rng = np.random.default_rng(seed)
     calls, probes, seconds, rechecks = [], [], [], 0
-    for _ in range(TRIALS):
+    for _ in range(trials):
         base = knee_search(rng, knee, server_cv=server_cv, floor=floor, true_phi=true_phi, drift=base_drift, **search)
         anchor = ladder.knee_anchor({"knee": base}, {}, floor=floor)
         new = knee_search(rng, knee * factor, anchor, server_cv, floor, true_phi,
@@ -228,15 +242,14 @@ def knee_rates(factor: float, seed: int, server_cv: float = SERVER_CV, floor: fl
         d = stats.knee_delta(base, new)
         if again and d["verdict"] in ("better", "worse"):
             rechecks += 1
-            side = d["verdict"]
-            b2 = recheck(rng, knee, stats.verdict_rate(base, new, side), side, server_cv, true_phi)
-            r2 = recheck(rng, knee * factor, stats.recheck_rate(b2), None, server_cv, true_phi)
-            d = stats.knee_recheck(d, b2, r2)
+            d = rechecked(d, lambda rate, side: recheck(rng, knee, rate, side, server_cv, true_phi),
+                          lambda rate: recheck(rng, knee * factor, rate, None, server_cv, true_phi),
+                          stats.verdict_rate(base, new, d["verdict"]))
         calls.append(d["verdict"])
         probes.append((base["probes"], new["probes"]))
         seconds.append((base["seconds"], new["seconds"]))
-    out = {v: calls.count(v) / TRIALS for v in ("better", "worse", "within noise", "unknown")}
-    return {**out, "probes": np.mean(probes, axis=0).round(1).tolist(), "rechecks": rechecks / TRIALS,
+    out = {v: calls.count(v) / trials for v in ("better", "worse", "within noise", "unknown")}
+    return {**out, "probes": np.mean(probes, axis=0).round(1).tolist(), "rechecks": rechecks / trials,
             "seconds": np.mean(seconds, axis=0).round(0).tolist()}
 
 
@@ -266,9 +279,11 @@ def test_bursts_half_again_as_dispersed_as_measured_still_hold_the_a_a_rate():
 
 
 @pytest.mark.xfail(strict=True, reason="at the measured spread (12 servers: knees' CV 12.9 %) a knee moved 1.41x is "
-                   "found in about 53 %: the search's one server a side, which decides whether to re-check, reads it "
-                   "better only ~76 % of the time; until the servers' spread is cut at its cause (make benchmark part "
-                   "4 records each server's KV capacity and memory) or more servers a side are paid for")
+                   "found better in about 37 % (53 % with one re-check pair; the ladder's error budget asks two where "
+                   "it moved less than stats.WELL_PAST): the search's one server a side, which "
+                   "decides whether to re-check, reads it better only ~76 % of the time; until the servers' spread is "
+                   "cut at its cause (make benchmark part 4 records each server's KV capacity and memory) or more "
+                   "servers a side are paid for")
 def test_a_knee_moved_1_41x_is_found_in_at_least_80_percent_either_way():
     up, down = knee_rates(2 ** 0.5, seed=22), knee_rates(2 ** -0.5, seed=23)
     assert up["worse"] == down["better"] == 0.0
@@ -276,7 +291,7 @@ def test_a_knee_moved_1_41x_is_found_in_at_least_80_percent_either_way():
 
 
 def test_a_knee_moved_2x_is_found_in_at_least_85_percent_either_way():
-    # what the rule finds at the measured spread (a knee 1.41x: about 53 %, above)
+    # what the rule finds at the measured spread (a knee 1.41x: about 37 % better, above)
     up, down = knee_rates(2.0, seed=32), knee_rates(0.5, seed=33)
     assert up["better"] >= 0.85 and down["worse"] >= 0.85, (up, down)
     assert up["worse"] == down["better"] == 0.0
@@ -343,7 +358,7 @@ def test_the_knee_model_rests_on_the_h200_study():
 def test_a_look_that_stops_once_its_fail_is_certain_keeps_the_rule_and_probes_less():
     # a stopped look's fail was certain; what changes is the path after it (a stopped look reads a higher share
     # over the SLO, probing.FAR_SHARE)
-    for factor, seed in ((1.0, 21), (0.5, 33)):  # 0.5: a knee the rule finds at the measured spread (1/1.41: ~53 %)
+    for factor, seed in ((1.0, 21), (0.5, 33)):  # 0.5: a knee the rule finds at the measured spread (x1.41: ~37 %)
         whole = knee_rates(factor, seed=seed, start=1.19, curtail=False)
         cut = knee_rates(factor, seed=seed, start=1.19, curtail=True)
         if factor == 1.0:
@@ -357,6 +372,8 @@ def test_a_look_that_stops_once_its_fail_is_certain_keeps_the_rule_and_probes_le
 def test_a_base_search_that_starts_above_the_knee_keeps_the_rule(start):
     # one grid rate down after a fail near the wall, a halving after one far above it (probing.FAR_SHARE): the
     # H200's searches began at 1.19x, where the base's search probed ~240 s here, ~330 when it always halved
-    aa, down = knee_rates(1.0, seed=27, start=start), knee_rates(0.5, seed=28, start=start)
+    # worse reads ~1.6-2.1 % here (6,000 trials, two seeds), near the bound: 2,000 trials (SE 0.35 points) crossed
+    # it by one trial in twenty when the second re-check pair for better changed the random stream
+    aa, down = knee_rates(1.0, seed=27, start=start, trials=6000), knee_rates(0.5, seed=28, start=start)
     assert aa["better"] <= 0.025 and aa["worse"] <= 0.025, aa
     assert down["worse"] >= 0.85, down

@@ -24,14 +24,16 @@ CONFIRM_WORDS = ("The confirm pair (rung 0 and the final kept stack measured aga
                  "report and its headline say the kept gains did not reproduce and name the rungs they rested on")
 RULE = ("a rung is kept only when it is significantly better than the last kept rung: " + _KNEE + ", or its knee is "
         "not worse (it did not fail on evidence where the base passed) and " + _TPS + ". Anything else is reverted (no "
-        "measurable gain: the simpler config stays); a lost knee is worse; " + stats.KNEE_AGAIN_WORDS + ". The quality "
+        "measurable gain: the simpler config stays); a lost knee is worse; " + stats.KNEE_AGAIN_WORDS + ". "
+        + stats.BUDGET_WORDS + ". The quality "
         "gate and 'did the change take effect' come first; candidates of one rung are ranked against each other by "
         "the same rule. An instance with "
         "more GPUs is compared per GPU (knee and tok/s divided by its GPUs). " + CONFIRM_WORDS + ".").format(
             level=f"{stats.CONFIDENCE:.1%}")
 RULE_TPS = ("a rung is kept only when " + _TPS + " and the knee is not worse (it did not fail on evidence at a rate "
             "where the last kept rung's passed, beyond knee.noise_floor; a lost knee is worse). Anything else is "
-            "reverted (no measurable gain: the simpler config stays); " + stats.KNEE_AGAIN_WORDS + ". The quality gate "
+            "reverted (no measurable gain: the simpler config stays); " + stats.KNEE_AGAIN_WORDS + ". "
+            + stats.BUDGET_WORDS + ". The quality gate "
             "and 'did the change take effect' come first; candidates of one rung are ranked against each other by the "
             "same rule. An instance "
             "with more GPUs is compared per GPU (knee and tok/s divided by its GPUs). " + CONFIRM_WORDS + ".").format(

@@ -1,0 +1,224 @@
+"""Whole ladders simulated with the project's own judgement (issue "Verdicts that hold for the whole ladder").
+
+A rung is judged alone by tests/test_rule_simulation.py; a ladder judges five in a row against one base, and what a
+reader signs is the ladder: "nothing kept" must mean nothing was there. This module climbs whole ladders as
+ladder.Driver climbs them (run, try_rung, remeasure, knee_again), on the noise models test_rule_simulation states,
+with the decisions made by the project's own functions (stats.delta, stats.pool, stats.knee_delta, stats.verdict_rate,
+stats.knee_recheck, decide.needs_knee_again, decide.needs_again, decide.decide, ladder.knee_anchor, probing.search,
+probing.recheck):
+
+- one machine: an untimed warm-up engine, then rung 0's engine and its knee search on its own server; the card's
+  floor is `make benchmark --parts 2` on another machine of the kind (a discarded first engine, then the profile's
+  bench.noise_floor.engines fresh ones), pooled with the ladder's own same-config engines (record.floor_of);
+- each rung: a fresh engine and a knee search on a fresh server, started from its base's knee (ladder.knee_anchor);
+  its tok/s against the base's engine measured last (its latest re-measure, else its bench), its knee against the
+  base's own search; a knee read better or worse re-checked on a fresh server of the base, then of the rung; a
+  possible gain waits for the base measured again right after it (a fresh engine), and is judged on both flanks;
+- a kept rung is the next rungs' base (its engine, its search); a reverted one leaves the base and its latest
+  re-measure in place, so the rungs of an all-placebo ladder all meet rung 0's one knee search and are correlated
+  through it.
+
+Tok/s: an engine's mean is the config's rate x (1 + e), e ~ N(0, start-to-start), each timed repeat x (1 + u),
+u ~ N(0, in-engine); the machine's first engine reads `cold` low. Knee: test_rule_simulation's model (a wall of
+exponent gamma, bursts of dispersion phi, each fresh server's knee x exp(N(0, server CV))), with the profile's own
+search and SLO settings.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+from scipy import stats as sps
+
+import ladder
+import test_rule_simulation as rs
+from judgement import decide, stats
+from measure import probing
+
+OBJECTIVE = "knee_rps"  # ladder.yaml's objective: a rung is kept on its knee, or on tok/s with its knee not worse
+
+
+def upper_cv(cv: float, df: int, level: float = 0.95) -> float:
+    """The upper end of a CV's two-sided `level` interval from `df` degrees of freedom (chi-square)."""
+    return cv * math.sqrt(df / sps.chi2.ppf((1 - level) / 2, df))
+
+
+@dataclass(frozen=True)
+class Noise:
+    """A profile's noise, as measured (params and ladder.yaml), and its search settings."""
+    profile: str
+    knee: float            # the configs' true knee, req/s (a grid rate: the worst place, rs.KNEE)
+    k: dict                # the profile's knee settings (the search's rates: its own grid)
+    slo: dict
+    phi: float             # knee.dispersion
+    server_cv: float       # knee.server_spread knee_cv (fresh servers' knees)
+    gamma: float
+    knee_floor: float      # knee.noise_floor
+    floor_cv: float        # bench.noise_floor cv (fresh engines' start-to-start)
+    floor_engines: int
+    repeats: int
+    in_engine: float = rs.IN_ENGINE
+    cold: float = rs.COLD
+    confidence: float = stats.CONFIDENCE  # the tok/s interval's (stats.delta)
+
+    @classmethod
+    def of(cls, profile: str, knee: float, spread_from: str = "gpu-shape-4090") -> Noise:
+        """The profile's measured noise. A profile with no measured server spread takes `spread_from`'s, as its
+        params say the rule's simulation does (the cpu spread: make benchmark part 4, not measured yet)."""
+        p = rs.profile_settings(profile)
+        spread = p["knee"]["server_spread"]
+        if not spread.get("servers"):
+            spread = rs.profile_settings(spread_from)["knee"]["server_spread"]
+        fl = p["bench"]["noise_floor"]
+        return cls(profile, knee, {**p["knee"], "rates": None, "min_rate": None}, p["slo"],
+                   p["knee"]["dispersion"]["phi"], spread["knee_cv"], spread.get("gamma") or rs.GAMMA,
+                   p["knee"].get("noise_floor") or 0.0, fl["cv"], fl["engines"], p["bench"]["repeats"])
+
+    def upper(self) -> Noise:
+        """Every floor at the upper end of its 95 % interval: the servers' knee CV and the engines' start-to-start."""
+        p = rs.profile_settings(self.profile)["knee"]["server_spread"]
+        hi = (p if p.get("servers") else rs.profile_settings("gpu-shape-4090")["knee"]["server_spread"])["knee_cv_ci"]
+        return replace(self, server_cv=hi[1], floor_cv=upper_cv(self.floor_cv, self.floor_engines - 1))
+
+
+class Machine:
+    """Fresh engines one after another on one machine; its first reads `cold` low."""
+
+    def __init__(self, rng, nm: Noise):
+        self.rng, self.nm, self.started = rng, nm, 0
+
+    def engine(self, rate: float, repeats: int | None = None) -> list[float]:
+        first, self.started = self.started == 0, self.started + 1
+        mean = rate * (1 + self.rng.normal(0, self.nm.floor_cv)) * (1 - self.nm.cold if first else 1)
+        return list(mean * (1 + self.rng.normal(0, self.nm.in_engine, repeats or self.nm.repeats)))
+
+
+def card_floor(rng, nm: Noise) -> stats.Floor:
+    """`make benchmark --parts 2` on its own machine: a discarded first engine, then the profile's engines."""
+    m = Machine(rng, nm)
+    m.engine(100.0)
+    means = [float(np.mean(m.engine(100.0))) for _ in range(nm.floor_engines)]
+    return stats.Floor(float(np.std(means, ddof=1) / np.mean(means)), nm.floor_engines, 1, "simulated card")
+
+
+def server_probe(rng, nm: Noise, k: dict, server: float):
+    """probing.search's `probe` for one server whose knee is `server` (rs.server_probe, the profile's settings)."""
+    q, pct = 1 - nm.slo["percentile"] / 100, nm.slo["percentile"]
+
+    def probe(rate, rows):
+        counted = probing.probe_prompts(rate, k["probe_seconds"], pct, 0.0, k["min_prompts"], k["max_prompts"],
+                                        phi=nm.phi, looks=k["max_repeats"])
+        share = min(q * (rate / server) ** nm.gamma, 1.0)
+        visit = [r for r in rows if r["offered_rps"] == rate]
+        need = probing.stop_count(counted, visit, pct, nm.phi, k["max_repeats"])
+        over, seen = rs.look(rng, counted, share, need, nm.phi)
+        return {"offered_rps": rate, "counted": seen, "over_slo": over, "failed": 0, "backlog": False,
+                "seconds": seen / rate + rs.LOOK_S}
+    return probe
+
+
+def fresh(rng, nm: Noise, knee: float) -> float:
+    return knee * float(np.exp(rng.normal(0, nm.server_cv)))
+
+
+def knee_search(rng, nm: Noise, knee: float, anchor: dict | None = None, start: float = 0.7) -> dict:
+    """A knee search on a fresh server of a config whose knee is `knee` (the knee stage's search)."""
+    k = {**nm.k, "start_rate": start * knee, "anchor": anchor}
+    rows, probes = probing.search(server_probe(rng, nm, k, fresh(rng, nm, knee)), k, nm.slo)
+    return {**probing.knee_result(probes, None, k["rel_tol"], rows),
+            "conclusive_fail_rps": probing.conclusive_fail(rows), "noise_floor": nm.knee_floor, "rows": rows,
+            "seconds": sum(r["seconds"] for r in rows)}
+
+
+def recheck(rng, nm: Noise, knee: float, rate: float, side: str | None) -> list[dict]:
+    """probing.recheck on a fresh server (the knee stage's run.anchor.look)."""
+    probe = server_probe(rng, nm, probing.recheck_settings(nm.k), fresh(rng, nm, knee))
+    return probing.recheck(probe, rate, nm.k, nm.slo, side)
+
+
+@dataclass
+class Config:
+    """A measured config: its true rates, its engines' means (its own group for the floor), its knee search."""
+    tps: float
+    knee: float
+    engines: list[list[float]]
+    search: dict
+
+
+def ladder_run(rng, nm: Noise, rungs: list[list[tuple[float, float]]]) -> list[list[str]]:
+    """One ladder: rung 0, then `rungs`, each a list of candidates (tok/s factor, knee factor) against the last kept
+    rung. Returns each candidate's verdict: "kept on its knee", "kept on output tok/s" or "reverted"."""
+    prior = card_floor(rng, nm)
+    m = Machine(rng, nm)
+    m.engine(100.0, repeats=1)  # bench.warm_up_engine: untimed, discarded
+    base = Config(100.0, nm.knee, [m.engine(100.0)], knee_search(rng, nm, nm.knee))
+    configs = [base]
+    latest = base.engines[0]
+    out = []
+    for i, cands in enumerate(rungs):
+        last = i == len(rungs) - 1
+
+        def floor():
+            return stats.pool(prior, [[float(np.mean(e)) for e in c.engines] for c in configs if len(c.engines) >= 2])
+        recs, news = [], []
+        for tps_f, knee_f in cands:
+            anchor = ladder.knee_anchor({"knee": base.search}, {}, floor=nm.knee_floor, last=last)
+            new = Config(base.tps * tps_f, base.knee * knee_f, [m.engine(base.tps * tps_f)], {})
+            new.search = knee_search(rng, nm, new.knee, anchor)
+            rec = {"status": "ok", "delta": {"output_tps": stats.delta([latest], new.engines, floor(), nm.confidence),
+                                             "knee_rps": stats.knee_delta(base.search, new.search)}}
+            if decide.needs_knee_again(rec, OBJECTIVE):  # ladder.Driver.knee_again
+                d = rec["delta"]["knee_rps"]
+                rate = stats.verdict_rate(base.search, new.search, d["verdict"])
+                b, n = base.knee, new.knee
+                rec["delta"]["knee_rps"] = stats.knee_recheck(d, []) if not rate else rs.rechecked(
+                    d, lambda r, side, b=b: recheck(rng, nm, b, r, side),
+                    lambda r, n=n: recheck(rng, nm, n, r, None), float(f"{rate:.4g}"))
+            recs.append(rec)
+            news.append(new)
+        pending = [j for j, r in enumerate(recs) if decide.needs_again(r, OBJECTIVE)]
+        if pending:  # the base measured again right after them (ladder.Driver.remeasure), once for all
+            again = m.engine(base.tps)
+            base.engines.append(again)
+            for j in pending:
+                recs[j]["delta"]["output_tps"] = stats.delta([latest, again], news[j].engines, floor(), nm.confidence)
+                recs[j]["delta"][decide.AGAIN] = True
+            latest = again
+        kept = [j for j, r in enumerate(recs) if decide.decide(r, {}, OBJECTIVE)[0]]
+        out.append([("kept on " + decide.rested_on(r, OBJECTIVE)) if j in kept else "reverted"
+                    for j, r in enumerate(recs)])
+        configs.extend(news)
+        if kept:  # decide.choose ranks candidates; a ladder of one candidate a rung keeps the one
+            base = news[kept[0]]
+            latest = base.engines[0]
+    return out
+
+
+@dataclass
+class Rates:
+    trials: int
+    kept_any: float          # ladders that kept anything
+    kept_per_rung: list      # each rung's share kept
+    kept_on: dict            # ladders that kept anything on its knee / on output tok/s
+    kept: np.ndarray         # [trial, rung]: kept
+
+    def found(self, rung: int) -> float:
+        return self.kept_per_rung[rung]
+
+    def both(self, a: int, b: int) -> float:
+        return float((self.kept[:, a] & self.kept[:, b]).mean())
+
+    def __repr__(self) -> str:
+        return (f"Rates({self.trials} ladders: kept anything {self.kept_any:.2%} (on its knee "
+                f"{self.kept_on['its knee']:.2%}, on output tok/s {self.kept_on['output tok/s']:.2%}); per rung "
+                f"{[f'{x:.2%}' for x in self.kept_per_rung]})")
+
+
+def ladders(nm: Noise, rungs: list[list[tuple[float, float]]], trials: int, seed: int) -> Rates:
+    rng = np.random.default_rng(seed)
+    runs = [ladder_run(rng, nm, rungs) for _ in range(trials)]
+    kept = np.array([[any(v.startswith("kept") for v in r) for r in run] for run in runs])
+    on = {w: float(np.mean([any(v == "kept on " + w for r in run for v in r) for run in runs]))
+          for w in ("its knee", "output tok/s")}
+    return Rates(trials, float(kept.any(axis=1).mean()), kept.mean(axis=0).round(4).tolist(), on, kept)

@@ -1,0 +1,63 @@
+"""The ladder's one error budget (stats.LADDER_FALSE_KEEP), proved on whole ladders: tests/ladder_sim.py climbs them
+as ladder.Driver does, with the project's own judgement, on each profile's measured noise (gpu-shape-4090: its card's
+start-to-start floor, 8 engines, and its fresh servers' knee spread, 12 servers; cpu: its floor, 8 engines, and the
+H200's server spread, as its params say, until its own is measured), and at the upper end of those floors' 95 %
+intervals. Five rungs, as a one-GPU ladder climbs; fixed seeds.
+
+What must hold: of ladders whose rungs change nothing, at most LADDER_FALSE_KEEP keep anything (both keep paths
+together). What it leaves for real gains of the seed's sizes is reported: a +20 % tok/s rung is kept in >= 95 %; a
+ladder with a +20 % tok/s rung and a x1.41 knee rung among placebos keeps both in a share a strict xfail prints.
+"""
+import pytest
+
+import ladder_sim as ls
+from judgement import stats
+
+TRIALS = 3000  # the share's SE at 5 %: 0.4 points
+KNEES = {"gpu-shape-4090": 11.31, "cpu": 4.757}  # each on a grid rate of its search (the worst place for a knee)
+PLACEBO = (1.0, 1.0)
+SEED_SIZES = [[(1.2, 1.0)], [PLACEBO], [(1.0, 2 ** 0.5)], [PLACEBO], [PLACEBO]]  # tok/s +20 %, then a knee x1.41
+
+
+def noise(profile: str, upper: bool) -> ls.Noise:
+    nm = ls.Noise.of(profile, KNEES[profile])
+    return nm.upper() if upper else nm
+
+
+@pytest.mark.parametrize("upper", [False, True], ids=["measured", "upper end"])
+@pytest.mark.parametrize("profile", list(KNEES))
+def test_an_all_placebo_ladder_keeps_nothing_in_at_least_95_percent(profile, upper):
+    nm = noise(profile, upper)
+    r = ls.ladders(nm, [[PLACEBO]] * stats.LADDER_RUNGS, TRIALS, seed=41)
+    print(f"{profile} ({'upper end' if upper else 'measured'}: server knee CV {nm.server_cv:.1%}, start-to-start "
+          f"{nm.floor_cv:.2%}): {r}")
+    assert r.kept_any <= stats.LADDER_FALSE_KEEP, r
+
+
+def test_one_pair_of_fresh_servers_for_a_better_knee_kept_something_in_one_ladder_of_ten(monkeypatch):
+    # the rule before the budget, on the same ladders: why a better knee is re-checked on KNEE_BETTER_ROUNDS pairs
+    monkeypatch.setattr(stats, "KNEE_BETTER_ROUNDS", 1)
+    r = ls.ladders(noise("gpu-shape-4090", False), [[PLACEBO]] * stats.LADDER_RUNGS, TRIALS, seed=41)
+    print("before the budget:", r)
+    assert r.kept_any > 1.5 * stats.LADDER_FALSE_KEEP and r.kept_on["its knee"] > stats.LADDER_FALSE_KEEP, r
+
+
+@pytest.mark.parametrize("upper", [False, True], ids=["measured", "upper end"])
+@pytest.mark.parametrize("profile", list(KNEES))
+def test_a_20_percent_tok_s_rung_is_kept_in_at_least_85_percent_of_ladders(profile, upper):
+    r = ls.ladders(noise(profile, upper), SEED_SIZES, 2000, seed=42)
+    print(profile, "upper end" if upper else "measured", r)
+    assert r.found(0) >= (0.95 if not upper else 0.85), r
+
+
+@pytest.mark.xfail(strict=True, reason="a knee x1.41 is kept in about 30 % of gpu-shape-4090 ladders at the measured "
+                   "spread (21 % at its upper end) and almost never on cpu (knee.noise_floor 0.5): one server a side "
+                   "reads it better ~76 % of the time and each pair of fresh servers holds it ~70 %; a design with "
+                   "servers as the unit (issue 'The knee must measure the engine', item 5) or a narrower measured "
+                   "spread is what moves it")
+@pytest.mark.parametrize("profile", list(KNEES))
+def test_a_ladder_with_a_20_percent_tok_s_rung_and_a_1_41x_knee_rung_keeps_both_in_at_least_80_percent(profile):
+    r = ls.ladders(noise(profile, False), SEED_SIZES, 2000, seed=43)
+    both = r.both(0, 2)
+    print(f"{profile}: both kept {both:.1%}; tok/s rung {r.found(0):.1%}, knee rung {r.found(2):.1%}")
+    assert both >= 0.80, r
