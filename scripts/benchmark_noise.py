@@ -48,7 +48,7 @@ import fingerprint
 import knee
 import plan as planning
 from judgement import stats
-from measure import probing, summary, workload
+from measure import frontend, probing, summary, workload
 from measure import spread as server_spread_fit
 from serving import engine, vllm_compat
 
@@ -83,9 +83,11 @@ def main():
     ap.add_argument("--study-at", default="14", help="part 6: the rate probed again and again (part 7: rates, ',')")
     ap.add_argument("--study-repeats", type=int, default=5, help="part 6: how often, on one trace")
     ap.add_argument("--study-extra", default="", help="part 6: rates probed twice more on the first server, last")
-    ap.add_argument("--spread-at", type=float, help="part 4: looks at this rate on fresh servers (their spread), "
-                    "not searches: the rate where rung 0's search first failed on evidence")
-    ap.add_argument("--spread-looks", type=int, default=2, help="part 4 with --spread-at: looks a server")
+    ap.add_argument("--spread-at", help="part 4: looks at this knee-grid rate on fresh servers (their spread), not "
+                    "searches: the rate where rung 0's search first failed on evidence; or two adjacent grid rates "
+                    "(26.91,32): looks at both on every server, and the wall's exponent gamma fitted from them")
+    ap.add_argument("--spread-looks", type=int, help="part 4 with --spread-at: looks a server at each rate (default "
+                    "2 at one rate, 1 at two)")
     ap.add_argument("--untimed-servers", type=int, default=1, help="part 4 with --spread-at: servers first, one look "
                     "each, not fitted")
     ap.add_argument("--deadline-s", type=float, default=0, help="part 4 with --spread-at: start no server that "
@@ -100,8 +102,7 @@ def main():
     for key, value in changes(args.set).items():
         planning.set_dotted(params, key, value)
     params = config.validate(params)
-    # the servers here front the engine as the knee stage's do (serve.api_server_count)
-    cfg = {**common.engine_config(params), "serve": params["serve"]}
+    cfg = servers_config(params)
     b, k, slo = params["bench"], params["knee"], params["slo"]
     entry = common.model_entry(cfg["model"]["name"])
     logs = common.RESULTS / "logs" / "benchmark"
@@ -154,8 +155,10 @@ def main():
                     max(args.knee_servers, 1), [float(x) for x in args.study_extra.split(",") if x.strip()])
 
     if 4 in parts and args.spread_at:
-        server_spread(entry["path"], cfg, k, slo, logs / "spread", args.spread_at, args.knee_servers,
-                      args.spread_looks, args.untimed_servers, args.deadline_s)
+        rates = spread_rates(args.spread_at, k["rel_tol"])
+        looks = args.spread_looks or (2 if len(rates) == 1 else 1)
+        server_spread(entry["path"], cfg, k, slo, logs / "spread", rates, args.knee_servers, looks,
+                      args.untimed_servers, args.deadline_s)
         parts.discard(4)
     rates = [float(x) for x in args.sweep_rates.split(",")]
     searches = [("3a. search", {"mode": "search"}),
@@ -185,6 +188,12 @@ def main():
               + ", ".join(f"{r['knee_rps']}–{r['first_fail_rps']}" for r in fresh)
               + f"; the widest gap between two of them: {knee_gap(fresh):.0%} (knee.noise_floor is "
               f"{k['noise_floor']:.0%}: a floor below that gap lets a change of that size pass as a move)")
+
+
+def servers_config(params: dict) -> dict:
+    """The engine config every server here starts with: the knee stage's, its front end included (the profile's
+    serve.api_server_count: gpu-shape-4090's 4), so that a spread or a study measured here holds for the knee."""
+    return {**common.engine_config(params), "serve": params["serve"]}
 
 
 def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: list[float], at: float, repeats: int,
@@ -281,12 +290,52 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
     print(f"6. study written: {logs / 'study.json'}")
 
 
-def server_spread(model_path: str, cfg: dict, k: dict, slo: dict, logs, rate: float, servers: int, looks: int,
-                  untimed: int, deadline_s: float = 0) -> dict:
-    """Part 4 with --spread-at (see the module's docstring). Writes spread.json after every look; returns it."""
+def spread_rates(text: str, rel_tol: float) -> list[float]:
+    """--spread-at's rates: one grid rate, or two adjacent ones (the share's rise between them measures the wall's
+    exponent gamma), ascending. The rates are the knee grid's (knee.rel_tol): a look's trace (its seed) is the one
+    the knee stage sends at that rate."""
+    rates = sorted(float(x) for x in str(text).split(",") if x.strip())
+    steps = probing.grid_steps(rel_tol)
+    off = [r for r in rates if r <= 0 or probing.grid_rate(probing.grid_index(r, steps), steps) != r]
+    if off or not 1 <= len(rates) <= 2:
+        raise ValueError(f"--spread-at takes one knee-grid rate or two adjacent ones, got {text!r}"
+                         + (f": {', '.join(f'{r:g}' for r in off)} not on the grid of 2^(1/{steps})" if off else ""))
+    if len(rates) == 2 and probing.grid_index(rates[1], steps) - probing.grid_index(rates[0], steps) != 1:
+        raise ValueError(f"--spread-at's two rates must be adjacent on the knee grid (2^(1/{steps}) apart), got "
+                         f"{text!r}")
+    return rates
+
+
+def look_order(rates: list[float], server: int) -> list[float]:
+    """The order a server looks at the rates in: ascending on even servers, descending on odd ones, so that an
+    effect of a look's place on its server (the second look reads worse, say) cancels out of gamma."""
+    return list(rates) if server % 2 == 0 else list(reversed(rates))
+
+
+def judge_look(row: dict, k: dict, slo: dict) -> tuple[dict, str | None, str]:
+    """A part-4 look judged alone as the knee stage judges each look of a visit (probing.slo_evidence at the look
+    confidence of knee.max_repeats looks), and where its latency came from (frontend.flag on the watcher's figures:
+    "front end" or "client" where it was added outside the engine): (evidence, bound, why)."""
+    phi = probing.Dispersion.of(k["dispersion"]).phi
+    ev = probing.slo_evidence(row["counted"], row["over_slo"], slo["percentile"],
+                              probing.look_confidence(k["max_repeats"]), phi)
+    if not row.get("frontend"):
+        return ev, None, "not instrumented"
+    passed = ev["verdict"] == "pass" and not row.get("failed") and not row.get("backlog")
+    bound, why = frontend.flag(row["frontend"], {**row, "passed": passed}, slo["percentile"], phi, k["max_repeats"])
+    return ev, bound, why
+
+
+def server_spread(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: list[float], servers: int,
+                  looks: int, untimed: int, deadline_s: float = 0) -> dict:
+    """Part 4 with --spread-at (see the module's docstring): `looks` looks at each of `rates` on every server (in
+    look_order), each look j at a rate on the trace of a visit's look j there (the same on every server), none
+    stopped early; beside them each server's covariates (what its start settled on, its start seconds, the API-server
+    processes found) and each look's front-end figures and bound. Writes spread.json after every look; returns it."""
     t_start = time.monotonic()
     steps = probing.grid_steps(k["rel_tol"])
-    out: dict = {"rate": rate, "slo": slo, "looks_per_server": looks, "untimed_servers": untimed,
+    out: dict = {"rate": min(rates), "rates": list(rates), "slo": slo, "looks_per_server": looks,
+                 "untimed_servers": untimed, "serve": cfg.get("serve"),
                  "knee": {x: k[x] for x in ("probe_seconds", "settle_latencies", "tail_latencies", "ramp_fraction",
                                             "dispersion", "max_repeats")}, "servers": []}
     per_server: list[float] = []
@@ -307,27 +356,28 @@ def server_spread(model_path: str, cfg: dict, k: dict, slo: dict, logs, rate: fl
             print(f"4. server {s_i}{'' if timed else ' (untimed)'} ready in {srv.ready_s:.0f} s: "
                   + ", ".join(f"{x} {facts.get(x)}" for x in SERVER_FACTS), flush=True)
             prober = knee.Prober(folder / "probes.log")
-            kk = {**k, "e2e_warm_s": knee.warm_up(prober, srv, model_path, {**k, "start_rate": rate}, slo, folder)}
+            kk = {**k, "e2e_warm_s": knee.warm_up(prober, srv, model_path, {**k, "start_rate": min(rates)}, slo,
+                                                  folder)}
+            entry["api_servers"] = srv.api_servers()  # did serve.api_server_count take effect (after the warm-up)
+            print(f"4. server {s_i}: API server processes {entry['api_servers']['found']} (asked "
+                  f"{entry['api_servers']['asked']})", flush=True)
             rows: list[dict] = []
-            for j in range(looks if timed else 1):
-                t0 = time.monotonic()
-                seed = probing.probe_seed(rate, [(rate, False)] * j, steps)  # a visit's look j: one trace
-                row = knee.probe(prober, srv, model_path, kk, slo, folder, rate, rows, seed=seed, visit=[],
-                                 curtail=False)
-                rows.append(row)
-                ev = probing.slo_evidence(row["counted"], row["over_slo"], slo["percentile"],
-                                          probing.look_confidence(k["max_repeats"]),
-                                          probing.Dispersion.of(k["dispersion"]).phi)
-                entry["looks"].append({"seed": seed, "num_prompts": row["num_prompts"], "counted": row["counted"],
-                                       "over_slo": row["over_slo"], "evidence": ev["verdict"],
-                                       "settled": row["settled"], "backlog": row["backlog"], "failed": row["failed"],
-                                       "slo_ttft_ms": row["slo_ttft_ms"], "slo_tpot_ms": row["slo_tpot_ms"],
-                                       "achieved_rps": row["achieved_rps"], "wall_s": round(time.monotonic() - t0, 1)})
-                print(f"4. server {s_i} look {j + 1} at {rate:g} req/s x{row['num_prompts']} seed {seed}: "
-                      f"{row['over_slo']} of {row['counted']} counted over the SLO ({ev['verdict']}); "
-                      f"p{slo['percentile']:g} TTFT {row['slo_ttft_ms'] or 0:.0f} ms; "
-                      f"{time.monotonic() - t0:.0f} s", flush=True)
-                common.write_json(logs / "spread.json", out)
+            order = look_order(rates, s_i) if timed else [min(rates)]
+            for rate in order:
+                for j in range(looks if timed else 1):
+                    t0 = time.monotonic()
+                    seed = probing.probe_seed(rate, [(rate, False)] * j, steps)  # a visit's look j: one trace
+                    row = knee.probe(prober, srv, model_path, kk, slo, folder, rate, rows, seed=seed, visit=[],
+                                     curtail=False)
+                    rows.append(row)
+                    ev, bound, why = judge_look(row, k, slo)
+                    entry["looks"].append(look_entry(row, rate, seed, ev, bound, why, time.monotonic() - t0))
+                    print(f"4. server {s_i} look at {rate:g} req/s #{j + 1} x{row['num_prompts']} seed {seed}: "
+                          f"{row['over_slo']} of {row['counted']} counted over the SLO ({ev['verdict']}); "
+                          f"p{slo['percentile']:g} TTFT {row['slo_ttft_ms'] or 0:.0f} ms; "
+                          + (f"{bound} bound ({why}); " if bound else "")
+                          + f"{time.monotonic() - t0:.0f} s", flush=True)
+                    common.write_json(logs / "spread.json", out)
         entry["wall_s"] = round(time.monotonic() - began, 1)
         per_server.append(entry["wall_s"])
         common.write_json(logs / "spread.json", out)
@@ -335,39 +385,105 @@ def server_spread(model_path: str, cfg: dict, k: dict, slo: dict, logs, rate: fl
     return spread_summary(out, logs / "spread.json")
 
 
-def spread_summary(out: dict, path) -> dict:
+def look_entry(row: dict, rate: float, seed: int, ev: dict, bound: str | None, why: str, wall_s: float) -> dict:
+    """A part-4 look as spread.json keeps it: its counts, its verdict alone, and where its latency came from."""
+    fe = row.get("frontend") or {}
+    return {"rate": rate, "seed": seed, "num_prompts": row["num_prompts"], "counted": row["counted"],
+            "over_slo": row["over_slo"], "evidence": ev["verdict"], "settled": row["settled"],
+            "backlog": row["backlog"], "failed": row["failed"], "slo_ttft_ms": row["slo_ttft_ms"],
+            "slo_tpot_ms": row["slo_tpot_ms"], "achieved_rps": row["achieved_rps"], "bound": bound, "why": why,
+            "frontend": {x: fe.get(x) for x in ("counted", "client_over_ttft", "server_counted", "server_over_ttft",
+                                                "waiting_peak", "api_processes", "api_thread_share",
+                                                "client_thread_share", "api_stall_s")},
+            "wall_s": round(wall_s, 1)}
+
+
+def spread_looks(out: dict) -> tuple[list[list[tuple[int, int, float]]], list[dict], list[dict]]:
+    """spread.json's looks sorted for the fit: (per timed server its looks (counted, over, rate) that measured the
+    engine; the looks left out because their latency was added outside it, each with its server; the untimed
+    servers' looks). A look bound by the front end or the client measured them, not the engine: pooled, it would
+    read as a server effect, so it is left out of the fit and listed (frontend.OUTSIDE)."""
+    fitted, outside, untimed = [], [], []
+    for s in out["servers"]:
+        if not s["timed"]:
+            untimed += s["looks"]
+            continue
+        fitted.append([(x["counted"], x["over_slo"], x.get("rate", out["rate"])) for x in s["looks"]
+                       if x.get("bound") not in frontend.OUTSIDE])
+        outside += [{**x, "server": s["server"]} for x in s["looks"] if x.get("bound") in frontend.OUTSIDE]
+    return fitted, outside, untimed
+
+
+def server_covariates(s: dict) -> dict:
+    """A server's covariates as the block stores them: its start seconds, the API-server processes found, and what
+    its start settled on (SERVER_FACTS, as its log tells it)."""
+    found = (s.get("api_servers") or {}).get("found")
+    return {"server": s["server"], "ready_s": s.get("ready_s"), "api_servers": found, **(s.get("engine") or {})}
+
+
+def spread_block(fit: server_spread_fit.ServerSpread, out: dict, outside: list[dict], fp: dict) -> dict:
+    """The profile's knee.server_spread block (config.ServerSpread) from part 4's fit: gamma with its interval where
+    looks at two rates fitted it, else fixed (gamma_ci null, the source says so); each look [over, counted] (and the
+    index of its rate in `rates` where there are two); the servers' covariates; the looks left out (front-end or
+    client bound)."""
+    rates = out.get("rates") or [out["rate"]]
+    cv, cv_lo, cv_hi = fit.knee_cv()
+    timed = [s for s in out["servers"] if s["timed"]]
+    kept = [[x for x in s["looks"] if x.get("bound") not in frontend.OUTSIDE] for s in timed]
+    looks = [[[x["over_slo"], x["counted"]] + ([rates.index(x.get("rate", out["rate"]))] if len(rates) > 1 else [])
+              for x in s] for s in kept if s]
+    gamma_words = (f"gamma fitted from looks at {' and '.join(f'{r:g}' for r in rates)} req/s" if fit.gamma_ci else
+                   f"gamma fixed at {fit.gamma:g} (looks at one rate cannot measure it)")
+    left_out = (f"; {len(outside)} look(s) bound outside the engine left out: "
+                + ", ".join(f"server {x['server']} at {x['rate']:g} req/s ({x['bound']})" for x in outside)
+                if outside else "; no look bound outside the engine")
+    return {"sigma": fit.sigma, "sigma_ci": list(fit.sigma_ci), "knee_cv": round(cv, 4),
+            "knee_cv_ci": [round(cv_lo, 4), round(cv_hi, 4)], "gamma": fit.gamma,
+            "gamma_ci": list(fit.gamma_ci) if fit.gamma_ci else None, "phi": fit.phi, "phi_ci": list(fit.phi_ci),
+            "rate": fit.rate, "rates": list(rates) if len(rates) > 1 else None, "share": fit.share,
+            "servers": fit.servers, "looks": fit.looks, "counted": fit.counted, "between_df": fit.between_df,
+            "within_df": fit.within_df, "looks_per_server": looks,
+            "covariates": [server_covariates(s) for s, k_ in zip(timed, kept) if k_],
+            "frontend_bound": [[x["server"], rates.index(x.get("rate", out["rate"])), x["over_slo"], x["counted"]]
+                               for x in outside],
+            "measured_on": machine(fp), "vllm": fp.get("vllm"), "measured": time.strftime("%Y-%m-%d"),
+            "source": f"make benchmark part 4 --spread-at {','.join(f'{r:g}' for r in rates)}, "
+                      f"serve.api_server_count {(out.get('serve') or {}).get('api_server_count')}; "
+                      + gamma_words + left_out}
+
+
+def spread_summary(out: dict, path, fp: dict | None = None) -> dict:
     """Part 4's spread fitted from its looks (spread.json's servers), printed with its block; written to `path`."""
-    rate = out["rate"]
-    fitted = [[(x["counted"], x["over_slo"]) for x in s["looks"]] for s in out["servers"] if s["timed"]]
-    first = [x for s in out["servers"] if not s["timed"] for x in s["looks"]]
+    fitted, outside, first = spread_looks(out)
     if first:
         print("4. untimed server(s): " + ", ".join(f"{x['over_slo']} of {x['counted']}" for x in first)
               + " over the SLO (not fitted)")
-    for s in out["servers"]:  # each server's share beside what its start settled on (the spread's suspects)
-        n, o = sum(x["counted"] for x in s["looks"]), sum(x["over_slo"] for x in s["looks"])
-        print(f"4. server {s['server']}{'' if s['timed'] else ' (untimed)'}: {o} of {n} over the SLO; "
-              + ", ".join(f"{k} {v}" for k, v in (s.get("engine") or {}).items()))
+    for s in out["servers"]:  # each server's share beside its covariates (the spread's suspects)
+        print(f"4. server {s['server']}{'' if s['timed'] else ' (untimed)'}: "
+              + "; ".join(f"{x['over_slo']} of {x['counted']} at {x.get('rate', out['rate']):g}"
+                          + (f" ({x['bound']} bound: not fitted)" if x.get("bound") in frontend.OUTSIDE else "")
+                          for x in s["looks"])
+              + "; " + ", ".join(f"{k_} {v}" for k_, v in server_covariates(s).items() if k_ != "server"))
+    if outside:
+        print(f"4. {len(outside)} look(s) bound outside the engine (front end or client): their latency is not the "
+              "engine's, so they are left out of the fit; a spread measured for the rule wants none (re-measure "
+              "with more API servers: serve.api_server_count)")
     try:
-        fit = server_spread_fit.fit(fitted, rate)
+        fit = server_spread_fit.fit(fitted, out["rate"])
     except ValueError as e:
         print(f"4. no spread: {e}")
         return out
-    gamma = SPREAD_GAMMA
-    cv, cv_lo, cv_hi = fit.knee_cv(gamma)
-    fp = this_machine()
-    block = {"sigma": fit.sigma, "sigma_ci": list(fit.sigma_ci), "knee_cv": round(cv, 4),
-             "knee_cv_ci": [round(cv_lo, 4), round(cv_hi, 4)], "gamma": gamma, "phi": fit.phi,
-             "phi_ci": list(fit.phi_ci), "rate": rate, "share": fit.share, "servers": fit.servers,
-             "looks": fit.looks, "counted": fit.counted, "between_df": fit.between_df, "within_df": fit.within_df,
-             "looks_per_server": [[[x["over_slo"], x["counted"]] for x in s["looks"]] for s in out["servers"]
-                                  if s["timed"]],
-             "measured_on": machine(fp), "vllm": fp.get("vllm"), "measured": time.strftime("%Y-%m-%d")}
-    out.update(fit=fit.as_dict(), moments=server_spread_fit.moments(fitted), block=block)
+    cv, cv_lo, cv_hi = fit.knee_cv()
+    block = spread_block(fit, out, outside, fp if fp is not None else this_machine())
+    out.update(fit=fit.as_dict(), moments=server_spread_fit.moments([[x[:2] for x in s] for s in fitted]),
+               block=block)
     common.write_json(path, out)
-    print(f"4. spread at {rate:g} req/s over {fit.servers} servers, {fit.looks} looks ({fit.counted} counted, "
-          f"{fit.over_slo} over the SLO): between servers SD of the log share {fit.sigma:g} [{fit.sigma_ci[0]:g}, "
-          f"{fit.sigma_ci[1]:g}] (knees' CV {cv:.1%} [{cv_lo:.1%}, {cv_hi:.1%}] at a wall of exponent {gamma:g}); "
-          f"within a look dispersion {fit.phi:g} [{fit.phi_ci[0]:g}, {fit.phi_ci[1]:g}]; by moments "
+    gamma_words = (f"a wall of exponent {fit.gamma:g} [{fit.gamma_ci[0]:g}, {fit.gamma_ci[1]:g}], fitted"
+                   if fit.gamma_ci else f"a wall of exponent {fit.gamma:g}, fixed (one rate)")
+    print(f"4. spread at {', '.join(f'{r:g}' for r in fit.rates)} req/s over {fit.servers} servers, {fit.looks} "
+          f"looks ({fit.counted} counted, {fit.over_slo} over the SLO): between servers SD of the log share "
+          f"{fit.sigma:g} [{fit.sigma_ci[0]:g}, {fit.sigma_ci[1]:g}] (knees' CV {cv:.1%} [{cv_lo:.1%}, {cv_hi:.1%}] at "
+          f"{gamma_words}); within a look dispersion {fit.phi:g} [{fit.phi_ci[0]:g}, {fit.phi_ci[1]:g}]; by moments "
           f"{out['moments']}; {out.get('seconds') or 0:.0f} s")
     print("   the profile's knee.server_spread (ladder.yaml settings, or params.yaml for the cpu profile):\n"
           + yaml.safe_dump({"knee.server_spread": block}, sort_keys=False, width=200, default_flow_style=None))
@@ -377,9 +493,6 @@ def spread_summary(out: dict, path) -> dict:
 # A server's start as its log tells it (vllm_compat.engine_facts): the spread's suspects beside each server's looks
 SERVER_FACTS = ("kv_cache_tokens", "max_concurrency", "kv_cache_gib", "activation_gib", "non_torch_gib",
                 "cudagraph_gib", "engine_init_s", "compile_cache_hit")
-
-# The wall's exponent: the share over the SLO rises as (rate / knee)^13 (the H200 study, tests/test_rule_simulation.py)
-SPREAD_GAMMA = 13.0
 
 
 def visit_again(prober, srv, model_path: str, k: dict, slo: dict, logs, rate: float, rows: list[dict],

@@ -292,10 +292,13 @@ class ServerSpread(Section):
     knee_cv: NonNegNum | None = F("a number >= 0 or null: fresh servers' knees' CV (sigma / gamma)", None)
     knee_cv_ci: list[NonNegNum] | None = F("[low, high]: its 95 % interval, or null", None)
     gamma: PosNum | None = F("a number > 0 or null: the wall's exponent (share ~ (rate / knee)^gamma)", None)
+    gamma_ci: list[PosNum] | None = F("[low, high]: its 95 % interval where looks at two rates fitted it, or null "
+                                      "(fixed)", None)
     phi: Annotated[StrictFloat | StrictInt, at.Ge(1)] | None = F("a number >= 1 or null: the within-look dispersion",
                                                                  None)
     phi_ci: list[NonNegNum] | None = F("[low, high]: its 95 % interval, or null", None)
-    rate: PosNum | None = F("a request rate > 0 or null: where the looks were taken", None)
+    rate: PosNum | None = F("a request rate > 0 or null: where the looks were taken (the lowest of `rates`)", None)
+    rates: list[PosNum] | None = F("[rate, next grid rate]: where looks at two rates were taken, or null", None)
     share: NonNegNum | None = F("a number >= 0 or null: the pooled share over the SLO there", None)
     servers: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0: the servers it rests on (0: not measured)", 0)
     looks: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0: the looks it rests on", 0)
@@ -303,7 +306,11 @@ class ServerSpread(Section):
     between_df: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 0)
     within_df: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0", 0)
     looks_per_server: list[list[list[Annotated[StrictInt, at.Ge(0)]]]] | None = F(
-        "per server, its looks' [over the SLO, counted], or null", None)
+        "per server, its looks' [over the SLO, counted] (at two rates [over, counted, index in rates]), or null", None)
+    covariates: list[dict[str, StrictFloat | StrictInt | StrictStr | StrictBool | None]] | None = F(
+        "per server fitted, its start (seconds, API-server processes found, KV-cache tokens and memory), or null", None)
+    frontend_bound: list[list[Annotated[StrictInt, at.Ge(0)]]] | None = F(
+        "looks left out of the fit as bound outside the engine: [server, index in rates, over, counted], or null", None)
     measured_on: StrictStr | None = F("the machine it was measured on (GPU name and driver, or CPU), or null", None)
     vllm: StrictStr | None = F("the vLLM version it was measured with, or null", None)
     measured: StrictStr | None = F("when it was measured (YYYY-MM-DD), or null", None)

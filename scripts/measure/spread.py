@@ -14,6 +14,7 @@ sigma to a node, as a server of a few hundred looked-at requests pins its log sh
 profile likelihood's (the likelihood-ratio bound, chi-square 1 df). Pure functions: no engine, no files."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 
@@ -21,9 +22,15 @@ import numpy as np
 from scipy import optimize, special
 
 POINTS = 81         # trapezoid points over a server's effect (_Looks.server_logliks: ~1e-9 of the log-likelihood)
+GAUSS = 40          # Gauss-Legendre nodes a piece where looks at two rates cut its range at a kink (~1e-7)
 TAIL = 40.0         # a server's integral is cut where its integrand is below e^-TAIL of its value at the mode
 LR_95 = 3.841       # chi-square(1) 95 % point: the profile likelihood's interval
 SIGMA_GRID = np.concatenate([np.linspace(0.0, 1.0, 11)[:-1], np.linspace(1.0, 4.0, 13)])
+GAMMA_GRID = np.exp(np.linspace(math.log(2.0), math.log(64.0), 11))   # the wall's exponent, where looks fit it
+CV_GRID = np.concatenate([np.linspace(0.0, 0.1, 6)[:-1], np.linspace(0.1, 0.4, 7)])  # the knees' CV, likewise
+# The wall's exponent where looks at one rate cannot measure it: the share over the SLO rose as (rate / knee)^13 in
+# the H200 probe study (tests/test_rule_simulation.py; one look at 14 req/s against 8 at 11.31)
+GAMMA = 13.0
 
 
 def cluster_logpmf(k: int, lam: np.ndarray, phi: float) -> np.ndarray:
@@ -42,20 +49,40 @@ def cluster_logpmf(k: int, lam: np.ndarray, phi: float) -> np.ndarray:
     return special.logsumexp(rest[:, None] + j[:, None] * loglam[None, :], axis=0) - lam
 
 
+@functools.cache
+def _gauss(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.polynomial.legendre.leggauss(n)
+
+
+def _look(x, rate: float | None) -> tuple[int, int, float]:
+    """A look (counted, over) at `rate`, or (counted, over, its own rate)."""
+    n, o, *r = x
+    return int(n), int(o), float(r[0] if r else rate or 1.0)
+
+
 class _Looks:
     """Servers' looks flattened once for a fit, so that one likelihood is a few array operations over every server.
 
     A look of k over the SLO has P[k | lam] = e^-lam sum_j c_kj lam^j (cluster_logpmf's sum over j clusters): its
     terms (look, j) are stored flat, each with log c_kj's part that does not depend on phi."""
 
-    def __init__(self, servers: list[list[tuple[int, int]]]):
-        servers = [s for s in servers if s]
-        self.n = np.array([n for s in servers for n, _ in s], dtype=float)
-        self.k = np.array([o for s in servers for _, o in s], dtype=int)
+    def __init__(self, servers: list[list[tuple]], rate: float | None = None):
+        servers = [[_look(x, rate) for x in s] for s in servers if s]
+        self.n = np.array([n for s in servers for n, _, _ in s], dtype=float)
+        self.k = np.array([o for s in servers for _, o, _ in s], dtype=int)
+        rates = np.array([r for s in servers for _, _, r in s], dtype=float)
+        self.rate = float(rates.min())  # the reference rate: the server's effect is its log share there
+        self.dlog = np.log(rates / self.rate)  # each look's rate over it, in logs: its log share is gamma x this more
+        self.rates = sorted(set(rates.tolist()))
         self.server = np.array([i for i, s in enumerate(servers) for _ in s])
         self.by_server = (self.server[None, :] == np.arange(len(servers))[:, None]).astype(float)
         self.over = self.by_server @ self.k
         self.counted = self.by_server @ self.n
+        # where a look above the reference rate reaches the share's cap: a kink in the server's integrand at log share
+        # -gamma x dlog (servers x kinks, inf where the server has no look at that rate)
+        up = sorted({d for d in self.dlog.tolist() if d > 0})
+        self.kinks = np.array([[d if np.any((self.server == i) & np.isclose(self.dlog, d)) else np.inf for d in up]
+                               for i in range(len(servers))]).reshape(len(servers), len(up))
         j = [np.arange(1, k + 1) if k else np.array([0]) for k in self.k]
         self.look = np.repeat(np.arange(len(self.k)), [len(x) for x in j])
         self.j = np.concatenate(j).astype(float)
@@ -74,11 +101,13 @@ class _Looks:
         theta = 1 - 1 / m
         return self.comb + self.j * math.log(1 - theta) + self.rest_k * math.log(theta), m
 
-    def _terms(self, coef, m, u: np.ndarray, slopes: bool = False):
-        """Each server's log-likelihood at log shares u (servers x points); with `slopes`, its first and second
-        derivatives in u too (from the number of clusters' conditional mean and variance given k: d/dlog lam of
-        log sum_j c_kj lam^j is E[j], of E[j] Var[j]). A share is at most 1: above it the likelihood is flat."""
-        loglam = np.log(self.n / m)[:, None] + np.minimum(u[self.server], 0.0)
+    def _terms(self, coef, m, u: np.ndarray, slopes: bool = False, gamma: float = 0.0):
+        """Each server's log-likelihood at log shares u (servers x points) at the reference rate (a look at a rate r
+        above it: u + gamma log(r / reference)); with `slopes`, its first and second derivatives in u too (from the
+        number of clusters' conditional mean and variance given k: d/dlog lam of log sum_j c_kj lam^j is E[j], of
+        E[j] Var[j]). A share is at most 1: above it the likelihood is flat."""
+        at = u[self.server] + (gamma * self.dlog)[:, None]
+        loglam = np.log(self.n / m)[:, None] + np.minimum(at, 0.0)
         a = coef[:, None] + self.j[:, None] * loglam[self.look]
         top = np.maximum.reduceat(a, self.starts, axis=0)
         e = np.exp(a - top[self.look])
@@ -90,16 +119,17 @@ class _Looks:
         ej = e * self.j[:, None]
         mean = np.add.reduceat(ej, self.starts, axis=0) / s0
         var = np.add.reduceat(ej * self.j[:, None], self.starts, axis=0) / s0 - mean ** 2
-        below = u[self.server] < 0
+        below = at < 0
         return ll, self.by_server @ ((mean - lam) * below), self.by_server @ ((var - lam) * below)
 
-    def _integrand(self, coef, m, log_mu: float, sigma: float, s: np.ndarray, slopes: bool = False):
+    def _integrand(self, coef, m, log_mu: float, sigma: float, s: np.ndarray, slopes: bool = False,
+                   gamma: float = 0.0):
         """log of likelihood x prior density x du/ds at logit shares s (servers x points), less the prior's
         normalising constant; with `slopes`, its first and second derivatives in s too."""
         u = -np.logaddexp(0.0, -s)  # log share
         p = np.exp(u)
         prec = 1 / sigma ** 2
-        terms = self._terms(coef, m, u, slopes)
+        terms = self._terms(coef, m, u, slopes, gamma)
         ll, d1, d2 = terms if slopes else (terms, None, None)
         g = ll - (u - log_mu) ** 2 * prec / 2 - np.logaddexp(0.0, s)  # du/ds = 1 - share
         if not slopes:
@@ -107,18 +137,20 @@ class _Looks:
         gu, guu = d1 - (u - log_mu) * prec, d2 - prec  # in u, then through u(s): u' = 1 - p, u'' = -p (1 - p)
         return g, gu * (1 - p) - p, guu * (1 - p) ** 2 - (gu + 1) * p * (1 - p)
 
-    def _modes(self, coef, m, log_mu: float, sigma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _modes(self, coef, m, log_mu: float, sigma: float,
+               gamma: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each server's mode in s of _integrand (safeguarded Newton: the compound Poisson's log-likelihood is not
         concave in log lam everywhere), the integrand there, and its SD there."""
         data = (self.over + 0.5) / m  # the server's own evidence, in clusters: start between it and the prior
         w = data / (data + 1 / sigma ** 2)
-        u = np.minimum(w * np.log((self.over + 0.5) / self.counted) + (1 - w) * log_mu, -1e-3)
+        counted = self.by_server @ (self.n * np.exp(gamma * self.dlog))  # its looks' counts at the reference rate
+        u = np.minimum(w * np.log((self.over + 0.5) / counted) + (1 - w) * log_mu, -1e-3)
         s = (u - np.log(-np.expm1(u)))[:, None]
-        g, g1, g2 = self._integrand(coef, m, log_mu, sigma, s, slopes=True)
+        g, g1, g2 = self._integrand(coef, m, log_mu, sigma, s, slopes=True, gamma=gamma)
         for _ in range(60):
             step = np.clip(np.where(g2 < 0, g1 / np.abs(np.where(g2 < 0, g2, 1.0)), np.sign(g1)), -2.0, 2.0)
             for _ in range(30):  # halve a step that lowers the integrand
-                gn, g1n, g2n = self._integrand(coef, m, log_mu, sigma, s + step, slopes=True)
+                gn, g1n, g2n = self._integrand(coef, m, log_mu, sigma, s + step, slopes=True, gamma=gamma)
                 worse = gn < g - 1e-12 * (1 + np.abs(g))
                 if not worse.any():
                     break
@@ -128,17 +160,20 @@ class _Looks:
                 break
         return s[:, 0], g[:, 0], np.where(g2 < 0, 1 / np.sqrt(np.abs(g2)), sigma)[:, 0]
 
-    def server_logliks(self, log_mu: float, sigma: float, phi: float) -> np.ndarray:
-        """Each server's log-likelihood, its effect integrated out: the integral over the logit of its share, s
-        (u = log share = -softplus(-s), so that the share's cap at 1 is not a kink inside the range), by the
-        trapezoid rule on s = s0 + a sinh(t), t evenly spaced: centred at the server's mode s0, scaled by its SD a
-        there, and reaching where the integrand is below e^-TAIL of the mode's on each side in a few points, however
-        much wider than a the prior is (a server with none over the SLO: the prior's width on one side). The share
-        at its cap (u > 0) adds its likelihood there x P[u > 0]."""
+    def server_logliks(self, log_mu: float, sigma: float, phi: float, gamma: float = 0.0) -> np.ndarray:
+        """Each server's log-likelihood, its effect integrated out: the integral over the logit of its share at the
+        reference rate, s (u = log share = -softplus(-s), so that the share's cap at 1 is not a kink inside the
+        range), on s = s0 + a sinh(t): centred at the server's mode s0, scaled by its SD a there, and reaching where
+        the integrand is below e^-TAIL of the mode's on each side in a few points, however much wider than a the
+        prior is (a server with none over the SLO: the prior's width on one side). Looks at one rate: the trapezoid
+        rule, t evenly spaced (spectrally accurate: the integrand is smooth and decays at both ends). Looks at a
+        higher rate too: each reaches its cap at u = -gamma log(r / reference), a kink in the integrand, so the
+        range in t is cut there and each piece integrated by Gauss-Legendre (the trapezoid rule across a kink is
+        only second-order). The share at its cap (u > 0: every look capped) adds its likelihood there x P[u > 0]."""
         coef, m = self._coef(phi)
         if sigma <= 0:
-            return self._terms(coef, m, np.full((len(self.over), 1), min(log_mu, 0.0)))[:, 0]
-        s0, g0, a = self._modes(coef, m, log_mu, sigma)
+            return self._terms(coef, m, np.full((len(self.over), 1), min(log_mu, 0.0)), gamma=gamma)[:, 0]
+        s0, g0, a = self._modes(coef, m, log_mu, sigma, gamma)
 
         def logit(u):  # of the share e^u, u < 0
             u = np.minimum(u, -1e-300)
@@ -149,44 +184,73 @@ class _Looks:
         lo = logit(log_mu - reach)
         hi = np.minimum(np.where(log_mu + reach < 0, logit(log_mu + reach), np.inf), TAIL - np.minimum(g0, 0.0))
         t_lo, t_hi = np.arcsinh(np.maximum(s0 - lo, 0.0) / a), np.arcsinh(np.maximum(hi - s0, 0.0) / a)
-        t = -t_lo[:, None] + (t_lo + t_hi)[:, None] * np.linspace(0.0, 1.0, POINTS)[None, :]
-        h = (t_lo + t_hi) / (POINTS - 1)
-        g = self._integrand(coef, m, log_mu, sigma, s0[:, None] + a[:, None] * np.sinh(t))
-        below_cap = (np.log(h * a) + special.logsumexp(g + np.log(np.cosh(t)), axis=1)
+        if gamma > 0 and self.kinks.size:
+            with np.errstate(over="ignore", invalid="ignore"):
+                s_k = logit(-gamma * self.kinks)  # inf where the server has no look at that rate: past t_hi
+                t_k = np.where(np.isfinite(self.kinks), np.arcsinh((s_k - s0[:, None]) / a[:, None]), np.inf)
+            edges = np.sort(np.clip(np.column_stack([-t_lo, t_k, t_hi]), -t_lo[:, None], t_hi[:, None]), axis=1)
+            x, w = _gauss(GAUSS)
+            half, mid = np.diff(edges, axis=1) / 2, (edges[:, 1:] + edges[:, :-1]) / 2  # servers x pieces
+            t = (mid[:, :, None] + half[:, :, None] * x).reshape(len(s0), -1)
+            logw = (np.log(np.maximum(half, 1e-300))[:, :, None] + np.log(w)).reshape(len(s0), -1)
+        else:
+            t = -t_lo[:, None] + (t_lo + t_hi)[:, None] * np.linspace(0.0, 1.0, POINTS)[None, :]
+            logw = np.log((t_lo + t_hi) / (POINTS - 1))[:, None]
+        g = self._integrand(coef, m, log_mu, sigma, s0[:, None] + a[:, None] * np.sinh(t), gamma=gamma)
+        below_cap = (np.log(a) + special.logsumexp(g + logw + np.log(np.cosh(t)), axis=1)
                      - math.log(sigma) - 0.5 * math.log(2 * math.pi))
-        at_cap = self._terms(coef, m, np.zeros((len(self.over), 1)))[:, 0] + special.log_ndtr(log_mu / sigma)
+        at_cap = (self._terms(coef, m, np.zeros((len(self.over), 1)), gamma=gamma)[:, 0]
+                  + special.log_ndtr(log_mu / sigma))
         return np.logaddexp(below_cap, at_cap)
 
-    def loglik(self, log_mu: float, sigma: float, phi: float) -> float:
-        return float(self.server_logliks(log_mu, abs(sigma), phi).sum())
+    def loglik(self, log_mu: float, sigma: float, phi: float, gamma: float = 0.0) -> float:
+        return float(self.server_logliks(log_mu, abs(sigma), phi, gamma).sum())
 
 
-def loglik(servers: list[list[tuple[int, int]]], log_mu: float, sigma: float, phi: float) -> float:
-    """The looks' log-likelihood: the sum over servers of each one's, its effect integrated out."""
-    return _Looks(servers).loglik(log_mu, sigma, phi)
+def loglik(servers: list[list[tuple]], log_mu: float, sigma: float, phi: float, gamma: float = 0.0,
+           rate: float | None = None) -> float:
+    """The looks' log-likelihood: the sum over servers of each one's, its effect integrated out (looks as fit takes
+    them; log_mu the log share at the lowest rate)."""
+    return _Looks(servers, rate).loglik(log_mu, sigma, phi, gamma)
 
 
-def _fit(looks: _Looks, sigma: float | None = None, phi: float | None = None,
-         start=None) -> tuple[float, np.ndarray]:
-    """Maximize over the free ones of (log mu, sigma, log phi); returns (log-likelihood, [log mu, sigma, log phi])."""
+def _start_gamma(looks: _Looks) -> float:
+    """A first guess at the wall's exponent: the pooled shares at the lowest and the highest rate, capped at 1."""
+    lo, hi = looks.dlog == 0, looks.dlog == looks.dlog.max()
+    p_lo, p_hi = ((looks.k[x].sum() + 0.5) / looks.n[x].sum() for x in (lo, hi))
+    return float(np.clip(math.log(min(p_hi, 1.0) / min(p_lo, 1.0)) / max(looks.dlog.max(), 1e-9), 1.0, 60.0))
+
+
+def _fit(looks: _Looks, sigma: float | None = None, phi: float | None = None, gamma: float | None = None,
+         cv: float | None = None, start=None) -> tuple[float, np.ndarray]:
+    """Maximize over the free ones of (log mu, sigma, log phi, gamma); `cv` ties sigma to gamma (sigma = cv x
+    gamma: the knees' CV held). Looks at one rate say nothing of gamma: it stays at its start's (GAMMA). Returns
+    (log-likelihood, [log mu, sigma, log phi, gamma])."""
     mu0 = math.log(max(looks.over.sum(), 0.5) / looks.counted.sum())
-    x0 = start if start is not None else np.array([mu0, 0.3, math.log(3.0)])
-    free = [i for i, v in enumerate((None, sigma, None if phi is None else math.log(phi))) if v is None]
+    multi = len(looks.rates) > 1
+    x0 = np.array(start if start is not None else [mu0, 0.3, math.log(3.0), _start_gamma(looks) if multi else GAMMA],
+                  dtype=float)
+    if len(x0) == 3:
+        x0 = np.r_[x0, GAMMA]
+    held = {1: sigma, 2: None if phi is None else math.log(phi), 3: gamma if multi else x0[3]}
+    free = [i for i in range(4) if held.get(i) is None and not (i == 1 and cv is not None)]
 
     def full(x):
         v = np.array(x0, dtype=float)
         v[free] = x
-        if sigma is not None:
-            v[1] = sigma
-        if phi is not None:
-            v[2] = math.log(phi)
+        for i, value in held.items():
+            if value is not None:
+                v[i] = value
+        if cv is not None:
+            v[1] = cv * v[3]
         return v
 
     def nll(x):
         v = full(x)
-        if not -20 < v[0] < 0.5 or not -0.01 < v[1] < 6 or not -0.01 < v[2] < 5:  # phi in [1, e^5]
+        if (not -20 < v[0] < 0.5 or not -0.01 < v[1] < 6 or not -0.01 < v[2] < 5  # phi in [1, e^5]
+                or not 0.5 < v[3] < 200):
             return 1e12
-        return -looks.loglik(v[0], abs(v[1]), max(math.exp(v[2]), 1.0))
+        return -looks.loglik(v[0], abs(v[1]), max(math.exp(v[2]), 1.0), v[3] if multi else 0.0)
     res = optimize.minimize(nll, x0[free], method="Nelder-Mead",
                             options={"xatol": 1e-4, "fatol": 1e-5, "maxiter": 4000})
     return -float(res.fun), full(res.x)
@@ -195,7 +259,10 @@ def _fit(looks: _Looks, sigma: float | None = None, phi: float | None = None,
 @dataclass(frozen=True)
 class ServerSpread:
     """The fit: `sigma` the between-server SD of the log share over the SLO (its 95 % interval), `phi` the
-    within-look dispersion (its interval), the pooled share, and what it rests on."""
+    within-look dispersion (its interval), the pooled share at the lowest rate, and what it rests on; `gamma` the
+    wall's exponent, fitted with its interval where looks at two or more rates were given (`rates`), else fixed
+    (gamma_ci None); `cv` the knees' CV sigma / gamma with its interval (profiled over gamma where gamma was fitted:
+    its uncertainty is in the interval)."""
     rate: float
     servers: int
     looks: int
@@ -208,9 +275,17 @@ class ServerSpread:
     phi_ci: tuple[float, float]
     between_df: int
     within_df: int
+    rates: tuple[float, ...] = ()
+    gamma: float = 0.0
+    gamma_ci: tuple[float, float] | None = None
+    cv: float = 0.0
+    cv_ci: tuple[float, float] = (0.0, 0.0)
 
-    def knee_cv(self, gamma: float) -> tuple[float, float, float]:
-        """Fresh servers' knees' CV (and its interval) where the share rises as (rate / knee)^gamma."""
+    def knee_cv(self, gamma: float | None = None) -> tuple[float, float, float]:
+        """Fresh servers' knees' CV and its interval: the fit's own (gamma None), or sigma's over a wall of exponent
+        `gamma` given (the share rises as (rate / knee)^gamma)."""
+        if gamma is None:
+            return self.cv, self.cv_ci[0], self.cv_ci[1]
         return self.sigma / gamma, self.sigma_ci[0] / gamma, self.sigma_ci[1] / gamma
 
     def as_dict(self) -> dict:
@@ -218,50 +293,64 @@ class ServerSpread:
 
 
 def _best(looks: _Looks) -> tuple[float, np.ndarray]:
-    """The maximum likelihood over (log mu, sigma, log phi), from four starts (sigma 0.1 or 1, phi 1.5 or 6)."""
-    mu0 = _fit(looks, sigma=0.0, phi=1.0)[1][0]
-    return max((_fit(looks, start=np.array([mu0, sig, math.log(ph)])) for sig in (0.1, 1.0) for ph in (1.5, 6.0)),
-               key=lambda t: t[0])
+    """The maximum likelihood over (log mu, sigma, log phi, gamma), from four starts (sigma 0.1 or 1, phi 1.5 or 6;
+    gamma the pooled shares' where looks at two rates fit it)."""
+    v0 = _fit(looks, sigma=0.0, phi=1.0)[1]
+    return max((_fit(looks, start=np.array([v0[0], sig, math.log(ph), v0[3]])) for sig in (0.1, 1.0)
+                for ph in (1.5, 6.0)), key=lambda t: t[0])
 
 
-def fit(servers: list[list[tuple[int, int]]], rate: float) -> ServerSpread:
-    """The model above fitted to looks at one `rate` on fresh servers: servers = [[(counted, over), ...], ...]."""
+def fit(servers: list[list[tuple]], rate: float, gamma: float | None = None) -> ServerSpread:
+    """The model above fitted to looks on fresh servers: servers = [[look, ...], ...], each look (counted, over) at
+    `rate` or (counted, over, its rate). At two or more rates the wall's exponent gamma is fitted with sigma and
+    phi (sigma then is the log share's between-server SD at every rate, the knees' CV sigma / gamma); at one it is
+    fixed at `gamma` (default GAMMA) and said so (gamma_ci None)."""
     servers = [list(s) for s in servers if s]
     if len(servers) < 2 or sum(len(s) for s in servers) < 3:
         raise ValueError(f"a spread needs >= 2 servers and >= 3 looks, got {len(servers)} servers")
-    looks = _Looks(servers)
+    looks = _Looks(servers, rate)
+    multi = len(looks.rates) > 1
     best_ll, best = _best(looks)
 
-    def prof_sigma(v):
-        return _fit(looks, sigma=float(v), start=best)[0]
-
-    def prof_phi(v):
-        return _fit(looks, phi=float(v), start=best)[0]
-    sigmas, phis = SIGMA_GRID, np.exp(np.linspace(0.0, 4.5, 19))
-    on_sigmas, on_phis = [prof_sigma(v) for v in sigmas], [prof_phi(v) for v in phis]
+    def profile(name):
+        return lambda v: _fit(looks, **{name: float(v)}, start=best)[0]
+    grids = {"sigma": SIGMA_GRID, "phi": np.exp(np.linspace(0.0, 4.5, 19))}
+    if multi:
+        grids.update(gamma=GAMMA_GRID, cv=CV_GRID)
+    on_grid = {name: [profile(name)(v) for v in grid] for name, grid in grids.items()}
     # the profile's maximum can beat the free fit's (Nelder-Mead from one start): take the better
-    best_ll = max([best_ll] + on_sigmas + on_phis)
+    best_ll = max([best_ll] + [ll for lls in on_grid.values() for ll in lls])
 
-    def interval(profile, grid, on_grid):
+    def interval(name):
         """Where the profile crosses the likelihood-ratio bound: bracketed on the grid, then solved for (brentq)."""
-        d = np.array([2 * (best_ll - ll) - LR_95 for ll in on_grid])
+        grid, prof = grids[name], profile(name)
+        d = np.array([2 * (best_ll - ll) - LR_95 for ll in on_grid[name]])
         inside = np.flatnonzero(d <= 0)
         if not inside.size:
             return math.nan, math.nan
 
         def cross(a, b):
-            return optimize.brentq(lambda v: 2 * (best_ll - profile(v)) - LR_95, grid[a], grid[b], xtol=1e-4)
+            return optimize.brentq(lambda v: 2 * (best_ll - prof(v)) - LR_95, grid[a], grid[b], xtol=1e-4)
         lo, hi = inside[0], inside[-1]
         return (cross(lo - 1, lo) if lo > 0 else float(grid[0])), \
             (cross(hi, hi + 1) if hi < len(grid) - 1 else float(grid[-1]))
-    counted = sum(n for s in servers for n, _ in s)
-    over = sum(o for s in servers for _, o in s)
-    return ServerSpread(rate=rate, servers=len(servers), looks=sum(len(s) for s in servers), counted=counted,
-                        over_slo=over, share=round(over / counted, 5), sigma=round(abs(float(best[1])), 3),
-                        sigma_ci=tuple(round(v, 3) for v in interval(prof_sigma, sigmas, on_sigmas)),
+    at_ref = looks.dlog == 0
+    counted = int(looks.n.sum())
+    over = int(looks.k.sum())
+    sigma, sigma_ci = round(abs(float(best[1])), 3), tuple(round(v, 3) for v in interval("sigma"))
+    if multi:
+        g, g_ci = round(float(best[3]), 2), tuple(round(v, 2) for v in interval("gamma"))
+        cv, cv_ci = round(abs(float(best[1])) / float(best[3]), 4), tuple(round(v, 4) for v in interval("cv"))
+    else:
+        g, g_ci = GAMMA if gamma is None else float(gamma), None
+        cv, cv_ci = round(sigma / g, 4), tuple(round(v / g, 4) for v in sigma_ci)
+    return ServerSpread(rate=looks.rate, servers=len(servers), looks=len(looks.n), counted=counted,
+                        over_slo=over, share=round(float(looks.k[at_ref].sum() / looks.n[at_ref].sum()), 5),
+                        sigma=sigma, sigma_ci=sigma_ci,
                         phi=round(max(math.exp(float(best[2])), 1.0), 2),
-                        phi_ci=tuple(round(v, 2) for v in interval(prof_phi, phis, on_phis)),
-                        between_df=len(servers) - 1, within_df=sum(len(s) - 1 for s in servers))
+                        phi_ci=tuple(round(v, 2) for v in interval("phi")),
+                        between_df=len(servers) - 1, within_df=sum(len(s) - 1 for s in servers),
+                        rates=tuple(looks.rates), gamma=g, gamma_ci=g_ci, cv=cv, cv_ci=cv_ci)
 
 
 def moments(servers: list[list[tuple[int, int]]]) -> dict:
