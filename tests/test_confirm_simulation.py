@@ -137,16 +137,17 @@ IDS = [f"{p}{' upper end' if u else ''}" for p, u in CASES]
 
 
 @pytest.fixture(autouse=True, scope="module")
-def fail_counts_remembered():
-    """probing.fail_count is a pure function of its arguments, called for every look: remembered, the simulation
-    runs in half the time and measures the same."""
+def pure_functions_remembered():
+    """probing.fail_count (every look) and the t quantile (every interval) are pure functions of their arguments:
+    remembered, the simulation runs in about half the time and measures the same."""
     import functools
 
-    from measure import probing
-    plain = probing.fail_count
-    probing.fail_count = functools.lru_cache(maxsize=None)(plain)
+    from measure import probing, summary
+    plain = probing.fail_count, summary.tq
+    probing.fail_count = functools.lru_cache(maxsize=None)(plain[0])
+    summary.tq = stats.tq = functools.lru_cache(maxsize=None)(plain[1])
     yield
-    probing.fail_count = plain
+    probing.fail_count, (summary.tq, stats.tq) = plain[0], (plain[1], plain[1])
 
 
 def test_the_pairs_are_sized_for_a_1_3x_stack_and_cancel_a_drifting_machine():
@@ -174,9 +175,10 @@ def test_a_true_1_3x_stack_is_called_better_in_at_least_80_percent(profile, uppe
     assert r["better"] >= 0.80 and r["power"] >= 0.80, r
 
 
-@pytest.mark.xfail(strict=True, reason="a stack kept on its knee alone (x1.3, tok/s unchanged) is confirmed in ~10 % "
-                   "at two pairs (the servers' spread, 12.9 %, is two grid steps of 2^(1/4) over two servers a side): "
-                   "80 % needs ~8 pairs; the step says it could not tell, with its power")
+@pytest.mark.xfail(strict=True, reason="a stack kept on its knee alone (x1.3, tok/s unchanged) is confirmed in 11.9 % "
+                   "at two pairs (its stated power 17 %: the servers' spread, 12.9 %, is most of a grid step of "
+                   "2^(1/4), over two servers a side): 80 % takes ~8 pairs (81 % in 500 trials); the step says it "
+                   "could not tell, with its power")
 def test_a_stack_kept_on_its_knee_alone_is_called_better_in_at_least_80_percent():
     r = confirm_rates("gpu-shape-4090", 1.0, 1.3, seed=43, on="knee_rps")
     print(r)
@@ -187,10 +189,10 @@ def test_a_stack_kept_on_its_knee_alone_is_called_better_in_at_least_80_percent(
 
 def test_a_machine_drifting_under_the_step_cancels_where_stock_final_stock_final_credits_the_final_stack():
     # the machine 1 % faster every run: stock, final, stock, final credits the final stack a run's drift (+1 %), the
-    # interleaving none; 1,000 trials (a mean's SD here is ~0.06 %)
-    straight = confirm_rates("gpu-shape-4090", 1.0, 1.0, seed=45, pairs=2, drift=0.01, trials=1000,
+    # interleaving none; 500 trials (a mean's SD here is ~0.09 %)
+    straight = confirm_rates("gpu-shape-4090", 1.0, 1.0, seed=45, pairs=2, drift=0.01, trials=500,
                              order=lambda k: ("baseline", "final"))
-    interleaved = confirm_rates("gpu-shape-4090", 1.0, 1.0, seed=45, pairs=2, drift=0.01, trials=1000)
+    interleaved = confirm_rates("gpu-shape-4090", 1.0, 1.0, seed=45, pairs=2, drift=0.01, trials=500)
     print(straight, interleaved)
     assert abs(interleaved["output_tps rel"]) < 0.002 and straight["output_tps rel"] > 0.008, (straight, interleaved)
-    assert interleaved["better"] <= 0.025 and interleaved["output_tps better"] < straight["output_tps better"]
+    assert interleaved["better"] <= 0.025 and interleaved["output_tps better"] <= straight["output_tps better"]

@@ -560,7 +560,8 @@ def test_the_knee_over_servers_is_the_ratio_of_their_geometric_mean_midpoints_wi
     assert d["df"] == 13 and d["sd"] == pytest.approx(math.sqrt((11 * (0.1292 ** 2 + w) + own) / 13), abs=1e-4)
     assert d["verdict"] == "better" and d["servers"] == [2, 2]
     assert stats.knees_delta(base, base, spread)["verdict"] == "within noise"
-    assert stats.knees_delta(base, new[:1] + base[1:], spread)["verdict"] == "within noise"  # one server of two moved ~2x
+    # one server of two moved ~2x: within noise
+    assert stats.knees_delta(base, new[:1] + base[1:], spread)["verdict"] == "within noise"
     # no spread measured and one server a side: nothing to judge by
     assert stats.knees_delta(base[:1], new[:1], {"servers": 0})["verdict"] == "unknown"
     assert stats.knees_delta([k(None, 9.514)], new, spread)["verdict"] == "unknown"  # a side with no bracket
