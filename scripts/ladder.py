@@ -337,8 +337,8 @@ class Driver:
         self.confirm.update(record.confirm_summary(recs, self.floor(), self.objective, kept,
                                                    self.eff["knee"].get("server_spread")))
         self.save()
-        said = self.confirm.get("words") or "the kept gains reproduced"
-        print(f"  -> confirm: {self.confirm['summary']}; {said}", flush=True)
+        said = self.confirm.get("words") or ("the kept gains reproduced" if self.confirm.get("reproduced") else "")
+        print(f"  -> confirm: {self.confirm['summary']}" + (f"; {said}" if said else ""), flush=True)
 
     def collect(self, rec: dict, base: dict | None) -> None:
         baseline = self.records[0] if self.records and self.records[0].get("status") == "ok" else None

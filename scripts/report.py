@@ -320,7 +320,8 @@ def headline(lad: dict) -> str:
     bt, ft = base["bench"]["output_tps"], final["bench"].get("output_tps")
     conf = lad.get("confirm") or {}
     if conf.get("delta"):  # the confirm step measured both back to back: the headline is that pair
-        tps = f"{conf['summary']} (confirm step: baseline and final re-measured back to back, {conf['pairs']} pair(s))"
+        tps = (f"{conf['summary']} (confirm step: baseline and final re-measured on fresh engines and servers, "
+               f"interleaved, {conf['pairs']} pair(s))")
     elif ft is None:  # a final stack the offline bench cannot run (data parallel): its knee is the figure
         tps = f"{bt:.0f} output tok/s → n/a ({final['bench'].get('label') or final['bench'].get('reason')})"
     else:
