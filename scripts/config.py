@@ -432,7 +432,7 @@ class Gate(Section):
 
 class Confirm(Section):
     """The confirm step: baseline and final kept stack re-measured back to back at the end of the ladder."""
-    pairs: Annotated[int, at.Ge(0)] = F("an integer >= 0 (0: no confirm step)", 1)
+    pairs: Annotated[int, at.Ge(0)] = F("an integer >= 0 (0: no confirm step)", 2)
 
 
 class Anchor(Section):

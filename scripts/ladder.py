@@ -125,6 +125,13 @@ def remeasure_key(held: list[dict]) -> int:
     return calendar.timegm(time.strptime(at, "%Y-%m-%dT%H:%M:%SZ")) if at else int(time.time())
 
 
+def confirm_order(k: int) -> tuple[str, str]:
+    """The order of confirm pair k's two runs: stock then final in odd pairs, final then stock in even ones, so that
+    over two pairs each side's mean sits at the same time (a machine drifting linearly cancels; stock, final, stock,
+    final would credit the final stack one run's drift: tests/test_confirm_simulation.py)."""
+    return ("baseline", "final") if k % 2 else ("final", "baseline")
+
+
 class Driver:
     def __init__(self, plan: planning.Plan, out: Path = LADDER_JSON):
         self.plan, self.out = plan, out
@@ -288,9 +295,9 @@ class Driver:
         return rec
 
     def confirm_step(self) -> None:
-        """Baseline and final kept stack re-measured back to back (fresh engines, bench and knee; `confirm.pairs`
-        pairs, interleaved), so the headline compares two measurements minutes apart on one machine, not rung 0
-        with a stack measured an hour later."""
+        """Baseline and final kept stack re-measured (fresh engines and servers, bench and knee; `confirm.pairs`
+        pairs in confirm_order), so the headline compares measurements minutes apart on one machine, not rung 0 with
+        a stack measured an hour later, each engine and each server a unit (record.confirm_summary)."""
         pairs = self.eff["confirm"]["pairs"]
         final = next((r for r in self.records if r.get("exp") == self.final_exp), None)
         base = self.records[0] if self.records else None
@@ -303,16 +310,20 @@ class Driver:
         index = len(self.plan.rungs) + 1
 
         def pair(k: int, replay: bool) -> list[dict]:
-            # the baseline starts from rung 0's knee, the final stack from the baseline's: each on to its own bracket
-            out, anchor = [], knee_anchor(self.searched(base), base["knobs"], bracket=True)
-            for which, src in (("baseline", base), ("final", final)):
+            # the baseline starts from rung 0's knee, the final stack from the baseline's measured last: each on to
+            # its own bracket (the same arrival traces at the rates both probe)
+            out = []
+            for which in confirm_order(k):
+                src = base if which == "baseline" else final
+                last = next((r for r in reversed(recs) if r["name"].endswith("-baseline") and r["status"] == "ok"),
+                            None)
+                anchor = knee_anchor(self.searched(base) if which == "baseline" or last is None else last,
+                                     src["knobs"], bracket=True)
                 self.progress(f"confirm {k}/{pairs}: {which}")
                 rec = self.run_exp(index, f"confirm-{k}-{which}", src["knobs"], decide.CONFIRM, None, None,
                                    f"re-measures {src['exp']}", into=recs, round_=k, anchor=anchor, replay=replay)
                 rec["of"] = src["exp"]
                 out.append(rec)
-                if rec["status"] == "ok":
-                    anchor = knee_anchor(rec, final["knobs"], bracket=True)  # the headline prints its knee
                 self.save()
             return out
 
@@ -323,10 +334,11 @@ class Driver:
                     recs.remove(r)
                 pair(k, replay=False)
         kept = [r for r in self.records if r.get("kept") and r.get("role") != decide.BASELINE]
-        self.confirm.update(record.confirm_summary(recs, self.floor(), self.objective, kept))
+        self.confirm.update(record.confirm_summary(recs, self.floor(), self.objective, kept,
+                                                   self.eff["knee"].get("server_spread")))
         self.save()
-        gone = "; the kept gains did not reproduce" if self.confirm.get("reproduced") is False else ""
-        print(f"  -> confirm: {self.confirm['summary']}{gone}", flush=True)
+        said = self.confirm.get("words") or ("the kept gains reproduced" if self.confirm.get("reproduced") else "")
+        print(f"  -> confirm: {self.confirm['summary']}" + (f"; {said}" if said else ""), flush=True)
 
     def collect(self, rec: dict, base: dict | None) -> None:
         baseline = self.records[0] if self.records and self.records[0].get("status") == "ok" else None

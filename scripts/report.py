@@ -267,24 +267,37 @@ def change_cell(r) -> str:
 
 
 def not_reproduced(lad: dict, why: bool = False) -> str | None:
-    """Where the confirm pair did not show the final stack better than rung 0 by the rule (record.confirm_summary's
-    `reproduced`): what the report says of the kept gains, naming the rungs they rested on (`why`: and the rule's
-    reading of the pair); None where it did, or where no confirm pair judged it."""
+    """Where the confirm step did not confirm the kept gains (record.confirm_summary's `verdict`): what the report
+    says of them in its `words` (decide.confirm_words: did not reproduce; could not tell, with its power), naming
+    the rungs they rested on (`why`: and the rule's reading of the pair); None where it confirmed them, or where no
+    confirm step judged them."""
     conf = lad.get("confirm") or {}
-    if not conf.get("delta") or conf.get("reproduced") is not False:
+    words = conf.get("words") if conf.get("delta") else None
+    if not words:
         return None
     rested = conf.get("rested_on") or [{"name": r["name"], "on": None} for r in lad["rungs"]
                                        if r.get("kept") and r.get("role") != "baseline"]
     names = ", ".join(f"{r['name']}" + (f" (kept on {r['on']})" if r.get("on") else "") for r in rested)
     read = (conf.get("reproduced_why") or "").removeprefix("no measurable gain: ").removesuffix(
         "; the simpler config stays")
-    return ("the kept gains did not reproduce: the confirm pair does not show the final stack better than rung 0 by "
-            "the rule" + (f" ({read})" if why and read else "") + f"; they rested on {names or 'no kept rung'}")
+    how = ("the confirm step does not show the final stack better than rung 0 by the rule, and its intervals "
+           "exclude the gains the kept rungs read" if conf.get("reproduced") is False else
+           "the confirm step does not show the final stack better than rung 0 by the rule, nor do its intervals "
+           "exclude the gains the kept rungs read")
+    return f"{words}: {how}" + (f" ({read})" if why and read else "") + f"; they rested on {names or 'no kept rung'}"
+
+
+def kept_suffix(lad: dict) -> str:
+    """What a kept rung's cell adds where the confirm step did not confirm the kept gains."""
+    conf = lad.get("confirm") or {}
+    if not conf.get("delta") or not conf.get("words"):
+        return ""
+    return " (not reproduced)" if conf.get("reproduced") is False else " (confirm: could not tell)"
 
 
 def table(lad: dict) -> str:
     rows = []
-    unconfirmed = not_reproduced(lad) is not None
+    unconfirmed = kept_suffix(lad)
     for r in lad["rungs"]:
         rows.append({"stage": f"{r['index']} {r['name']}", "change": change_cell(r), "eval acc": acc_cell(r),
                      "per-category regressions": regress_cell(r), "output tok/s [95 % CI]": tps_cell(r),
@@ -292,8 +305,7 @@ def table(lad: dict) -> str:
                      "speedup vs baseline": fmt((r.get("speedup") or None), ".2f") + "×" if r.get("speedup") else "—",
                      "knee req/s @ SLO": knee_cell(r), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(r),
                      "KV cache · max concurrency": kv_cell(r), "roofline: TPOT floor / batch-1 TPOT": roof_cell(r),
-                     "kept?": kept_cell(r) + (" (not reproduced)" if unconfirmed and r.get("verdict") == "kept"
-                                              else ""),
+                     "kept?": kept_cell(r) + (unconfirmed if r.get("verdict") == "kept" else ""),
                      "measured": measured_cell(r)})
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
 
@@ -308,7 +320,8 @@ def headline(lad: dict) -> str:
     bt, ft = base["bench"]["output_tps"], final["bench"].get("output_tps")
     conf = lad.get("confirm") or {}
     if conf.get("delta"):  # the confirm step measured both back to back: the headline is that pair
-        tps = f"{conf['summary']} (confirm step: baseline and final re-measured back to back, {conf['pairs']} pair(s))"
+        tps = (f"{conf['summary']} (confirm step: baseline and final re-measured on fresh engines and servers, "
+               f"interleaved, {conf['pairs']} pair(s))")
     elif ft is None:  # a final stack the offline bench cannot run (data parallel): its knee is the figure
         tps = f"{bt:.0f} output tok/s → n/a ({final['bench'].get('label') or final['bench'].get('reason')})"
     else:
@@ -379,7 +392,7 @@ def kernels_line(r, lad: dict) -> list[str]:
 
 def kept_why(lad: dict) -> list[str]:
     gone = not_reproduced(lad, why=True)
-    lines = [f"- ⚠ **Confirm pair**: {gone}."] if gone else []
+    lines = [f"- ⚠ **Confirm step**: {gone}."] if gone else []
     for r in lad["rungs"]:
         if r.get("role") == "baseline":
             continue
@@ -707,7 +720,7 @@ def time_lines(lad: dict) -> list[str]:
                   for r in lad["rungs"] if r.get("stage_seconds")]]
     unit = tot["unit"]
     rows = []
-    for r in lad["rungs"]:
+    for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or []):
         t = r.get("time")
         if not t:
             continue
@@ -732,6 +745,11 @@ def time_lines(lad: dict) -> list[str]:
              f"{tot['dvc_minutes']:.1f} min of DVC overhead; "
              f"ladder wall time {lad.get('wall_seconds', 0) / 60:.1f} min.",
              ""]
+    conf = tot.get("confirm")
+    if conf:  # what confirming the kept gains cost: record.confirm_time
+        lines[-1:-1] = ["", f"The confirm step: {conf['runs']} runs ({(lad.get('confirm') or {}).get('pairs')} "
+                            f"pair(s)), **{conf['minutes']:.1f} {unit}-minutes**: {conf['per_stack']['stock']:.1f} "
+                            f"re-measuring stock (rung 0), {conf['per_stack']['final']:.1f} the final stack."]
     if rows:
         lines += [tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False), ""]
     lines.append(f"Starting engines: process start to engine ready (bench and eval: the engine's process with its "

@@ -2,7 +2,7 @@
 
 A rung is judged alone by tests/test_rule_simulation.py; a ladder judges five in a row against one base, and what a
 reader signs is the ladder: "nothing kept" must mean nothing was there. This module climbs whole ladders as
-ladder.Driver climbs them (run, try_rung, remeasure, knee_again), on the noise models test_rule_simulation states,
+ladder.Driver climbs them (run, try_rung, remeasure, knee_again), on the noise models tests/simulate.py states,
 with the decisions made by the project's own functions (stats.delta, stats.pool, stats.knee_delta, stats.verdict_rate,
 stats.knee_recheck, decide.needs_knee_again, decide.needs_again, decide.decide, ladder.knee_anchor, probing.search,
 probing.recheck):
@@ -19,7 +19,7 @@ probing.recheck):
   through it.
 
 Tok/s: an engine's mean is the config's rate x (1 + e), e ~ N(0, start-to-start), each timed repeat x (1 + u),
-u ~ N(0, in-engine); the machine's first engine reads `cold` low. Knee: test_rule_simulation's model (a wall of
+u ~ N(0, in-engine); the machine's first engine reads sim.COLD low. Knee: tests/simulate.py's model (a wall of
 exponent gamma, bursts of dispersion phi, each fresh server's knee x exp(N(0, server CV))), with the profile's own
 search and SLO settings.
 """
@@ -32,9 +32,8 @@ import numpy as np
 from scipy import stats as sps
 
 import ladder
-import test_rule_simulation as rs
+import simulate as sim
 from judgement import decide, stats
-from measure import probing
 
 OBJECTIVE = "knee_rps"  # ladder.yaml's objective: a rung is kept on its knee, or on tok/s with its knee not worse
 
@@ -46,95 +45,44 @@ def upper_cv(cv: float, df: int, level: float = 0.95) -> float:
 
 @dataclass(frozen=True)
 class Noise:
-    """A profile's noise, as measured (params and ladder.yaml), and its search settings."""
+    """A profile's noise, as measured (params and ladder.yaml), and its own search (sim.KneeModel)."""
     profile: str
-    knee: float            # the configs' true knee, req/s (a grid rate: the worst place, rs.KNEE)
-    k: dict                # the profile's knee settings (the search's rates: its own grid)
-    slo: dict
-    phi: float             # knee.dispersion
+    knee: float            # the configs' true knee, req/s (a grid rate: the worst place, sim.KNEE)
+    model: sim.KneeModel
     server_cv: float       # knee.server_spread knee_cv (fresh servers' knees)
-    gamma: float
+    server_cv_hi: float    # ... the upper end of its 95 % interval
     knee_floor: float      # knee.noise_floor
     floor_cv: float        # bench.noise_floor cv (fresh engines' start-to-start)
     floor_engines: int
     repeats: int
-    in_engine: float = rs.IN_ENGINE
-    cold: float = rs.COLD
     confidence: float = stats.CONFIDENCE  # the tok/s interval's (stats.delta)
 
     @classmethod
     def of(cls, profile: str, knee: float, spread_from: str = "gpu-shape-4090") -> Noise:
         """The profile's measured noise. A profile with no measured server spread takes `spread_from`'s, as its
         params say the rule's simulation does (the cpu spread: make benchmark part 4, not measured yet)."""
-        p = rs.profile_settings(profile)
+        p = sim.profile_settings(profile)
         spread = p["knee"]["server_spread"]
         if not spread.get("servers"):
-            spread = rs.profile_settings(spread_from)["knee"]["server_spread"]
+            spread = sim.profile_settings(spread_from)["knee"]["server_spread"]
         fl = p["bench"]["noise_floor"]
-        return cls(profile, knee, {**p["knee"], "rates": None, "min_rate": None}, p["slo"],
-                   p["knee"]["dispersion"]["phi"], spread["knee_cv"], spread.get("gamma") or rs.GAMMA,
+        return cls(profile, knee, sim.KneeModel.of(profile), spread["knee_cv"], spread["knee_cv_ci"][1],
                    p["knee"].get("noise_floor") or 0.0, fl["cv"], fl["engines"], p["bench"]["repeats"])
 
     def upper(self) -> Noise:
         """Every floor at the upper end of its 95 % interval: the servers' knee CV and the engines' start-to-start."""
-        p = rs.profile_settings(self.profile)["knee"]["server_spread"]
-        hi = (p if p.get("servers") else rs.profile_settings("gpu-shape-4090")["knee"]["server_spread"])["knee_cv_ci"]
-        return replace(self, server_cv=hi[1], floor_cv=upper_cv(self.floor_cv, self.floor_engines - 1))
+        return replace(self, server_cv=self.server_cv_hi, floor_cv=upper_cv(self.floor_cv, self.floor_engines - 1))
 
+    def machine(self, rng) -> sim.Machine:
+        """Fresh engines one after another on one machine; its first reads sim.COLD low."""
+        return sim.Machine(rng, True, self.repeats, self.floor_cv)
 
-class Machine:
-    """Fresh engines one after another on one machine; its first reads `cold` low."""
+    def search(self, rng, knee: float, anchor: dict | None = None) -> dict:
+        """A knee search on a fresh server of a config whose knee is `knee` (the knee stage's search)."""
+        return sim.knee_search(rng, knee, anchor, self.server_cv, self.knee_floor, self.model.phi, model=self.model)
 
-    def __init__(self, rng, nm: Noise):
-        self.rng, self.nm, self.started = rng, nm, 0
-
-    def engine(self, rate: float, repeats: int | None = None) -> list[float]:
-        first, self.started = self.started == 0, self.started + 1
-        mean = rate * (1 + self.rng.normal(0, self.nm.floor_cv)) * (1 - self.nm.cold if first else 1)
-        return list(mean * (1 + self.rng.normal(0, self.nm.in_engine, repeats or self.nm.repeats)))
-
-
-def card_floor(rng, nm: Noise) -> stats.Floor:
-    """`make benchmark --parts 2` on its own machine: a discarded first engine, then the profile's engines."""
-    m = Machine(rng, nm)
-    m.engine(100.0)
-    means = [float(np.mean(m.engine(100.0))) for _ in range(nm.floor_engines)]
-    return stats.Floor(float(np.std(means, ddof=1) / np.mean(means)), nm.floor_engines, 1, "simulated card")
-
-
-def server_probe(rng, nm: Noise, k: dict, server: float):
-    """probing.search's `probe` for one server whose knee is `server` (rs.server_probe, the profile's settings)."""
-    q, pct = 1 - nm.slo["percentile"] / 100, nm.slo["percentile"]
-
-    def probe(rate, rows):
-        counted = probing.probe_prompts(rate, k["probe_seconds"], pct, 0.0, k["min_prompts"], k["max_prompts"],
-                                        phi=nm.phi, looks=k["max_repeats"])
-        share = min(q * (rate / server) ** nm.gamma, 1.0)
-        visit = [r for r in rows if r["offered_rps"] == rate]
-        need = probing.stop_count(counted, visit, pct, nm.phi, k["max_repeats"])
-        over, seen = rs.look(rng, counted, share, need, nm.phi)
-        return {"offered_rps": rate, "counted": seen, "over_slo": over, "failed": 0, "backlog": False,
-                "seconds": seen / rate + rs.LOOK_S}
-    return probe
-
-
-def fresh(rng, nm: Noise, knee: float) -> float:
-    return knee * float(np.exp(rng.normal(0, nm.server_cv)))
-
-
-def knee_search(rng, nm: Noise, knee: float, anchor: dict | None = None, start: float = 0.7) -> dict:
-    """A knee search on a fresh server of a config whose knee is `knee` (the knee stage's search)."""
-    k = {**nm.k, "start_rate": start * knee, "anchor": anchor}
-    rows, probes = probing.search(server_probe(rng, nm, k, fresh(rng, nm, knee)), k, nm.slo)
-    return {**probing.knee_result(probes, None, k["rel_tol"], rows),
-            "conclusive_fail_rps": probing.conclusive_fail(rows), "noise_floor": nm.knee_floor, "rows": rows,
-            "seconds": sum(r["seconds"] for r in rows)}
-
-
-def recheck(rng, nm: Noise, knee: float, rate: float, side: str | None) -> list[dict]:
-    """probing.recheck on a fresh server (the knee stage's run.anchor.look)."""
-    probe = server_probe(rng, nm, probing.recheck_settings(nm.k), fresh(rng, nm, knee))
-    return probing.recheck(probe, rate, nm.k, nm.slo, side)
+    def recheck(self, rng, knee: float, rate: float, side: str | None) -> list[dict]:
+        return sim.recheck(rng, knee, rate, side, self.server_cv, self.model.phi, self.model)
 
 
 @dataclass
@@ -149,10 +97,10 @@ class Config:
 def ladder_run(rng, nm: Noise, rungs: list[list[tuple[float, float]]]) -> list[list[str]]:
     """One ladder: rung 0, then `rungs`, each a list of candidates (tok/s factor, knee factor) against the last kept
     rung. Returns each candidate's verdict: "kept on its knee", "kept on output tok/s" or "reverted"."""
-    prior = card_floor(rng, nm)
-    m = Machine(rng, nm)
+    prior = sim.card_floor(rng, True, nm.floor_engines, nm.repeats, nm.floor_cv)
+    m = nm.machine(rng)
     m.engine(100.0, repeats=1)  # bench.warm_up_engine: untimed, discarded
-    base = Config(100.0, nm.knee, [m.engine(100.0)], knee_search(rng, nm, nm.knee))
+    base = Config(100.0, nm.knee, [m.engine(100.0)], nm.search(rng, nm.knee))
     configs = [base]
     latest = base.engines[0]
     out = []
@@ -165,16 +113,16 @@ def ladder_run(rng, nm: Noise, rungs: list[list[tuple[float, float]]]) -> list[l
         for tps_f, knee_f in cands:
             anchor = ladder.knee_anchor({"knee": base.search}, {}, floor=nm.knee_floor, last=last)
             new = Config(base.tps * tps_f, base.knee * knee_f, [m.engine(base.tps * tps_f)], {})
-            new.search = knee_search(rng, nm, new.knee, anchor)
+            new.search = nm.search(rng, new.knee, anchor)
             rec = {"status": "ok", "delta": {"output_tps": stats.delta([latest], new.engines, floor(), nm.confidence),
                                              "knee_rps": stats.knee_delta(base.search, new.search)}}
             if decide.needs_knee_again(rec, OBJECTIVE):  # ladder.Driver.knee_again
                 d = rec["delta"]["knee_rps"]
                 rate = stats.verdict_rate(base.search, new.search, d["verdict"])
                 b, n = base.knee, new.knee
-                rec["delta"]["knee_rps"] = stats.knee_recheck(d, []) if not rate else rs.rechecked(
-                    d, lambda r, side, b=b: recheck(rng, nm, b, r, side),
-                    lambda r, n=n: recheck(rng, nm, n, r, None), float(f"{rate:.4g}"))
+                rec["delta"]["knee_rps"] = stats.knee_recheck(d, []) if not rate else sim.rechecked(
+                    d, lambda r, side, b=b: nm.recheck(rng, b, r, side),
+                    lambda r, n=n: nm.recheck(rng, n, r, None), float(f"{rate:.4g}"))
             recs.append(rec)
             news.append(new)
         pending = [j for j, r in enumerate(recs) if decide.needs_again(r, OBJECTIVE)]

@@ -126,14 +126,15 @@ def test_candidates_are_ranked_by_the_same_rule_in_like_units():
     assert decide.choose([e, f], "knee_rps", FLOOR) is None
 
 
-def test_the_confirm_step_re_measures_baseline_then_final_fresh_and_skips_when_nothing_was_kept(monkeypatch):
+def test_the_confirm_step_re_measures_stock_and_final_interleaved_fresh_and_skips_when_nothing_was_kept(monkeypatch):
     """The driver's control flow (run_exp stands in for `dvc exp run`; the real path runs in the CI ladder)."""
     import ladder
     from judgement import record
 
     class P:  # the plan fields the confirm step reads
         profile, overrides, objective, rungs = "cpu", {}, "knee_rps", [{"name": "a"}, {"name": "b"}]
-        params = {"confirm": {"pairs": 2}, "bench": {"noise_floor": {"cv": 0.015, "engines": 9}}}
+        params = {"confirm": {"pairs": 2}, "bench": {"noise_floor": {"cv": 0.015, "engines": 9}},
+                  "knee": {"server_spread": {"knee_cv": 0.13, "servers": 12}}}
         baseline = {}
         experiments = 3
     drv = ladder.Driver.__new__(ladder.Driver)
@@ -155,18 +156,24 @@ def test_the_confirm_step_re_measures_baseline_then_final_fresh_and_skips_when_n
     monkeypatch.setattr(drv, "run_exp", run_exp)
     monkeypatch.setattr(drv, "save", lambda final=False: None)
     monkeypatch.setattr(drv, "progress", lambda label: None)
-    monkeypatch.setattr(record, "confirm_summary", lambda runs, floor, objective, kept: {"summary": f"{len(runs)} runs",
-                                                                                         "delta": {}})
+    judged = []
+
+    def summary(runs, floor, objective, kept, spread):
+        judged.append(spread)
+        return {"summary": f"{len(runs)} runs", "delta": {}}
+    monkeypatch.setattr(record, "confirm_summary", summary)
     drv.confirm_step()
+    # stock, final, then final, stock: each side's mean at the same time, so a drifting machine cancels
     assert [(n, r, cfg) for _, n, cfg, _, r in calls] == [
         ("confirm-1-baseline", 1, base["knobs"]), ("confirm-1-final", 1, final["knobs"]),
-        ("confirm-2-baseline", 2, base["knobs"]), ("confirm-2-final", 2, final["knobs"])]
+        ("confirm-2-final", 2, final["knobs"]), ("confirm-2-baseline", 2, base["knobs"])]
     assert all(role == decide.CONFIRM and i == 3 for i, _, _, role, _ in calls)
-    # each pair's baseline starts its knee search from rung 0's knee, its final stack from that baseline's (common
-    # random numbers there), each on to its own bracket: the headline and the capacity plan print them
+    # each baseline starts its knee search from rung 0's knee, the final stack from the baseline measured last
+    # (common random numbers there), each on to its own bracket: the headline and the capacity plan print them
     rung0 = {"pass": 7.0, "fail": 8.0, "bracket": True}
-    assert anchors == [rung0, {"pass": 9.0, "fail": 10.51, "bracket": True}, rung0,
-                       {"pass": 10.0, "fail": 11.51, "bracket": True}]
+    assert anchors == [rung0, {"pass": 9.0, "fail": 10.51, "bracket": True},
+                       {"pass": 9.0, "fail": 10.51, "bracket": True}, rung0]
+    assert judged == [P.params["knee"]["server_spread"]]  # the knee judged over servers with the card's spread
     assert drv.confirm["summary"] == "4 runs" and [r["of"] for r in drv.confirm["runs"]][:2] == [base["exp"],
                                                                                                 final["exp"]]
     calls.clear()

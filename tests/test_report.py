@@ -3,8 +3,11 @@ dummy weights and an interrupted rung): table rows, decisions, headline, plots, 
 import json
 import re
 
+import pytest
+
 import report
 from conftest import FIXTURES
+from judgement import decide, stats
 
 
 def render(name, tmp_path):
@@ -137,7 +140,8 @@ def test_a_knee_search_stopped_at_its_verdict_reads_as_open_not_as_an_slo_never_
     assert report.knee_cell({"knee": {**k, "conclusive_fail_rps": None}}).startswith("no pass or fail on evidence")
 
 
-def confirmed(lad: dict, base_runs: list[float], final_runs: list[float], knees: tuple | None = None) -> dict:
+def confirmed(lad: dict, base_runs: list[float], final_runs: list[float], knees: tuple | None = None,
+              floor: dict | None = None) -> dict:
     """lad with a confirm pair re-measuring rung 0 and the final kept stack: these bench repeats, the knees as given
     (else their own), judged as the driver judges it (record.confirm_summary)."""
     from judgement import record
@@ -151,33 +155,58 @@ def confirmed(lad: dict, base_runs: list[float], final_runs: list[float], knees:
     runs = [again(base, "baseline", base_runs, knees and knees[0]),
             again(final, "final", final_runs, knees and knees[1])]
     kept = [r for r in lad["rungs"] if r.get("kept") and r.get("role") != "baseline"]
-    lad["confirm"] = {"pairs": 1, "runs": runs, **record.confirm_summary(runs, {"cv": 0.012, "engines": 4},
+    lad["confirm"] = {"pairs": 1, "runs": runs, **record.confirm_summary(runs, floor or {"cv": 0.012, "engines": 4},
                                                                          lad["objective"], kept)}
     return lad
 
 
+def knee(lo, hi):
+    return {"status": "inside", "knee_rps": lo, "last_pass_rps": lo, "first_fail_rps": hi, "conclusive_fail_rps": hi,
+            "mid_rps": (lo + hi) / 2, "half_width_rps": (hi - lo) / 2, "noise_floor": 0.5, "probes": 3}
+
+
 def test_a_confirm_pair_that_shows_no_gain_says_the_kept_gains_did_not_reproduce_and_names_their_rungs(tmp_path):
     # the cpu run of issue #39: on the confirm pair rung 0's knee read 4.757-5.657 req/s, the final stack's 4-5.657,
-    # tok/s 0.95x: not better by the rule (its knee floor 0.5), whatever its rungs had read
-    def knee(lo, hi):
-        return {"status": "inside", "knee_rps": lo, "last_pass_rps": lo, "first_fail_rps": hi,
-                "conclusive_fail_rps": hi, "mid_rps": (lo + hi) / 2, "half_width_rps": (hi - lo) / 2,
-                "noise_floor": 0.5, "probes": 3}
+    # tok/s 0.95x: not better by the rule, and its tok/s interval [-13.6, +3.6] % excludes the +31.6 % its rungs
+    # (all kept on tok/s) read
     lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
     lad = confirmed(lad, [400.0, 402.0, 404.0], [380.0, 382.0, 384.0], (knee(4.757, 5.657), knee(4.0, 5.657)))
-    assert lad["confirm"]["reproduced"] is False
+    assert lad["confirm"]["reproduced"] is False and lad["confirm"]["verdict"] == decide.NOT_REPRODUCED
+    assert lad["confirm"]["kept_gain"]["output_tps"] == pytest.approx(0.3155, abs=1e-4)
     md = report.render(lad, tmp_path)
     headline = md.split("\n")[2]
     assert "402 output tok/s → 382 tok/s (0.95×" in headline
     assert ("with fp8-kv + spend-memory + prefix-caching + batched-tokens-1024; the kept gains did not reproduce: the "
-            "confirm pair does not show the final stack better than rung 0 by the rule; they rested on fp8-kv (kept on "
-            "output tok/s), spend-memory (kept on output tok/s)") in headline
+            "confirm step does not show the final stack better than rung 0 by the rule, and its intervals exclude the "
+            "gains the kept rungs read; they rested on fp8-kv (kept on output tok/s), spend-memory (kept on output "
+            "tok/s)") in headline
     kept = [r for r in lad["rungs"] if r.get("kept") and r.get("role") != "baseline"]
     assert kept and all(f"{r['name']} (kept on " in headline for r in kept)
-    assert ("⚠ **Confirm pair**: the kept gains did not reproduce: the confirm pair does not show the final stack "
-            "better than rung 0 by the rule (knee -15.9 % (within noise, bracket 4.757–5.657 → 4–5.657 req/s") in md
+    assert ("⚠ **Confirm step**: the kept gains did not reproduce: the confirm step does not show the final stack "
+            "better than rung 0 by the rule, and its intervals exclude the gains the kept rungs read (knee -8.3 % "
+            "(unknown, knee 5.188 → 4.757 req/s") in md
+    assert "its output tok/s interval [-13.6, +3.6] % lies below the +31.6 % the kept rungs read" in md
     # (the why: the rule's reading of the pair)
     assert "**kept** (not reproduced)" in rows(md)["3 spend-memory"]
+
+
+def test_a_confirm_step_too_weak_to_tell_says_so_with_its_power_not_that_the_gains_did_not_reproduce(tmp_path):
+    # issue 53's cpu clone: the confirm pair read 258 -> 319 tok/s (1.23x, Δ +18.5 % [-8.5, +45.6]) on one engine a
+    # side: neither better nor excluding the +31.6 % the kept rungs read; here a floor of 8 % on 4 engines
+    lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
+    lad = confirmed(lad, [257.0, 258.0, 259.0], [318.0, 319.0, 320.0], floor={"cv": 0.08, "engines": 4})
+    conf = lad["confirm"]
+    assert conf["reproduced"] is None and conf["verdict"] == decide.COULD_NOT_TELL, conf["reproduced_why"]
+    assert conf["delta"]["output_tps"]["ci"][0] < 0 < 0.3155 < conf["delta"]["output_tps"]["ci"][1]
+    # its power for a x1.3 stack on what the kept gains rested on (tok/s), from the floor the Δ was drawn with
+    d = conf["delta"]["output_tps"]
+    assert conf["power"] == pytest.approx(stats.power(d), abs=1e-3) and 0.05 < conf["power"] < 0.8
+    md = report.render(lad, tmp_path)
+    headline = md.split("\n")[2]
+    words = f"the confirm step could not tell (power {conf['power'] * 100:.0f} % for a ×1.3 stack)"
+    assert words == conf["words"] and words in headline and "did not reproduce" not in md
+    assert "nor do its intervals exclude the gains the kept rungs read" in headline
+    assert "**kept** (confirm: could not tell)" in rows(md)["3 spend-memory"]
 
 
 def test_a_confirm_pair_that_reproduces_the_gain_leaves_the_headline_as_it_was(tmp_path):
@@ -191,6 +220,6 @@ def test_a_confirm_pair_that_reproduces_the_gain_leaves_the_headline_as_it_was(t
     assert "(not reproduced)" not in md
     # the headline is the one a confirm pair without the check renders: the same words after the confirm's figures
     old = confirmed(plain, [400.0, 402.0, 404.0], [480.0, 482.0, 484.0])
-    for k in ("reproduced", "reproduced_why", "rested_on"):
+    for k in ("reproduced", "reproduced_why", "rested_on", "verdict", "words", "power", "power_by", "kept_gain"):
         old["confirm"].pop(k)
     assert report.render(old, tmp_path).split("\n")[2] == headline

@@ -23,42 +23,22 @@ import pytest
 import ladder
 from judgement import stats
 from measure import probing
-
-TRIALS = 2000
-
-
-def profile_settings(profile: str) -> dict:
-    import config
-    import plan
-    eff = plan.effective_params(config.load_params(check=False), plan.load_ladder(plan.LADDER_YAML), profile,
-                                plan.committed_params())
-    return config.validate(eff)
-
-
-GPU_REPEATS = profile_settings("gpu-shape-4090")["bench"]["repeats"]
-IN_ENGINE, START_TO_START, COLD = 0.005, 0.015, 0.06
-
-
-class Machine:
-    """Fresh engines started one after another on one machine; the first reads COLD low if `cold`. Each engine runs
-    `repeats` timed repeats."""
-
-    def __init__(self, rng, cold: bool, repeats: int):
-        self.rng, self.cold, self.started, self.repeats = rng, cold, 0, repeats
-
-    def engine(self, rate: float, repeats: int | None = None) -> list[float]:
-        first = self.started == 0
-        self.started += 1
-        mean = rate * (1 + self.rng.normal(0, START_TO_START)) * (1 - COLD if first and self.cold else 1)
-        return list(mean * (1 + self.rng.normal(0, IN_ENGINE, repeats or self.repeats)))
-
-
-def card_floor(rng, cold: bool, engines: int = 8, repeats: int = 1) -> stats.Floor:
-    """`make benchmark --parts 2` on its own machine: the first engine discarded, then `engines` fresh ones."""
-    m = Machine(rng, cold, repeats)
-    m.engine(100.0)
-    means = [float(np.mean(m.engine(100.0))) for _ in range(engines)]
-    return stats.Floor(float(np.std(means, ddof=1) / np.mean(means)), engines, 1, "simulated card")
+from simulate import (
+    GAMMA,
+    GPU_REPEATS,
+    KNEE,
+    PHI,
+    SERVER_CV,
+    SERVER_CV_HI,
+    SPREAD,
+    TRIALS,
+    Machine,
+    card_floor,
+    knee_search,
+    profile_settings,
+    recheck,
+    rechecked,
+)
 
 
 def rung(rng, effect: float, cold: bool, warm_up: bool = True, floor_engines: int = 8, always_again: bool = False,
@@ -125,104 +105,7 @@ def test_a_cpu_placebo_is_falsely_kept_in_at_most_1_percent():
 
 
 # ---------------------------------------------------------------- the knee
-# Probe-noise model, measured with the steady-state probe on H200s (tests/fixtures/h200-probe-study.json: `make
-# benchmark` part 6 on gpu-shape-4090 rung 0, p95 SLO; test_the_knee_model_rests_on_the_h200_study checks it there):
-# - at offered rate r a server of knee K sends a share s = q (r / K)^GAMMA of its requests over the SLO (q = 5 %, a
-#   p95 SLO); GAMMA = 13: 5.1 % of 1,849 counted at 11.31 req/s (8 probes), 81 % at 14, none of 155 at 8 or of 186
-#   at 9.5. A knee is a wall, not a slope;
-# - requests over the SLO come in bursts: a probe's count is a compound Poisson of clusters of mean size
-#   (PHI + 1) / 2 (geometric), so it varies PHI times as much as a binomial count. PHI is the profile's
-#   knee.dispersion (probing.dispersion_of on that study: 6.9); the rule's test uses the same;
-# - each fresh server's knee is K x exp(N(0, SERVER_CV)): the profile's knee.server_spread (measure.spread's fit of
-#   looks at one rate on fresh servers of one config: the same model, the share's between-server SD over GAMMA);
-#   the tests hold the rule at its value and report it at the upper end of its 95 % interval;
-# - gpu-shape-4090's search (its profile's knee settings): p95, 20 % brackets (a grid of 2^(1/4)), probes sized for
-#   PHI, up to knee.max_repeats (2) probes of a rate pooled while inconclusive; the base's search starts at 0.7 K
-#   (the H200s' searches started at 1.0-1.2 K), the rung's at the base's knee (run.anchor); a verdict it reads
-#   better or worse is re-checked on a fresh server of the base, then of the rung (probing.recheck,
-#   stats.knee_recheck), better on stats.KNEE_BETTER_ROUNDS such pairs, as ladder.Driver.knee_again does.
-
-
-P4090 = profile_settings("gpu-shape-4090")
-SPREAD = P4090["knee"]["server_spread"]
-GAMMA, PHI, SERVER_CV = 13.0, P4090["knee"]["dispersion"]["phi"], SPREAD["knee_cv"]
-SERVER_CV_HI = SPREAD["knee_cv_ci"][1]
-KNEE_SETTINGS = {**P4090["knee"], "rates": None, "min_rate": None}
-KNEE_SLO = P4090["slo"]
-
-
-def look(rng, n: int, share: float, need: int | None = None, phi: float = PHI) -> tuple[int, int]:
-    """One look of n counted requests: (over the SLO, counted). The requests over it come in clusters (Poisson) of
-    geometric size, mean (phi + 1) / 2 (variance phi x n s), each at a uniform place in the look. With `need` (the
-    look stops sending once its fail is certain: knee.Curtail), it ends at the request where the count reaches it."""
-    m = (phi + 1) / 2
-    clusters = rng.poisson(n * share / m)
-    if not clusters:
-        return 0, n
-    sizes, at = rng.geometric(1 / m, clusters), np.sort(rng.uniform(0, 1, clusters))
-    total = np.cumsum(sizes)
-    if need is None or total[-1] < need:
-        return int(min(n, total[-1])), n
-    i = int(np.argmax(total >= need))
-    seen = min(max(int(np.ceil(at[i] * n)), int(total[i])), n)
-    return int(min(total[i], seen)), seen
-
-
-LOOK_S = 10.0  # a look's seconds around its counted arrivals (settle, tail, drain): H200 looks of ~40 s counted, ~50
-
-
-def server_probe(rng, k: dict, server: float, true_phi: float = PHI, curtail: bool = True):
-    """A probe function (probing.search's `probe`) of one server whose knee is `server`."""
-    q = 1 - KNEE_SLO["percentile"] / 100
-
-    def probe(rate, rows):
-        counted = probing.probe_prompts(rate, k["probe_seconds"], KNEE_SLO["percentile"], 0.0, k["min_prompts"],
-                                        k["max_prompts"], phi=PHI, looks=k["max_repeats"])
-        share = min(q * (rate / server) ** GAMMA, 1.0)
-        visit = [r for r in rows if r["offered_rps"] == rate]  # the search visits a rate once
-        need = probing.stop_count(counted, visit, KNEE_SLO["percentile"], PHI, k["max_repeats"])  # as knee.Curtail
-        over, seen = look(rng, counted, share, need if curtail else None, true_phi)
-        return {"offered_rps": rate, "counted": seen, "over_slo": over, "failed": 0, "backlog": False,
-                "seconds": seen / rate + LOOK_S}
-    return probe
-
-
-def fresh(rng, knee: float, server_cv: float, drift: float = 1.0) -> float:
-    """A fresh server's knee: the config's, times its server effect (and a machine running `drift` of its speed)."""
-    return knee * drift * float(np.exp(rng.normal(0, server_cv)))
-
-
-def knee_search(rng, knee: float, anchor: dict | None = None, server_cv: float = SERVER_CV, floor: float = 0.0,
-                true_phi: float = PHI, start: float = 0.7, curtail: bool = True, drift: float = 1.0) -> dict:
-    k = {**KNEE_SETTINGS, "start_rate": start * knee, "anchor": anchor}
-    probe = server_probe(rng, k, fresh(rng, knee, server_cv, drift), true_phi, curtail)
-    rows, probes = probing.search(probe, k, KNEE_SLO)
-    return {**probing.knee_result(probes, None, k["rel_tol"], rows),
-            "conclusive_fail_rps": probing.conclusive_fail(rows), "noise_floor": floor, "probes": len(rows),
-            "seconds": sum(r["seconds"] for r in rows), "rows": rows}
-
-
-def recheck(rng, knee: float, rate: float, side: str | None, server_cv: float, true_phi: float = PHI) -> list[dict]:
-    """probing.recheck on a fresh server of knee `knee` (the knee stage's run.anchor.look), its looks sized as the
-    stage sizes them (probing.recheck_settings)."""
-    probe = server_probe(rng, probing.recheck_settings(KNEE_SETTINGS), fresh(rng, knee, server_cv), true_phi)
-    return probing.recheck(probe, rate, KNEE_SETTINGS, KNEE_SLO, side)
-
-
-def rechecked(d: dict, base_server, rung_server, rate: float) -> dict:
-    """stats.knee_recheck as ladder.Driver.knee_again runs it: pairs of fresh servers, the base's looked at `rate`
-    (`base_server(rate, side)`: its rows), the rung's where that one was judged (`rung_server(rate)`), one pair after
-    another while each holds, up to stats.recheck_rounds."""
-    side, rounds = d["verdict"], []
-    for _ in range(stats.recheck_rounds(d)):
-        b = base_server(rate, side)
-        rounds.append((b, rung_server(stats.recheck_rate(b))))
-        if not stats.pair_holds(side, *rounds[-1]):
-            break
-    return stats.knee_recheck(d, rounds)
-
-
-KNEE = 11.31  # on a grid rate: the worst place for a knee (the rate at it is inconclusive half the time)
+# The probe-noise model and gpu-shape-4090's search: tests/simulate.py.
 
 
 def knee_rates(factor: float, seed: int, server_cv: float = SERVER_CV, floor: float = 0.0, knee: float = KNEE,

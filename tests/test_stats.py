@@ -4,6 +4,7 @@ import math
 import os
 import re
 
+import numpy as np
 import pytest
 
 from conftest import FIXTURES
@@ -542,3 +543,39 @@ def test_a_knee_bracket_with_no_pass_says_so():
     d = stats.knee_delta({"knee_rps": 3.364, "conclusive_fail_rps": 4.757, "noise_floor": 0.5},
                          {"knee_rps": None, "conclusive_fail_rps": 3.364, "noise_floor": 0.5})
     assert "bracket 3.364–4.757 → no pass–3.364 req/s" in d["why"], d
+
+
+def test_the_knee_over_servers_is_the_ratio_of_their_geometric_mean_midpoints_with_the_cards_spread():
+    def k(lo, hi):
+        return {"knee_rps": lo, "conclusive_fail_rps": hi}
+    base, new = [k(9.514, 11.31), k(11.31, 13.45)], [k(19.03, 22.63), k(22.63, 26.91)]  # ~2x
+    spread = {"knee_cv": 0.1292, "servers": 12, "measured_on": "H200"}
+    d = stats.knees_delta(base, new, spread)
+    brackets = ((9.514, 11.31), (11.31, 13.45), (19.03, 22.63), (22.63, 26.91))
+    mid = [math.sqrt(a * b) for a, b in brackets]
+    assert d["rel"] == pytest.approx(math.sqrt(mid[2] * mid[3] / (mid[0] * mid[1])) - 1, rel=1e-9)
+    # the SD: the card's (knee_cv^2 + each bracket's width^2 / 12, df 11) pooled with each side's own (df 1 + 1)
+    w = np.mean([math.log(b / a) ** 2 / 12 for a, b in brackets])
+    own = sum(float(np.var(np.log(x), ddof=0)) * 2 for x in (mid[:2], mid[2:]))
+    assert d["df"] == 13 and d["sd"] == pytest.approx(math.sqrt((11 * (0.1292 ** 2 + w) + own) / 13), abs=1e-4)
+    assert d["verdict"] == "better" and d["servers"] == [2, 2]
+    assert stats.knees_delta(base, base, spread)["verdict"] == "within noise"
+    # one server of two moved ~2x: within noise
+    assert stats.knees_delta(base, new[:1] + base[1:], spread)["verdict"] == "within noise"
+    # no spread measured and one server a side: nothing to judge by
+    assert stats.knees_delta(base[:1], new[:1], {"servers": 0})["verdict"] == "unknown"
+    assert stats.knees_delta([k(None, 9.514)], new, spread)["verdict"] == "unknown"  # a side with no bracket
+
+
+def test_the_power_at_the_true_floor_is_the_rate_a_planted_gain_is_called_better():
+    # brute force: a floor measured on 8 engines (its cv drawn as measured), 2 engines a side, a true +3 % gain; the
+    # power a confirm step states is this function at its measured floor (a plug-in: it errs high as often as low)
+    rng = np.random.default_rng(5)
+    calls = []
+    for _ in range(3000):
+        cv = 0.015 * math.sqrt(rng.chisquare(7) / 7)
+        b = [[100 * (1 + rng.normal(0, 0.015))] for _ in range(2)]
+        n = [[103 * (1 + rng.normal(0, 0.015))] for _ in range(2)]
+        calls.append(stats.delta(b, n, stats.Floor(cv, 8))["verdict"] == "better")
+    at_truth = stats.power({"ci": [0.0, 0.0], "df": 7, "engines": [2, 2], "floor_cv": 0.015}, gain=0.03)
+    assert np.mean(calls) == pytest.approx(at_truth, abs=0.02), (np.mean(calls), at_truth)

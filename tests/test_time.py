@@ -153,3 +153,17 @@ def test_a_marker_from_before_the_stamps_is_hashed_once_then_stamped(tmp_path):
     marker.write_text(json.dumps(info))
     assert download.verify("m", folder, spec)["sha256"] == info["sha256"]
     assert set(json.loads(marker.read_text())["stamps"]) == {"config.json", "model.safetensors"}
+
+
+def test_the_confirm_step_s_minutes_count_in_the_totals_and_per_stack():
+    lad = ladder(rung(0, "baseline", 600.0, gpus=1, knee=stage(540, 300, 200)))
+    runs = [{**rung(3, f"confirm-{k}-{w}", s, knee=stage(s - 60, 100, s - 200)), "knobs": {}}
+            for k, w, s in ((1, "baseline", 300.0), (1, "final", 240.0), (2, "final", 240.0), (2, "baseline", 300.0))]
+    lad["confirm"] = {"pairs": 2, "runs": runs}
+    tot = record.annotate_time(lad)["time"]
+    assert tot["minutes"] == (600 + 2 * 300 + 2 * 240) / 60 and tot["engine_starts"] == 5
+    assert tot["confirm"] == {"runs": 4, "minutes": 18.0, "per_stack": {"stock": 10.0, "final": 8.0}}
+    md = "\n".join(report.time_lines(lad))
+    assert ("The confirm step: 4 runs (2 pair(s)), **18.0 GPU-minutes**: 10.0 re-measuring stock (rung 0), 8.0 the "
+            "final stack.") in md
+    assert re.search(r"^\| 3 confirm-2-final\s*\| 240 s", md, re.M)

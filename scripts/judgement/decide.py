@@ -17,11 +17,24 @@ _TPS = ("output tok/s is better with a {level} interval that excludes zero (the 
         "start-to-start SD that make benchmark measured on the card, pooled with the ladder's own re-measures)")
 _KNEE = ("its knee (req/s at the SLO) is better: it passed on evidence at a rate where the last kept rung's failed on "
          "evidence (its search probes that rate first, on the same arrival traces), beyond knee.noise_floor")
-# The confirm pair (rung 0 and the final kept stack measured again back to back, ladder.Driver.confirm_step) is judged
-# as a rung against its base (gain): a stack whose pair shows no gain is named, not reported as a gain.
-CONFIRM_WORDS = ("The confirm pair (rung 0 and the final kept stack measured again back to back) is judged by the same "
-                 "rule, the final stack as the rung and rung 0 as its base: where it does not come out better, the "
-                 "report and its headline say the kept gains did not reproduce and name the rungs they rested on")
+# The confirm step (rung 0 and the final kept stack measured again, ladder.Driver.confirm_step) is judged as a rung
+# against its base (gain), each engine and each server a unit (record.confirm_summary); a stack whose confirm shows no
+# gain is named, not reported as a gain, and told apart from a confirm step too weak to tell (its power).
+CONFIRMED, NOT_REPRODUCED, COULD_NOT_TELL = "reproduced", "did not reproduce", "could not tell"
+CONFIRM_WORDS = ("The confirm step measures rung 0 and the final kept stack again, confirm.pairs pairs of fresh "
+                 "engines and fresh servers, interleaved (stock then final, then final then stock: a machine drifting "
+                 "linearly cancels), and judges them by the same rule, the final stack as the rung and rung 0 as its "
+                 "base, each engine and each server a unit: output tok/s over the engines, the knee over the servers "
+                 "(each server's bracket midpoint, their SD the servers' spread measured on the card pooled with the "
+                 "step's own). Where the final stack comes out better, the kept gains reproduced; where its intervals "
+                 "exclude the gains the kept rungs rested on, the report and its headline say the kept gains did not "
+                 "reproduce and name the rungs they rested on; anything else, that the confirm step could not tell, "
+                 "with its power for a ×" + f"{stats.CONFIRM_STACK:g}" + " stack")
+# The headline's words for a confirm step that did not confirm (report.not_reproduced).
+NOT_REPRODUCED_WORDS = "the kept gains did not reproduce"
+COULD_NOT_TELL_WORDS = "the confirm step could not tell (power {power} for a ×{stack:g} stack)"
+
+
 RULE = ("a rung is kept only when it is significantly better than the last kept rung: " + _KNEE + ", or its knee is "
         "not worse (it did not fail on evidence where the base passed) and " + _TPS + ". Anything else is reverted (no "
         "measurable gain: the simpler config stays); a lost knee is worse; " + stats.KNEE_AGAIN_WORDS + ". "
@@ -64,10 +77,36 @@ def gain(d_knee: dict, d_tps: dict, objective: str) -> tuple[bool, str]:
     return False, f"no measurable gain: {knee}; {tps}; the simpler config stays"
 
 
-def reproduced(d: dict, objective: str) -> tuple[bool, str]:
-    """Whether the confirm pair's deltas (the final stack vs rung 0, record.confirm_summary) show the final stack better
-    by the rule (gain, as a rung against its base), and why: CONFIRM_WORDS."""
-    return gain(d["knee_rps"], d["output_tps"], objective)
+def reproduced(d: dict, objective: str, kept_gain: dict | None = None) -> tuple[str, str]:
+    """The confirm step's verdict on its deltas (the final stack vs rung 0, record.confirm_summary), and why:
+    CONFIRMED where the final stack is better by the rule (gain, as a rung against its base); NOT_REPRODUCED where, on
+    every measure the kept gains rested on (`kept_gain`: {output_tps or knee_rps: the relative gain the kept rungs
+    read on it}; none given: no gain on either), the confirm's interval lies below that gain; else COULD_NOT_TELL:
+    CONFIRM_WORDS."""
+    better, why = gain(d["knee_rps"], d["output_tps"], objective)
+    if better:
+        return CONFIRMED, why
+    why = why.removesuffix("; the simpler config stays")  # a rung's words: the confirm step reverts nothing
+    gains = kept_gain or {"output_tps": 0.0, "knee_rps": 0.0}
+    names = {"output_tps": "output tok/s", "knee_rps": "knee"}
+    below = [f"its {names[m]} interval [{d[m]['ci'][0] * 100:+.1f}, {d[m]['ci'][1] * 100:+.1f}] % lies below the "
+             f"{g * 100:+.1f} % the kept rungs read" for m, g in gains.items()
+             if (d.get(m) or {}).get("ci") and d[m]["ci"][1] < g]
+    if len(below) == len(gains):
+        return NOT_REPRODUCED, f"{why}; " + "; ".join(below)
+    return COULD_NOT_TELL, why
+
+
+def confirm_words(conf: dict) -> str | None:
+    """What the headline says of a confirm step that did not confirm the kept gains (record.confirm_summary's
+    `verdict` and `power`); None where it did, or where none judged them."""
+    if conf.get("verdict") == NOT_REPRODUCED:
+        return NOT_REPRODUCED_WORDS
+    if conf.get("verdict") == COULD_NOT_TELL:
+        power = conf.get("power")
+        return COULD_NOT_TELL_WORDS.format(power="n/a" if power is None else f"{power * 100:.0f} %",
+                                           stack=stats.CONFIRM_STACK)
+    return None
 
 
 def rested_on(rec: dict, objective: str) -> str:

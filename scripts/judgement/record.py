@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import TypedDict
 
+import numpy as np
+
 import common
 from judgement import capacity, decide, stats
 from measure import summary
@@ -273,11 +275,15 @@ def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:
     return out
 
 
-def confirm_summary(runs: list[dict], floor=None, objective: str = "knee_rps", kept: list[dict] | None = None) -> dict:
-    """The confirm step's result: baseline and final stack, each re-measured in every pair (their bench repeats
-    pooled, the last pair's knee), compared in like units by `compare`, and judged by the rule as a rung against its
-    base (decide.reproduced: `reproduced`, and why), with the `kept` rungs' records it rests on (`rested_on`: each
-    one's name and what its keep rested on, decide.rested_on). This is where the headline comes from."""
+def confirm_summary(runs: list[dict], floor=None, objective: str = "knee_rps", kept: list[dict] | None = None,
+                    knee_spread=None) -> dict:
+    """The confirm step's result: baseline and final stack, each re-measured in every pair, compared in like units
+    (compare_sides: tok/s over every engine; the knee over every server, stats.knees_delta with the servers' spread
+    `knee_spread`, params knee.server_spread), and judged by the rule as a rung against its base (decide.reproduced:
+    `verdict`, `reproduced` True / False / None where it could not tell, and why), with its `power` for a
+    ×stats.CONFIRM_STACK stack (stats.power, from the floors it was drawn with, on the measures the kept gains rested
+    on: either confirms it) and the `kept` rungs' records it rests on (`rested_on`: each one's name and what its keep
+    rested on, decide.rested_on). This is where the headline comes from."""
     ok = [r for r in runs if r.get("status") == "ok"]
     sides = {w: [r for r in ok if r["name"].endswith(f"-{w}")] for w in ("baseline", "final")}
     if not sides["baseline"] or not sides["final"] or len(ok) < len(runs):
@@ -294,17 +300,42 @@ def confirm_summary(runs: list[dict], floor=None, objective: str = "knee_rps", k
                                          else last["bench"].get("output_tps"))}}
     b, f = pooled(sides["baseline"]), pooled(sides["final"])
     d = compare_sides(sides["baseline"], sides["final"], floor)  # each pair's engine a unit, not its repeats
+    gb, g = (capacity.gpus_per_instance(sides[w][0]["knobs"]) for w in ("baseline", "final"))
+    d["knee_rps"] = stats.knees_delta([capacity.per_gpu_knee(r["knee"], gb) for r in sides["baseline"]],
+                                      [capacity.per_gpu_knee(r["knee"], g) for r in sides["final"]], knee_spread)
+    if g != gb:
+        d["knee_rps"]["why"] = f"per GPU, {g} vs {gb} GPUs per instance; {d['knee_rps']['why']}"
     bt, ft = b["bench"].get("output_tps"), f["bench"].get("output_tps")
     tps = (f"{bt:.0f} output tok/s → {ft:.0f} tok/s ({ft / bt:.2f}×, Δ {d['output_tps']['rel'] * 100:+.1f} % "
            f"[{d['output_tps']['ci'][0] * 100:+.1f}, {d['output_tps']['ci'][1] * 100:+.1f}])"
            if bt and ft and d["output_tps"].get("ci") else "output tok/s n/a")
-    gained, why = decide.reproduced(d, objective)
+    on = {m: [r for r in kept or [] if (decide.rested_on(r, objective) == "output tok/s") == (m == "output_tps")]
+          for m in ("output_tps", "knee_rps")}
+    kept_gain = {m: _compound(rs, m) for m, rs in on.items() if rs and _compound(rs, m) is not None}
+    verdict, why = decide.reproduced(d, objective, kept_gain)
+    by = {m: stats.power(d[m]) for m in ("output_tps", "knee_rps")}
+    if objective != "knee_rps":  # the knee keeps nothing: tok/s alone can confirm
+        by["knee_rps"] = None
+    counted = [by[m] for m in (kept_gain or by) if by[m] is not None]
+    power = 1 - float(np.prod([1 - p for p in counted])) if counted else None
+    power = None if power is None else round(power, 3)
     return {"baseline": {"output_tps": bt, "output_tps_runs": b["bench"]["output_tps_runs"], "knee": _knee(b["knee"])},
             "final": {"output_tps": ft, "output_tps_runs": f["bench"]["output_tps_runs"], "knee": _knee(f["knee"])},
-            "delta": d, "speedup": ft / bt if bt and ft else None, "reproduced": gained, "reproduced_why": why,
+            "delta": d, "speedup": ft / bt if bt and ft else None, "verdict": verdict,
+            "reproduced": {decide.CONFIRMED: True, decide.NOT_REPRODUCED: False}.get(verdict),
+            "reproduced_why": why, "kept_gain": kept_gain,
+            "power": power, "words": decide.confirm_words({"verdict": verdict, "power": power}),
+            "power_by": {m: None if p is None else round(p, 3) for m, p in by.items()},
             "rested_on": [{"name": r["name"], "exp": r.get("exp"), "on": decide.rested_on(r, objective)}
                           for r in kept or []],
-            "summary": f"{tps}; knee {d['knee_rps']['why']} ({d['knee_rps']['verdict']})"}
+            "summary": f"{tps}; {d['knee_rps']['why']} ({d['knee_rps']['verdict']})"}
+
+
+def _compound(recs: list[dict], measure: str) -> float | None:
+    """The gain kept rungs read on one measure, compounded over them (each vs its base); None: none read one."""
+    rels = [((r.get("delta") or {}).get(measure) or {}).get("rel") for r in recs]
+    rels = [x for x in rels if x is not None]
+    return float(np.prod([1 + x for x in rels]) - 1) if rels else None
 
 
 def _knee(k: dict) -> dict:
@@ -385,14 +416,31 @@ def time_totals(rungs: list[RungRecord], price_per_hour: float, unit: str = "GPU
             "estimated": any(t["estimated"] for t in splits)}
 
 
+def confirm_time(runs: list[dict]) -> dict:
+    """The confirm step's device-minutes (each run's `time`, weighted by its GPUs): in all and per stack (rung 0's
+    runs, the final stack's)."""
+    def minutes(side: str | None) -> float:
+        return round(sum(r["time"]["seconds"] * r["time"]["gpus"] for r in runs if r.get("time")
+                         and (side is None or r["name"].endswith(f"-{side}"))) / 60, 1)
+    return {"runs": len(runs), "minutes": minutes(None),
+            "per_stack": {"stock": minutes("baseline"), "final": minutes("final")}}
+
+
 def annotate_time(lad: LadderRecord) -> LadderRecord:
-    """Fill time_split into every rung that ran and time_totals into the record (after capacity.annotate, which
-    sets each rung's GPUs). The ladder driver calls it on every save."""
+    """Fill time_split into every rung and confirm run that ran, and time_totals into the record (after
+    capacity.annotate, which sets each rung's GPUs; a confirm run's are its knobs'), with the confirm step's own
+    minutes (confirm_time). The ladder driver calls it on every save."""
     num_prompts = (((lad.get("settings") or {}).get("bench")) or {}).get("num_prompts")
-    for r in lad["rungs"]:
+    on_gpu = (lad.get("environment") or {}).get("device") == "gpu"
+    confirm = ((lad.get("confirm") or {}).get("runs")) or []
+    for r in confirm:
+        r["gpus"] = capacity.gpus_per_instance(r.get("knobs") or {}) if on_gpu else None
+    for r in lad["rungs"] + confirm:
         if r.get("seconds") is not None:
             r["time"] = time_split(r, num_prompts)
     price = float(((lad.get("settings") or {}).get("cost") or {}).get("gpu_price_per_hour") or 0)
-    unit = "GPU" if (lad.get("environment") or {}).get("device") == "gpu" else "CPU"
-    lad["time"] = time_totals(lad["rungs"], price, unit)
+    unit = "GPU" if on_gpu else "CPU"
+    lad["time"] = time_totals(lad["rungs"] + confirm, price, unit)
+    if confirm:
+        lad["time"]["confirm"] = confirm_time(confirm)
     return lad

@@ -316,6 +316,89 @@ def knee_recheck(d: dict, rounds: list[tuple[list[dict] | None, list[dict] | Non
     return {**out, "why": d["why"] + f"; {'; '.join(seen)}: it holds on {len(seen) + 1} servers a side"}
 
 
+# ---------------------------------------------------------------- the confirm step
+# The confirm step (ladder.Driver.confirm_step) measures rung 0 and the final stack again on `confirm.pairs` pairs of
+# fresh engines and fresh servers. Its tok/s is `delta` over the engines; its knee is judged over the servers, each
+# server's knee a unit (knees_delta): one server a side, as a rung's search, calls an A/A stack's knee better in ~13 %
+# at the H200's spread (tests/test_confirm_simulation.py).
+CONFIRM_STACK = 1.3  # the stack whose power the confirm step states: tok/s or knee x1.3 (issue 53)
+
+
+def server_knee(k: dict) -> float | None:
+    """One server's knee as a point: the geometric midpoint of its last pass and its first fail on evidence (its
+    bracket); None where its search found no bracket (no pass, or no fail on evidence)."""
+    lo, hi = k.get("knee_rps"), _fail_at(k)
+    return math.sqrt(lo * hi) if lo and math.isfinite(hi) and hi > lo else None
+
+
+def knee_spread(spec) -> Floor:
+    """The relative SD of the knee between fresh servers of one config (params `knee.server_spread`: knee_cv on
+    `servers` servers; `make benchmark ARGS="--parts 4"` measures it) as a Floor (df servers - 1; 0: not measured)."""
+    if isinstance(spec, Floor):
+        return spec
+    if not spec or not spec.get("servers") or spec.get("knee_cv") is None:
+        return Floor(0.0, 0, 1, "no servers' spread measured")
+    where = ", ".join(str(spec[k]) for k in ("measured_on", "measured") if spec.get(k))
+    return Floor(float(spec["knee_cv"]), int(spec["servers"]), 1, where or "as typed")
+
+
+def knees_delta(base: list[dict], new: list[dict], spread=None, confidence: float = CONFIDENCE) -> dict:
+    """The knee of `new`'s servers vs `base`'s, each fresh server a unit: the difference of their mean log knees
+    (server_knee: each bracket's midpoint), with a `confidence` interval, 'better' / 'worse' where it excludes zero.
+    Its SD is the servers' spread measured on the card (`spread`: knee_spread; a server's knee also sits anywhere in
+    its bracket: + width^2 / 12 on the log scale) pooled with this step's own servers of each side, by degrees of
+    freedom: the knee's analogue of `delta` with its floor. 'unknown' without a spread measured and fewer than two
+    servers a side, or with a side whose searches found no bracket."""
+    spread = knee_spread(spread)
+    sides = [[x for x in map(server_knee, side) if x] for side in (base, new)]
+    counts = [len(side) for side in (base, new)]
+    if not all(sides):
+        return {"rel": None, "ci": None, "verdict": "unknown", "servers": counts,
+                "why": "a side's searches found no bracket (no pass, or no fail on evidence)"}
+    logs = [np.log(side) for side in sides]
+    widths = [math.log(_fail_at(k) / k["knee_rps"]) ** 2 / 12 for side in (base, new) for k in side if server_knee(k)]
+    ss = sum(float(np.sum((x - x.mean()) ** 2)) for x in logs)
+    df_own = sum(len(x) - 1 for x in logs)
+    prior = (spread.cv ** 2 + float(np.mean(widths))) * spread.df if spread.df else 0.0
+    df = spread.df + df_own
+    d = float(logs[1].mean() - logs[0].mean())
+    rel = math.exp(d) - 1
+    lo, hi = (math.exp(x.mean()) for x in logs)
+    seen = (f"knee {fmt_g(round(lo, 3))} → {fmt_g(round(hi, 3))} req/s (each server's bracket midpoint, geometric "
+            f"mean), {len(sides[0])} vs {len(sides[1])} server(s)"
+            + (f" ({counts[0]} vs {counts[1]} searched)" if counts != [len(x) for x in sides] else ""))
+    if not df:
+        return {"rel": rel, "ci": None, "verdict": "unknown", "servers": [len(x) for x in sides],
+                "why": f"{seen}, no servers' spread measured: the difference cannot be told from the servers' own"}
+    sd = math.sqrt((prior + ss) / df)
+    se = sd * math.sqrt(1 / len(sides[0]) + 1 / len(sides[1]))
+    half = tq(confidence, df) * se
+    ci = [math.exp(d - half) - 1, math.exp(d + half) - 1]
+    verdict = "better" if ci[0] > 0 else "worse" if ci[1] < 0 else "within noise"
+    source = (f"the servers' knee CV {spread.cv:.1%} from {spread.engines} servers ({spread.source})" if spread.df
+              else "no servers' spread measured")
+    why = f"{seen}, {confidence:.1%} interval, SD {sd:.1%} a server: {source}, pooled with this step's own, df {df}"
+    return {"rel": rel, "ci": ci, "verdict": verdict, "why": why, "servers": [len(x) for x in sides], "df": df,
+            "sd": round(sd, 4), "confidence": confidence}
+
+
+def power(d: dict, gain: float = CONFIRM_STACK - 1, confidence: float = CONFIDENCE) -> float | None:
+    """The chance that a Δ drawn as `d` was (delta: the engines and floor it rests on; knees_delta: the servers and
+    their SD) calls a true gain of `gain` better: a noncentral t at the interval's degrees of freedom. None where `d`
+    drew no interval. In-engine repeats are left out of a tok/s Δ's SD (they widen it by a hair)."""
+    if d.get("ci") is None or not d.get("df"):
+        return None
+    if "servers" in d:  # a knee over servers: on the log scale
+        nb, nn = d["servers"]
+        se, shift = d["sd"] * math.sqrt(1 / nb + 1 / nn), math.log(1 + gain)
+    else:
+        nb, nn = d["engines"]
+        se, shift = d["floor_cv"] * math.sqrt(1 / nb + (1 + gain) ** 2 / nn), gain
+    if not se:
+        return 1.0
+    return float(sps.nct.sf(tq(confidence, d["df"]), d["df"], shift / se))
+
+
 # ---------------------------------------------------------------- paired quality test
 def mcnemar_exact(b: int, c: int) -> float:
     """Two-sided exact McNemar p-value: b items flipped right->wrong, c wrong->right (binomial, p = 1/2)."""
