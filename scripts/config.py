@@ -458,7 +458,8 @@ class Anchor(Section):
 class Run(Section):
     """Bookkeeping `make ladder` sets for each experiment, so that DVC's run-cache tells experiments apart: not
     knobs (the rung in force is model, engine and env)."""
-    round: Annotated[int, at.Ge(0)] = F("an integer >= 0 (0 for rungs, k for confirm pair k)", 0)
+    round: Annotated[int, at.Ge(0)] = F("an integer >= 0 (0 for rungs, k for confirm pair k or for a knee "
+                                        "re-check's pair k > 1)", 0)
     remeasure: Annotated[int, at.Ge(0)] = F("an integer >= 0 (a held rung's base measured again right after it, "
                                             "bench only: when that rung's bench ran, Unix s; else 0)", 0)
     anchor: Anchor | None = F("the base's knee {pass, fail} (req/s) that a rung's knee search probes first, or null",

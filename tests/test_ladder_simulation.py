@@ -8,6 +8,8 @@ What must hold: of ladders whose rungs change nothing, at most LADDER_FALSE_KEEP
 together). What it leaves for real gains of the seed's sizes is reported: a +20 % tok/s rung is kept in >= 95 %; a
 ladder with a +20 % tok/s rung and a x1.41 knee rung among placebos keeps both in a share a strict xfail prints.
 """
+import functools
+
 import pytest
 
 import ladder_sim as ls
@@ -24,6 +26,13 @@ def noise(profile: str, upper: bool) -> ls.Noise:
     return nm.upper() if upper else nm
 
 
+@functools.cache
+def seed_sizes(profile: str, upper: bool) -> ls.Rates:
+    """Ladders with a +20 % tok/s rung first and a x1.41 knee rung third, placebos around them (one run serves the
+    tests that read it: a few seconds of CI a hundred ladders)."""
+    return ls.ladders(noise(profile, upper), SEED_SIZES, 2000, seed=42)
+
+
 @pytest.mark.parametrize("upper", [False, True], ids=["measured", "upper end"])
 @pytest.mark.parametrize("profile", list(KNEES))
 def test_an_all_placebo_ladder_keeps_nothing_in_at_least_95_percent(profile, upper):
@@ -37,7 +46,7 @@ def test_an_all_placebo_ladder_keeps_nothing_in_at_least_95_percent(profile, upp
 def test_one_pair_of_fresh_servers_for_a_better_knee_kept_something_in_one_ladder_of_ten(monkeypatch):
     # the rule before the budget, on the same ladders: why a better knee is re-checked on KNEE_BETTER_ROUNDS pairs
     monkeypatch.setattr(stats, "KNEE_BETTER_ROUNDS", 1)
-    r = ls.ladders(noise("gpu-shape-4090", False), [[PLACEBO]] * stats.LADDER_RUNGS, TRIALS, seed=41)
+    r = ls.ladders(noise("gpu-shape-4090", False), [[PLACEBO]] * stats.LADDER_RUNGS, 2000, seed=41)
     print("before the budget:", r)
     assert r.kept_any > 1.5 * stats.LADDER_FALSE_KEEP and r.kept_on["its knee"] > stats.LADDER_FALSE_KEEP, r
 
@@ -45,7 +54,7 @@ def test_one_pair_of_fresh_servers_for_a_better_knee_kept_something_in_one_ladde
 @pytest.mark.parametrize("upper", [False, True], ids=["measured", "upper end"])
 @pytest.mark.parametrize("profile", list(KNEES))
 def test_a_20_percent_tok_s_rung_is_kept_in_at_least_85_percent_of_ladders(profile, upper):
-    r = ls.ladders(noise(profile, upper), SEED_SIZES, 2000, seed=42)
+    r = seed_sizes(profile, upper)
     print(profile, "upper end" if upper else "measured", r)
     assert r.found(0) >= (0.95 if not upper else 0.85), r
 
@@ -57,7 +66,7 @@ def test_a_20_percent_tok_s_rung_is_kept_in_at_least_85_percent_of_ladders(profi
                    "spread is what moves it")
 @pytest.mark.parametrize("profile", list(KNEES))
 def test_a_ladder_with_a_20_percent_tok_s_rung_and_a_1_41x_knee_rung_keeps_both_in_at_least_80_percent(profile):
-    r = ls.ladders(noise(profile, False), SEED_SIZES, 2000, seed=43)
+    r = seed_sizes(profile, False)
     both = r.both(0, 2)
     print(f"{profile}: both kept {both:.1%}; tok/s rung {r.found(0):.1%}, knee rung {r.found(2):.1%}")
     assert both >= 0.80, r

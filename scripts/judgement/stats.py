@@ -18,7 +18,7 @@ from measure.summary import fmt_g, tq
 # carries the start-to-start SD (`Floor`), with that estimate's own degrees of freedom.
 # One error budget for the whole ladder: a rung is kept on its knee or on its tok/s, and a ladder judges five rungs
 # against one base, so a rate per test compounds (one re-check pair a side kept something in ~10 % of all-placebo
-# gpu-shape-4090 ladders, 8.8 % on the knee: tests/test_ladder_simulation.py). LADDER_FALSE_KEEP bounds the share of
+# gpu-shape-4090 ladders, 8.7 % on the knee: tests/test_ladder_simulation.py). LADDER_FALSE_KEEP bounds the share of
 # ladders of LADDER_RUNGS rungs that change nothing which keep anything, both paths together: CONFIDENCE (tok/s,
 # ~2.5 % of such ladders) and the knee's re-check pairs (KNEE_BETTER_ROUNDS, ~1.6 %) share it, as whole ladders
 # simulated on each profile's measured noise, and at the upper end of its intervals, show.
