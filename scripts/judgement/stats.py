@@ -282,7 +282,7 @@ def pair_holds(side: str, base_rows: list[dict] | None, rung_rows: list[dict] | 
 def knee_recheck(d: dict, rounds: list[tuple[list[dict] | None, list[dict] | None]]) -> dict:
     """A knee delta (knee_delta: better or worse on the base's and the rung's searches, one server each) re-judged
     with pairs of fresh servers, the base's then the rung's (probing.recheck's rows; None: not measured), in the
-    order they ran: KNEE_AGAIN_WORDS. It stands only where recheck_rounds(side) pairs ran and each held; the first
+    order they ran: KNEE_AGAIN_WORDS. It stands only where recheck_rounds(d) pairs ran and each held; the first
     pair that does not hold decides (the driver runs no pair after it)."""
     side = d["verdict"]
     if side not in ("better", "worse"):
