@@ -25,22 +25,15 @@ search and SLO settings.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy import stats as sps
 
 import ladder
 import simulate as sim
 from judgement import decide, stats
 
 OBJECTIVE = "knee_rps"  # ladder.yaml's objective: a rung is kept on its knee, or on tok/s with its knee not worse
-
-
-def upper_cv(cv: float, df: int, level: float = 0.95) -> float:
-    """The upper end of a CV's two-sided `level` interval from `df` degrees of freedom (chi-square)."""
-    return cv * math.sqrt(df / sps.chi2.ppf((1 - level) / 2, df))
 
 
 @dataclass(frozen=True)
@@ -55,7 +48,6 @@ class Noise:
     floor_cv: float        # bench.noise_floor cv (fresh engines' start-to-start)
     floor_engines: int
     repeats: int
-    confidence: float = stats.CONFIDENCE  # the tok/s interval's (stats.delta)
 
     @classmethod
     def of(cls, profile: str, knee: float, spread_from: str = "gpu-shape-4090") -> Noise:
@@ -71,7 +63,7 @@ class Noise:
 
     def upper(self) -> Noise:
         """Every floor at the upper end of its 95 % interval: the servers' knee CV and the engines' start-to-start."""
-        return replace(self, server_cv=self.server_cv_hi, floor_cv=upper_cv(self.floor_cv, self.floor_engines - 1))
+        return replace(self, server_cv=self.server_cv_hi, floor_cv=sim.upper_cv(self.floor_cv, self.floor_engines - 1))
 
     def machine(self, rng) -> sim.Machine:
         """Fresh engines one after another on one machine; its first reads sim.COLD low."""
@@ -114,7 +106,7 @@ def ladder_run(rng, nm: Noise, rungs: list[list[tuple[float, float]]]) -> list[l
             anchor = ladder.knee_anchor({"knee": base.search}, {}, floor=nm.knee_floor, last=last)
             new = Config(base.tps * tps_f, base.knee * knee_f, [m.engine(base.tps * tps_f)], {})
             new.search = nm.search(rng, new.knee, anchor)
-            rec = {"status": "ok", "delta": {"output_tps": stats.delta([latest], new.engines, floor(), nm.confidence),
+            rec = {"status": "ok", "delta": {"output_tps": stats.delta([latest], new.engines, floor()),
                                              "knee_rps": stats.knee_delta(base.search, new.search)}}
             if decide.needs_knee_again(rec, OBJECTIVE):  # ladder.Driver.knee_again
                 d = rec["delta"]["knee_rps"]
@@ -130,7 +122,7 @@ def ladder_run(rng, nm: Noise, rungs: list[list[tuple[float, float]]]) -> list[l
             again = m.engine(base.tps)
             base.engines.append(again)
             for j in pending:
-                recs[j]["delta"]["output_tps"] = stats.delta([latest, again], news[j].engines, floor(), nm.confidence)
+                recs[j]["delta"]["output_tps"] = stats.delta([latest, again], news[j].engines, floor())
                 recs[j]["delta"][decide.AGAIN] = True
             latest = again
         kept = [j for j, r in enumerate(recs) if decide.decide(r, {}, OBJECTIVE)[0]]

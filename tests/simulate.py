@@ -3,14 +3,21 @@ the per-rung rule; tests/test_confirm_simulation.py: the confirm step). Each tes
 module states the models, as measured, and measures with the project's own functions (probing.search, stats.pool)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats as sps
 
 from judgement import stats
 from measure import probing
 
 TRIALS = 2000
+
+
+def upper_cv(cv: float, df: int, level: float = 0.95) -> float:
+    """The upper end of a CV's two-sided `level` interval estimated on `df` degrees of freedom (chi-square)."""
+    return cv * math.sqrt(df / sps.chi2.ppf((1 - level) / 2, df))
 
 
 def profile_settings(profile: str) -> dict:

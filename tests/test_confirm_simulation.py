@@ -24,11 +24,8 @@ A stack is "called better" where confirm_summary's `reproduced` is True. What mu
 called better in <= 2.5 %; a true x1.3 stack (tok/s and knee both x1.3) in >= 80 % at the pairs params.yaml sets
 (confirm.pairs, sized here); each at the measured noise and at the upper end. 2,000 trials a case.
 """
-import math
-
 import numpy as np
 import pytest
-from scipy import stats as sps
 
 import ladder
 from judgement import record, stats
@@ -42,6 +39,7 @@ from simulate import (
     card_floor,
     knee_search,
     profile_settings,
+    upper_cv,
 )
 
 PROFILES = {p: profile_settings(p) for p in ("gpu-shape-4090", "cpu")}
@@ -53,8 +51,7 @@ STOCK_TPS = 100.0
 def upper_start_to_start(profile: str) -> float:
     """The fresh engines' SD at the upper end of a floor's 95 % interval, were it measured with the profile's
     bench.noise_floor degrees of freedom: sqrt(df / chi2_0.025(df)) x the model's."""
-    df = stats.Floor.of(PROFILES[profile]["bench"]["noise_floor"]).df
-    return START_TO_START * math.sqrt(df / sps.chi2.ppf(0.025, df))
+    return upper_cv(START_TO_START, stats.Floor.of(PROFILES[profile]["bench"]["noise_floor"]).df)
 
 
 def run(name: str, knobs: dict, engine: list[float], knee: dict) -> dict:

@@ -270,13 +270,20 @@ def recheck_rounds(d: dict) -> int:
     return 1 if d["verdict"] == "worse" else 0
 
 
+def _pair(side: str, base_rows: list[dict], rung_rows: list[dict]) -> tuple[bool, tuple, tuple]:
+    """One pair of fresh servers judged: whether it holds a knee verdict read `side`, and each side's (verdict, over
+    the SLO, counted) at the rate it was judged at (the base's: where it visited last; the rung's: its one rate).
+    The fresh base must read the other way on evidence: fresh servers' knees spread by ~13 % on an H200 (12
+    servers), where "not pass" credited an A/A rung 3.7 % of the time (tests/test_rule_simulation.py)."""
+    b, r = rate_verdict(base_rows, recheck_rate(base_rows)), rate_verdict(rung_rows, recheck_rate(rung_rows))
+    holds = (b[0] == "fail" and r[0] == "pass") if side == "better" else (b[0] == "pass" and r[0] == "fail")
+    return holds, b, r
+
+
 def pair_holds(side: str, base_rows: list[dict] | None, rung_rows: list[dict] | None) -> bool:
     """Whether one pair of fresh servers holds a knee verdict read `side` (KNEE_AGAIN_WORDS): the fresh base reads the
     other way on evidence where the rung reads as before, at the rate the base was judged at."""
-    if not base_rows or not rung_rows:
-        return False
-    vb, vr = rate_verdict(base_rows, recheck_rate(base_rows))[0], rate_verdict(rung_rows, recheck_rate(rung_rows))[0]
-    return (vb == "fail" and vr == "pass") if side == "better" else (vb == "pass" and vr == "fail")
+    return bool(base_rows and rung_rows) and _pair(side, base_rows, rung_rows)[0]
 
 
 def knee_recheck(d: dict, rounds: list[tuple[list[dict] | None, list[dict] | None]]) -> dict:
@@ -292,10 +299,7 @@ def knee_recheck(d: dict, rounds: list[tuple[list[dict] | None, list[dict] | Non
         if not base_rows or not rung_rows:
             break
         rate = recheck_rate(base_rows)  # the rung's own re-check visits one rate: this one, in its units
-        (vb, ob, nb), (vr, orr, nr) = rate_verdict(base_rows, rate), rate_verdict(rung_rows, recheck_rate(rung_rows))
-        # the fresh base must read the other way on evidence: fresh servers' knees spread by ~13 % on an H200 (12
-        # servers), where "not pass" credited an A/A rung 3.7 % of the time (tests/test_rule_simulation.py)
-        holds = pair_holds(side, base_rows, rung_rows)
+        holds, (vb, ob, nb), (vr, orr, nr) = _pair(side, base_rows, rung_rows)
         rates = list(dict.fromkeys(x["offered_rps"] for x in base_rows))
         n = len(out["recheck"]) + 1
         seen.append((f"again on a fresh server of each at {fmt_g(rate)} req/s" if n == 1 else
