@@ -26,7 +26,7 @@ On the rung in params.yaml (the cpu profile by default) it measures:
      and servers) can be fitted to them.
 Each also prints where its wall time went (starting engines, measuring, other), as the report's Time section does.
 `--profile` measures a ladder.yaml profile's rung 0 (its models prepared here) instead of params.yaml's.
-Writes only under results/logs/benchmark/ (and results/models.json, results/fingerprint.json with --profile).
+Writes only under results/logs/benchmark/ (with --profile its models.json and fingerprint.json too, read there).
 Usage: python scripts/benchmark_noise.py [--profile P] [--repeats 5] [--knee-servers 3] [--parts 1,2,3,4]
                                          [--compare 'engine.seed=1;engine.seed=2'] [--set bench.num_prompts=512]
 """
@@ -51,6 +51,8 @@ from judgement import stats
 from measure import frontend, probing, summary, workload
 from measure import spread as server_spread_fit
 from serving import engine, vllm_compat
+
+BENCHMARK_LOGS = common.RESULTS / "logs" / "benchmark"   # git-ignored: everything this benchmark writes
 
 
 def spread(name: str, values: list[float]) -> None:
@@ -105,7 +107,7 @@ def main():
     cfg = servers_config(params)
     b, k, slo = params["bench"], params["knee"], params["slo"]
     entry = common.model_entry(cfg["model"]["name"])
-    logs = common.RESULTS / "logs" / "benchmark"
+    logs = BENCHMARK_LOGS
     sent, _ = workload.prepare(params["workload"], entry["path"], logs)
     k = {**k, "workload": sent}
     argv = bench.throughput_argv(entry["path"], b, sent, cfg["engine"])
@@ -582,8 +584,9 @@ def profile_params(params: dict, profile: str) -> dict:
     store, done = download.store_path(dl), {}
     for name in dl["fetch"]:
         download.provide(name, dl["catalog"], store, done)
-    common.write_json(common.RESULTS / "models.json", {"store": str(store), "models": done})
-    common.write_json(common.RESULTS / "fingerprint.json", this_machine())
+    common.side_results(BENCHMARK_LOGS)
+    common.write_json(common.MODELS_JSON, {"store": str(store), "models": done})
+    common.write_json(common.FINGERPRINT_JSON, this_machine())
     return eff
 
 

@@ -129,3 +129,21 @@ def test_part_4s_servers_front_the_engine_with_the_profiles_api_servers(tmp_path
         argv = engine.Server("/models/x", cfg["engine"], cfg["env"], tmp_path / "s.log", serve=cfg["serve"]).command()
         got = argv[argv.index("--api-server-count"):][:2] if "--api-server-count" in argv else []
         assert got == flag, argv
+
+
+def test_a_profile_benchmark_writes_no_dvc_output(monkeypatch, tmp_path):
+    # `make benchmark --profile` prepares the profile's models and this machine's fingerprint as the ladder's first
+    # stages would, but in its own git-ignored folder: results/models.json and results/fingerprint.json stay the
+    # DVC stages' outputs (a clone's `dvc status` stays true), and what the benchmark reads is what it wrote
+    import common
+    monkeypatch.setattr(bn, "BENCHMARK_LOGS", tmp_path)
+    monkeypatch.setattr(common, "FINGERPRINT_JSON", common.FINGERPRINT_JSON)
+    monkeypatch.setattr(common, "MODELS_JSON", common.MODELS_JSON)
+    before = {p: p.stat().st_mtime_ns for p in (common.RESULTS / "models.json", common.RESULTS / "fingerprint.json")
+              if p.exists()}
+    params = bn.profile_params(config.load_params(), "cpu")
+    assert (common.MODELS_JSON, common.FINGERPRINT_JSON) == (tmp_path / "models.json", tmp_path / "fingerprint.json")
+    assert common.model_entry(params["model"]["name"])["path"]
+    after = {p: p.stat().st_mtime_ns for p in (common.RESULTS / "models.json", common.RESULTS / "fingerprint.json")
+             if p.exists()}
+    assert after == before   # neither written nor created
