@@ -11,7 +11,7 @@ import pandas as pd
 from tabulate import tabulate
 
 import common
-from judgement import stats
+from judgement import decide, stats
 from measure import disturbed, probing
 
 
@@ -310,6 +310,263 @@ def table(lad: dict) -> str:
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
 
 
+# ---------------------------------------------------------------- the first screen (issue 55)
+# What a reviewer pastes into a design review: the seed's 7 columns and one line a rung naming the figure that
+# decided it. Every figure here is also in the sections below (the appendix holds the long table), so a cell may be
+# short: a doubted line is opened there, never re-derived here.
+MARKS = {"front end": "†", "disturbed": "‡", "knee flag": "§"}
+REGRESS_WIDTH = 24  # the regressions cell: as wide as its header, so the seed table fits a screen
+
+
+def short_ci(lo: float, hi: float, spec: str = ".0f") -> str:
+    return f"[{format(lo, spec)}–{format(hi, spec)}]"
+
+
+def was_disturbed(res: dict) -> bool:
+    """Whether measure/disturbed flagged a bench repeat or a knee look here (and measured it again)."""
+    return bool(res.get("disturbed")) or any(row.get("disturbed_look") for row in res.get("rows") or [])
+
+
+def knee_flags(k: dict) -> list[str]:
+    """The knee cell's warnings other than the front end's (that one has its own mark)."""
+    return [f for f, on in (("a repeat disagreed", k.get("non_monotonic")),
+                            ("wider than knee.rel_tol", k.get("mid_rps") is not None and not k.get("resolved")),
+                            (probing.SHORT_PROBE_FLAG, k.get("short_probes"))) if on]
+
+
+def short_tps(r) -> str:
+    b = r.get("bench") or {}
+    if b.get("status") == "n/a":
+        return na_cell(b)
+    if b.get("output_tps") is None:
+        return "—"
+    ci = b.get("output_tps_ci95")
+    return (f"{b['output_tps']:.0f}" + (f" {short_ci(*ci)}" if ci else "")
+            + (MARKS["disturbed"] if was_disturbed(b) else ""))
+
+
+def short_knee(k: dict) -> str:
+    """The knee as its bracket, last pass–first fail on evidence (req/s), with a mark for each flag."""
+    if not k:
+        return "—"
+    if k.get("status") == "n/a":
+        return na_cell(k)
+    if k.get("label") == common.KNEE_RECHECK:
+        rates = dict.fromkeys(x["offered_rps"] for x in k.get("rows") or [])
+        return "re-check " + ", ".join(f"{rate:g} {stats.rate_verdict(k['rows'], rate)[0]}" for rate in rates)
+    fail = k.get("conclusive_fail_rps", k.get("first_fail_rps"))
+    if k.get("status") == "above":
+        cell = f"≥ {fmt(k.get('knee_rps'), 'g')}"
+    elif k.get("knee_rps") is None:  # below or open: no pass; the fail on evidence bounds it
+        cell = f"< {fmt(fail or k.get('first_fail_rps'), 'g')}" if fail or k.get("first_fail_rps") else "no pass"
+    else:
+        cell = f"{k['knee_rps']:g}–{fmt(fail, 'g', '?')}"
+    marks = ((MARKS["front end"] if not_the_engine_s(k) else "") + (MARKS["disturbed"] if was_disturbed(k) else "")
+             + (MARKS["knee flag"] if knee_flags(k) else ""))
+    return cell + marks
+
+
+def short_regress(r) -> str:
+    """The categories that lost accuracy against rung 0, worst first, as many as fit REGRESS_WIDTH (then "+N");
+    ✗ marks one the gate found regressed on evidence."""
+    g = r.get("gate") or {}
+    if not g or not g.get("gated"):
+        return "—" if not g else "not gated"
+    failed = set(g.get("regressed_categories") or [])
+    drops = sorted(((v["drop"], c) for c, v in (g.get("by_category") or {}).items() if v["drop"] > 0), reverse=True)
+    words = [f"{c} −{d:.2f}" + ("✗" if c in failed else "") for d, c in drops]
+    cell = ""
+    for i, w in enumerate(words):
+        more = f" +{len(words) - i - 1}" if i < len(words) - 1 else ""
+        if i and len(f"{cell}, {w}{more}") > REGRESS_WIDTH:
+            return f"{cell} +{len(words) - i}"
+        cell = f"{cell}, {w}" if cell else w
+    return cell or "none"
+
+
+def glance_table(lad: dict) -> str:
+    """The seed's table: stage, eval acc, per-category regressions, output tok/s, speedup, knee req/s @ SLO, kept?
+    A stage reads "#N name": the appendix's long table keeps "N name" for its rows."""
+    unconfirmed = kept_suffix(lad)
+    rows = [{"stage": f"#{r['index']} {r['name']}", "eval acc": acc_cell(r),
+             "per-category regressions": short_regress(r), "output tok/s": short_tps(r),
+             "speedup": f"{r['speedup']:.2f}×" if r.get("speedup") else "—",
+             "knee req/s @ SLO": short_knee(r.get("knee") or {}),
+             "kept?": kept_cell(r) + (unconfirmed if r.get("verdict") == "kept" else "")}
+            for r in lad["rungs"]]
+    return pipe_table(rows)
+
+
+def pipe_table(rows: list[dict]) -> str:
+    """A markdown table as narrow as its cells: tabulate pads every column by two more, 14 characters of 7 columns."""
+    cols = list(rows[0]) if rows else []
+    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+
+    def line(cells) -> str:
+        return "| " + " | ".join(str(v).ljust(width[c]) for c, v in zip(cols, cells)) + " |"
+    return "\n".join([line(cols), "|" + "|".join("-" * (width[c] + 2) for c in cols) + "|",
+                      *(line([r[c] for c in cols]) for r in rows)])
+
+
+def glance_notes(lad: dict) -> list[str]:
+    """What the table's cells mean, and a footnote for each mark it carries, naming the rows."""
+    runs = lad["rungs"]
+    named = {key: [f"#{r['index']}" for r in runs if test(r)] for key, test in (
+        ("front end", lambda r: not_the_engine_s(r.get("knee") or {})),
+        ("disturbed", lambda r: was_disturbed(r.get("bench") or {}) or was_disturbed(r.get("knee") or {})),
+        ("knee flag", lambda r: knee_flags(r.get("knee") or {})))}
+    named["knee flag"] = [f"{who} {', '.join(knee_flags(r.get('knee') or {}))}" for who, r in zip(
+        named["knee flag"], [r for r in runs if knee_flags(r.get("knee") or {})])]
+    words = {"front end": f"{FRONT_END_FLAG} (its looks' latency was added outside the engine: What I kept and why)",
+             "disturbed": "a measurement flagged disturbed and measured again (Disturbed measurements)",
+             "knee flag": "a knee with a warning"}
+    notes = [f"{MARKS[key]} {words[key]}: {', '.join(who)}" for key, who in named.items() if who]
+    return [f"Output tok/s: median [95 % CI]; speedup vs rung 0; knee: last pass–first fail on evidence at the SLO "
+            f"({slo_text(lad['slo'])}); regressions: accuracy lost per category vs rung 0 (✗ failed the gate). "
+            "Each figure's evidence (Δ intervals, engines, servers, counts per look): the sections below.",
+            *[f"- {n}" for n in notes]]
+
+
+LINE_WIDTH = 200  # a kept-why line: one line of a design review
+
+
+def clip(text: str, width: int = LINE_WIDTH) -> str:
+    """Free text (an error, a gate's reason) cut to the line's width: its whole words are in the sections below."""
+    return text if len(text) <= width else text[:width - 1].rstrip(" ;,") + "…"
+
+
+def pct_ci(d: dict) -> str:
+    """A Δ as the first screen shows it: +25 % [+17, +33]."""
+    ci = d.get("ci") or d.get("ci95")
+    return f"{d['rel'] * 100:+.0f} %" + (f" [{ci[0] * 100:+.0f}, {ci[1] * 100:+.0f}]" if ci else "")
+
+
+def tps_figure(d: dict | None) -> str | None:
+    if not d or d.get("rel") is None:
+        return None
+    return f"tok/s{' per GPU' if d.get('per_gpu') else ''} {pct_ci(d)}"
+
+
+def rung_of(lad: dict, exp: str | None) -> dict:
+    return next((b for b in lad["rungs"] if exp and b.get("exp") == exp), {})
+
+
+def knee_point(r: dict, per_gpu: bool) -> str:
+    """A rung's knee (last pass) as the line names it; per GPU where its Δ was drawn per GPU."""
+    k = (r.get("per_gpu") or {}) if per_gpu and r.get("per_gpu") else (r.get("knee") or {})
+    return "no pass" if k.get("knee_rps") is None else f"{k['knee_rps']:g}"
+
+
+def knee_figure(r: dict, lad: dict) -> str | None:
+    """The knee's move vs the base, and on how many servers a side it held where fresh servers re-checked it."""
+    d = (r.get("delta") or {}).get("knee_rps") or {}
+    if not d or (d.get("rel") is None and d["verdict"] == "unknown"):
+        return None
+    per = bool(d.get("per_gpu"))
+    was, now = knee_point(rung_of(lad, r.get("base")), per), knee_point(r, per)
+    txt = f"knee{' per GPU' if per else ''} " + (f"{was} → {now} req/s" if now != "no pass" else
+                                                  f"{was} req/s → no pass")
+    if d.get("recheck") is not None:  # stats.knee_recheck: read `first` on one server a side, then fresh pairs
+        held = d["verdict"] == d.get("first")
+        txt += (f" on {len(d['recheck']) + 1} servers a side" if held else
+                f" (read {d.get('first')} on one server a side, not on fresh ones)")
+    return txt
+
+
+def with_verdict(fig: str | None, d: dict | None) -> str | None:
+    return fig and f"{fig} ({(d or {}).get('verdict')})"
+
+
+def speed_words(r: dict, lad: dict, cost: str = "") -> str:
+    """The figure that decided a measured rung first (decide.rests_on_tps), the other after it with its verdict, then
+    `cost` (quality_cost)."""
+    d = r.get("delta") or {}
+    because = ""
+    dk, dt = d.get("knee_rps") or {}, d.get("output_tps") or {}
+    knee, tps = knee_figure(r, lad), tps_figure(dt)
+    if r.get("kept"):
+        on_tps = decide.rests_on_tps(r, lad.get("objective", "knee_rps")) if dk else True
+        first, then = (tps, with_verdict(knee, dk)) if on_tps else (knee, with_verdict(tps, dt))
+        if (dt if on_tps else dk).get("verdict") != "better":  # an older rule kept what got no worse: it says so
+            because = (r.get("decision") or "").partition("kept because ")[2].split(";")[0]
+            first = with_verdict(first, dt if on_tps else dk)
+    elif dk.get("verdict") == "worse":
+        first, then = f"{knee} (worse)", with_verdict(tps, dt)
+    elif dt.get("verdict") == "worse":
+        first, then = f"{tps} (worse)", with_verdict(knee, dk)
+    else:
+        lead = "not confirmed: " if dt.get("verdict") == "better" else "no measurable gain: "
+        first, then = lead + (with_verdict(tps, dt) or "tok/s not measured"), with_verdict(knee, dk)
+    return ((", ".join(x for x in (first, then) if x) or "no speed measured") + cost
+            + (f"; kept because {because}" if because else ""))
+
+
+def quality_cost(r: dict) -> str:
+    """What a rung cost in accuracy vs rung 0, as its gate read it."""
+    g = r.get("gate") or {}
+    o = g.get("overall") or {}
+    if not g.get("gated") or o.get("rung") is None:
+        return ""
+    pts = (o["rung"] - o["baseline"]) * 100
+    return " at no accuracy cost" if pts >= 0 else f" at acc {pts:+.1f} pts vs rung 0"
+
+
+def gate_words(g: dict) -> str:
+    """A failed gate in a few words: the categories (or overall) it failed on, rung 0's accuracy → the rung's."""
+    cats = g.get("by_category") or {}
+    failed = [(c, cats[c]) for c in g.get("regressed_categories") or [] if c in cats]
+    o = g.get("overall") or {}
+    if not failed and o.get("evidence") == "regressed":
+        failed = [("overall", o)]
+    if not failed:
+        return "quality gate failed: " + (g.get("reasons") or ["no reason recorded"])[0].split(";")[0]
+    words = [f"{c} {v['baseline']:.2f} → {v['rung']:.2f}" for c, v in failed[:2]]
+    return "quality gate failed: " + ", ".join(words) + (f" +{len(failed) - 2}" if len(failed) > 2 else "")
+
+
+def early_words(r: dict) -> str | None:
+    """Why a rung was reverted before its speed counted (decide.reverted_before_speed), in a few words."""
+    if r["status"] != "ok":
+        return r.get("error") or r.get("decision") or r["status"]
+    g = r.get("gate") or {}
+    if g.get("gated") and not g.get("keep"):
+        return gate_words(g)
+    off = [c["knob"] for c in r.get("applied") or [] if c["applied"] is False]
+    return f"not applied: {', '.join(off)}" if off else None
+
+
+def why_line(r: dict, lad: dict) -> str:
+    """One rung in the seed's form: "Rung N name: kept — <figure> at <quality cost>", at most LINE_WIDTH."""
+    verdict = kept_cell(r).replace("**", "") + (kept_suffix(lad) if r.get("verdict") == "kept" else "")
+    head = f"Rung {r['index']} {r['name']}: {verdict} — "
+    early = early_words(r)
+    measured = (r.get("delta") or {}).get("output_tps") or (r.get("delta") or {}).get("knee_rps")
+    if early:
+        speed = f"; {speed_words(r, lad)}" if measured and not gate_skipped(r) else ""
+        return clip(head + clip(early, LINE_WIDTH - len(head) - len(speed)) + speed)
+    body = speed_words(r, lad, quality_cost(r))
+    if r.get("verdict") == "not chosen":
+        body += "; " + (r.get("decision") or "").rsplit("not chosen: ", 1)[-1]
+    return clip(head + body)
+
+
+def why_lines(lad: dict) -> list[str]:
+    """The kept-why lines of the first screen: every rung but rung 0, re-measures and re-checks (they are evidence
+    a rung's line rests on: the section below names them)."""
+    return [f"- {why_line(r, lad)}" for r in lad["rungs"]
+            if r.get("role") not in ("baseline", decide.RECHECK, decide.KNEE_RECHECK)]
+
+
+def first_screen(lad: dict) -> list[str]:
+    """The seed's table, its notes, one line a rung, and where the evidence is."""
+    return [glance_table(lad), "", *glance_notes(lad), "",
+            "**What I kept and why**, one line a rung: the figure that decided it, at what quality cost:",
+            *why_lines(lad), "",
+            "Evidence for every line: [Setup](#setup) · [What I kept and why](#what-i-kept-and-why) · "
+            "[Disturbed measurements](#disturbed-measurements) · [Capacity plan](#capacity-plan) · [Plots](#plots) · "
+            "[Time](#time) · [the full table](#appendix-the-full-table)"]
+
+
 def headline(lad: dict) -> str:
     rungs = [r for r in lad["rungs"] if r["status"] == "ok"]
     base = next((r for r in rungs if r.get("role") == "baseline"), None)
@@ -581,9 +838,17 @@ def probe_evidence(rows: list[dict]) -> list[dict]:
 
 
 def plots(lad: dict, out: Path) -> None:
+    """knee.png and rungs.png into `out`."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    knee_plot(lad, out, plt)
+    rungs_plot(lad, out, plt)
+    plt.close("all")
+
+
+def knee_plot(lad: dict, out: Path, plt) -> None:
+    import matplotlib
     slo = lad["slo"]
     searched = [r for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or [])
                 if (r.get("knee") or {}).get("rows")]
@@ -618,6 +883,8 @@ def plots(lad: dict, out: Path) -> None:
     fig.savefig(out / "knee.png", dpi=110)
     plt.close(fig)
 
+
+def rungs_plot(lad: dict, out: Path, plt) -> None:
     done = [r for r in lad["rungs"] if r["status"] == "ok" and (r.get("bench") or {}).get("output_tps")]
     fig, ax = plt.subplots(figsize=(max(6, len(done) * 1.2), 4.5))
     names = [f"{r['index']} {r['name']}" for r in done]
@@ -693,7 +960,9 @@ def floor_lines(lad: dict) -> list[str]:
         out.append("- **Start-to-start floor** (output tok/s, fresh engines of one config): "
                    + lad["noise_floor"]["words"])
     sp = ((lad.get("settings") or {}).get("knee") or {}).get("server_spread") or {}
-    out.append("- **Knee verdicts**: " + stats.KNEE_AGAIN_WORDS + "; fresh servers' spread at one rate: " + (
+    again = ("in the rule's words (What I kept and why)" if stats.KNEE_AGAIN_WORDS in (lad.get("rule") or "")
+             else stats.KNEE_AGAIN_WORDS)  # printed once: a record whose rule predates them still states them here
+    out.append("- **Knee verdicts**: " + again + "; fresh servers' spread at one rate: " + (
         f"the share over the SLO's between-server SD {sp['sigma']:g} [{sp['sigma_ci'][0]:g}, {sp['sigma_ci'][1]:g}] "
         f"(knees' CV {sp['knee_cv']:.1%}), within a look dispersion {sp['phi']:g}, from {sp['servers']} servers and "
         f"{sp['looks']} looks at {sp['rate']:g} req/s ({sp.get('measured_on')}, {sp.get('measured')})"
@@ -762,19 +1031,23 @@ def time_lines(lad: dict) -> list[str]:
 
 
 def render(lad: dict, out: Path) -> str:
-    plural = len(lad["rungs"])
+    """The first screen (headline, the seed's table, one line a rung: `first_screen`), then the evidence every line
+    rests on, the rule's words once, and the long table as an appendix."""
     md = [f"# Before → after: vLLM serving ladder ({lad['profile']} profile)", "",
-          headline(lad), "", "## Setup", *header(lad), "", f"## The ladder ({plural} runs)", "", table(lad), "",
-          "Output tok/s: median of one engine's repeats with their 95 % t-interval. " + stats.DELTA_WORDS + ". Knee: "
-          "highest offered rate meeting the SLO, with the first rate that broke it.", "",
+          headline(lad), "", *first_screen(lad), "",
+          "## Setup", *header(lad), "",
+          "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
+          *gate_power_lines(lad),
           "## Disturbed measurements", "A bench repeat far off its engine's others is replaced by one more pass (up to "
           "bench.extra_repeats), a knee look while other work kept the machine busy is looked at again on its trace "
           "(once); the flagged one is kept beside what replaced it and judged on by nothing:",
           *disturbed_lines(lad), "",
-          "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
-          *gate_power_lines(lad), "## Capacity plan", *capacity_lines(lad), "",
+          "## Capacity plan", *capacity_lines(lad), "",
           "## Plots", "![knee evidence per rung](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
-          "## Time", *time_lines(lad), ""]
+          "## Time", *time_lines(lad), "",
+          f"## Appendix: the full table ({len(lad['rungs'])} runs)", "", table(lad), "",
+          "Output tok/s: median of one engine's repeats with their 95 % t-interval. " + stats.DELTA_WORDS + ". Knee: "
+          "highest offered rate meeting the SLO, with the first rate that broke it.", ""]
     return "\n".join(md)
 
 
