@@ -838,12 +838,13 @@ def probe_evidence(rows: list[dict]) -> list[dict]:
 
 
 def plots(lad: dict, out: Path) -> None:
-    """knee.png and rungs.png into `out`."""
+    """knee.png, rungs.png and pareto.png into `out`."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     knee_plot(lad, out, plt)
     rungs_plot(lad, out, plt)
+    pareto_plot(lad, out, plt)
     plt.close("all")
 
 
@@ -905,6 +906,107 @@ def rungs_plot(lad: dict, out: Path, plt) -> None:
         ax.text(0.99, 0.97, why, transform=ax.transAxes, ha="right", va="top")
     fig.tight_layout()
     fig.savefig(out / "rungs.png", dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- the Pareto plot (issue 55)
+# As vLLM's `bench sweep plot_pareto` and llm-optimizer draw a config: what one user gets (output tok/s per user,
+# 1 / TPOT) against what the hardware serves (output tok/s per GPU), both at one operating point: the knee's rate.
+PARETO_ALT = "output tok/s per user vs per GPU at each rung's knee, the Pareto front marked"
+PARETO_STYLE = {"baseline": ("s", "tab:blue", "rung 0"), "kept": ("o", "tab:green", "kept"),
+                "other": ("X", "tab:gray", "not kept")}
+
+
+def knee_operating_point(r: dict) -> tuple[float, float] | None:
+    """(output tok/s per user, output tok/s per GPU) at a rung's knee: 1000 / the median TPOT of its last probe at
+    the knee's rate, and that probe's output tok/s over the rung's GPUs (one instance on a CPU); None without a
+    knee (no pass, not measured) or without the probe's figures."""
+    k = r.get("knee") or {}
+    rate = k.get("knee_rps")
+    if rate is None or k.get("status") == "n/a" or k.get("label") == common.KNEE_RECHECK:
+        return None
+    at = [x for x in k.get("rows") or [] if x.get("offered_rps") == rate and x.get("p50_tpot_ms")]
+    if not at or not at[-1].get("output_tps"):
+        return None
+    return 1000 / at[-1]["p50_tpot_ms"], at[-1]["output_tps"] / (r.get("gpus") or 1)
+
+
+def pareto_points(lad: dict) -> list[dict]:
+    """One point per rung with a knee (a base's re-measure or a knee re-check is no rung), the front marked: no
+    other point serves more per user and more per GPU."""
+    pts = [{"r": r, "user": xy[0], "gpu": xy[1]} for r in lad["rungs"]
+           if r.get("role") not in (decide.RECHECK, decide.KNEE_RECHECK) and r["status"] == "ok"
+           and (xy := knee_operating_point(r))]
+    for p in pts:
+        p["front"] = not any(q["user"] >= p["user"] and q["gpu"] >= p["gpu"] and (q["user"], q["gpu"]) !=
+                             (p["user"], p["gpu"]) for q in pts)
+    return pts
+
+
+def pareto_labels(pts: list[dict], ax) -> None:
+    """Each point's rung number; points that sit on top of each other share one label, so none overlap."""
+    groups: list[list[dict]] = []
+    xy = ax.transData.transform([(p["user"], p["gpu"]) for p in pts]) if pts else []
+    for p, (x, y) in zip(pts, xy):
+        near = next((g for g in groups if abs(g[0]["px"][0] - x) < 28 and abs(g[0]["px"][1] - y) < 14), None)
+        (near.append if near else lambda q: groups.append([q]))({**p, "px": (x, y)})
+    for g in groups:
+        ax.annotate(", ".join(p["id"] for p in g), (g[0]["user"], g[0]["gpu"]),
+                    textcoords="offset points", xytext=(7, 5), fontsize=8)
+
+
+def rung_ids(lad: dict) -> dict[int, str]:
+    """id(rung) -> its label on the plot: its number, with a letter where candidates share one (5a, 5b)."""
+    runs = [r for r in lad["rungs"] if r.get("role") not in (decide.RECHECK, decide.KNEE_RECHECK)]
+    count = {i: sum(r["index"] == i for r in runs) for i in {r["index"] for r in runs}}
+    seen: dict[int, int] = {}
+    out = {}
+    for r in runs:
+        n = seen[r["index"]] = seen.get(r["index"], -1) + 1
+        out[id(r)] = f"#{r['index']}" + ("abcdefghijklmnopqrstuvwxyz"[n] if count[r["index"]] > 1 else "")
+    return out
+
+
+def pareto_plot(lad: dict, out: Path, plt) -> None:
+    ids = rung_ids(lad)
+    pts = [{**p, "id": ids[id(p["r"])]} for p in pareto_points(lad)]
+    final = lad.get("final_exp")
+    fig, ax = plt.subplots(figsize=(10, max(5.5, 0.17 * len(ids) + 3.5)))
+    for key, (m, c, label) in PARETO_STYLE.items():
+        mine = [p for p in pts if (p["r"].get("role") == "baseline") == (key == "baseline")
+                and (key != "kept" or p["r"].get("kept")) and (key != "other" or not p["r"].get("kept"))]
+        if mine:  # a legend entry only for what is drawn
+            ax.scatter([p["user"] for p in mine], [p["gpu"] for p in mine], marker=m, s=60, color=c, label=label,
+                       zorder=3)
+    front = sorted((p for p in pts if p["front"]), key=lambda p: p["user"])
+    if front:
+        # the boundary of what the front's points serve: no config beyond it on both axes was measured
+        ax.step([p["user"] for p in front], [p["gpu"] for p in front], "--", where="pre", color="tab:orange",
+                lw=1.5, label="Pareto front", zorder=2)
+    top = [p for p in pts if final and p["r"].get("exp") == final]
+    if top:
+        ax.scatter([top[0]["user"]], [top[0]["gpu"]], marker="*", s=320, facecolor="none", edgecolor="black",
+                   linewidth=1.4, label="final stack", zorder=4)
+    ax.margins(0.15)
+    fig.canvas.draw()  # the labels group by where the points land on screen
+    pareto_labels(pts, ax)
+    unit = "GPU" if lad["environment"].get("device") == "gpu" else "instance (CPU)"  # old records: no `gpus`
+    ax.set(xlabel="output tok/s per user (1 / median TPOT at the knee's rate)",
+           ylabel=f"output tok/s per {unit} at the knee's rate",
+           title=f"Output tok/s per user vs per {unit.split()[0]}, each rung at its knee's rate (SLO "
+                 f"{slo_text(lad['slo'])})")
+    ax.title.set_fontsize(10)
+    ax.grid(alpha=0.3)
+    key = "\n".join(f"{ids[id(r)]:<4} {r['name']}" + ("" if any(p["r"] is r for p in pts) else " (no knee)")
+                    for r in lad["rungs"] if id(r) in ids)
+    ax.text(1.02, 1.0, key, transform=ax.transAxes, va="top", fontsize=8, family="monospace")
+    if not pts:  # rung 0 failed, or no rung met the SLO anywhere: the plot says so rather than the report failing
+        ax.text(0.5, 0.5, "no rung has a knee: nothing to place", transform=ax.transAxes, ha="center")
+        ax.set(xticks=[], yticks=[])
+    else:  # outside the axes, under the key: it never hides a point
+        ax.legend(loc="lower left", bbox_to_anchor=(1.02, 0.0), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "pareto.png", dpi=110)
     plt.close(fig)
 
 
@@ -1044,6 +1146,7 @@ def render(lad: dict, out: Path) -> str:
           *disturbed_lines(lad), "",
           "## Capacity plan", *capacity_lines(lad), "",
           "## Plots", "![knee evidence per rung](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
+          f"![{PARETO_ALT}](pareto.png)", "",
           "## Time", *time_lines(lad), "",
           f"## Appendix: the full table ({len(lad['rungs'])} runs)", "", table(lad), "",
           "Output tok/s: median of one engine's repeats with their 95 % t-interval. " + stats.DELTA_WORDS + ". Knee: "

@@ -1,13 +1,14 @@
 """The report's first screen (issue 55): the headline, the seed's 7-column table and one line a rung, within a screen;
-every figure the report held before it is still in the file."""
+every figure the report held before it is still in the file; the Pareto plot of each rung at its knee."""
 import copy
 import json
 import re
 
 import pytest
+import yaml
 
 import report
-from conftest import FIXTURES
+from conftest import FIXTURES, ROOT
 from judgement import decide, stats
 
 LADDERS = ["ladder_cpu.json", "ladder_cpu_7ce1c08.json", "ladder_gpu_shape.json", "ladder_h200x2_c536b45.json"]
@@ -143,3 +144,40 @@ def test_a_failed_rung_s_line_is_cut_to_the_width_and_its_words_stay_in_the_evid
     assert len(line) - 2 == report.LINE_WIDTH and line.endswith("…")
     assert line.startswith("- Rung 1 awq-int4: failed → reverted — knee: vllm serve did not start: CUDA out of")
     assert r["error"] in md.split("## What I kept and why")[1]
+
+
+def test_the_pareto_plot_places_each_rung_at_its_knee_and_marks_the_front(tmp_path):
+    lad = load("ladder_cpu.json")
+    pts = {p["r"]["name"]: p for p in report.pareto_points(lad)}
+    assert set(pts) == {r["name"] for r in lad["rungs"]}  # every rung of this ladder met the SLO somewhere
+    base = lad["rungs"][0]
+    at = [x for x in base["knee"]["rows"] if x["offered_rps"] == base["knee"]["knee_rps"]][-1]
+    assert pts["baseline"]["user"] == pytest.approx(1000 / at["p50_tpot_ms"])
+    assert pts["baseline"]["gpu"] == pytest.approx(at["output_tps"])  # a CPU instance: no GPUs to divide by
+    assert {n for n, p in pts.items() if p["front"]} == {"batched-tokens-1024", "batched-tokens-2048"}
+    for n, p in pts.items():  # the front: nothing serves more on both axes
+        dominated = any(q["user"] > p["user"] and q["gpu"] > p["gpu"] for q in pts.values())
+        assert p["front"] != dominated, n
+    # per GPU on a GPU ladder; a rung with no pass has no point; candidates sharing a number are told apart
+    gpu = load("ladder_h200x2_c536b45.json")
+    tp = next(p for p in report.pareto_points(gpu) if p["r"]["gpus"] == 2)
+    row = [x for x in tp["r"]["knee"]["rows"] if x["offered_rps"] == tp["r"]["knee"]["knee_rps"]][-1]
+    assert tp["gpu"] == pytest.approx(row["output_tps"] / 2)
+    assert sorted(report.rung_ids(gpu).values()) == ["#0", "#1a", "#1b"]
+    old = load("ladder_cpu_7ce1c08.json")
+    assert {p["r"]["name"] for p in report.pareto_points(old)} == {"baseline", "spend-memory", "batched-tokens"}
+    for name in ("ladder_cpu.json", "ladder_gpu_shape.json"):
+        report.plots(load(name), tmp_path)
+        assert (tmp_path / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_plot_the_report_draws_is_an_output_of_its_stage_and_a_dvc_plot(tmp_path):
+    report.plots(load("ladder_cpu.json"), tmp_path)
+    drawn = {f"report/{p.name}" for p in tmp_path.glob("*.png")}
+    assert drawn == {"report/knee.png", "report/rungs.png", "report/pareto.png"}
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    outs = {next(iter(o)) if isinstance(o, dict) else o for o in dvc["stages"]["report"]["outs"]}
+    plots = {next(iter(p)) if isinstance(p, dict) else p for p in dvc["plots"]}
+    assert drawn <= outs and drawn <= plots
+    md = report.render(load("ladder_cpu.json"), tmp_path)
+    assert all(f"]({p.removeprefix('report/')})" in md for p in drawn)
