@@ -181,3 +181,9 @@ def test_every_plot_the_report_draws_is_an_output_of_its_stage_and_a_dvc_plot(tm
     assert drawn <= outs and drawn <= plots
     md = report.render(load("ladder_cpu.json"), tmp_path)
     assert all(f"]({p.removeprefix('report/')})" in md for p in drawn)
+
+
+def test_the_readme_s_kept_why_example_is_the_cpu_fixture_s_line(tmp_path):
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    quoted = re.search(r'"Rung N: kept — <the figure that decided it> at <quality cost>", e\.g\. `([^`]+)`', readme)
+    assert quoted and f"- Rung 3 spend-memory: {quoted.group(1)}" in report.render(load("ladder_cpu.json"), tmp_path)
