@@ -357,8 +357,8 @@ def short_knee(k: dict) -> str:
     fail = k.get("conclusive_fail_rps", k.get("first_fail_rps"))
     if k.get("status") == "above":
         cell = f"≥ {fmt(k.get('knee_rps'), 'g')}"
-    elif k.get("knee_rps") is None:  # below or open: no pass; the fail on evidence bounds it
-        cell = f"< {fmt(fail or k.get('first_fail_rps'), 'g')}" if fail or k.get("first_fail_rps") else "no pass"
+    elif k.get("knee_rps") is None:  # below or open: no pass; a fail on evidence bounds it, an inconclusive one not
+        cell = f"< {fail:g}" if fail else "no pass"
     else:
         cell = f"{k['knee_rps']:g}–{fmt(fail, 'g', '?')}"
     marks = ((MARKS["front end"] if not_the_engine_s(k) else "") + (MARKS["disturbed"] if was_disturbed(k) else "")
@@ -410,13 +410,12 @@ def pipe_table(rows: list[dict]) -> str:
 
 def glance_notes(lad: dict) -> list[str]:
     """What the table's cells mean, and a footnote for each mark it carries, naming the rows."""
-    runs = lad["rungs"]
-    named = {key: [f"#{r['index']}" for r in runs if test(r)] for key, test in (
-        ("front end", lambda r: not_the_engine_s(r.get("knee") or {})),
-        ("disturbed", lambda r: was_disturbed(r.get("bench") or {}) or was_disturbed(r.get("knee") or {})),
-        ("knee flag", lambda r: knee_flags(r.get("knee") or {})))}
-    named["knee flag"] = [f"{who} {', '.join(knee_flags(r.get('knee') or {}))}" for who, r in zip(
-        named["knee flag"], [r for r in runs if knee_flags(r.get("knee") or {})])]
+    named: dict[str, list[str]] = {key: [] for key in MARKS}
+    for r in lad["rungs"]:
+        k, who = r.get("knee") or {}, f"#{r['index']}"
+        named["front end"] += [who] if not_the_engine_s(k) else []
+        named["disturbed"] += [who] if was_disturbed(r.get("bench") or {}) or was_disturbed(k) else []
+        named["knee flag"] += [f"{who} {', '.join(knee_flags(k))}"] if knee_flags(k) else []
     words = {"front end": f"{FRONT_END_FLAG} (its looks' latency was added outside the engine: What I kept and why)",
              "disturbed": "a measurement flagged disturbed and measured again (Disturbed measurements)",
              "knee flag": "a knee with a warning"}
@@ -947,9 +946,12 @@ def pareto_labels(pts: list[dict], ax) -> None:
     """Each point's rung number; points that sit on top of each other share one label, so none overlap."""
     groups: list[list[dict]] = []
     xy = ax.transData.transform([(p["user"], p["gpu"]) for p in pts]) if pts else []
-    for p, (x, y) in zip(pts, xy):
+    for p, (x, y) in zip(pts, xy):  # within a label's size in pixels of a group's first point: that group
         near = next((g for g in groups if abs(g[0]["px"][0] - x) < 28 and abs(g[0]["px"][1] - y) < 14), None)
-        (near.append if near else lambda q: groups.append([q]))({**p, "px": (x, y)})
+        if near:
+            near.append({**p, "px": (x, y)})
+        else:
+            groups.append([{**p, "px": (x, y)}])
     for g in groups:
         ax.annotate(", ".join(p["id"] for p in g), (g[0]["user"], g[0]["gpu"]),
                     textcoords="offset points", xytext=(7, 5), fontsize=8)
