@@ -11,7 +11,7 @@ import pandas as pd
 from tabulate import tabulate
 
 import common
-from judgement import stats
+from judgement import decide, stats
 from measure import disturbed, probing
 
 
@@ -310,6 +310,262 @@ def table(lad: dict) -> str:
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
 
 
+# ---------------------------------------------------------------- the first screen (issue 55)
+# What a reviewer pastes into a design review: the seed's 7 columns and one line a rung naming the figure that
+# decided it. Every figure here is also in the sections below (the appendix holds the long table), so a cell may be
+# short: a doubted line is opened there, never re-derived here.
+MARKS = {"front end": "†", "disturbed": "‡", "knee flag": "§"}
+REGRESS_WIDTH = 24  # the regressions cell: as wide as its header, so the seed table fits a screen
+
+
+def short_ci(lo: float, hi: float, spec: str = ".0f") -> str:
+    return f"[{format(lo, spec)}–{format(hi, spec)}]"
+
+
+def was_disturbed(res: dict) -> bool:
+    """Whether measure/disturbed flagged a bench repeat or a knee look here (and measured it again)."""
+    return bool(res.get("disturbed")) or any(row.get("disturbed_look") for row in res.get("rows") or [])
+
+
+def knee_flags(k: dict) -> list[str]:
+    """The knee cell's warnings other than the front end's (that one has its own mark)."""
+    return [f for f, on in (("a repeat disagreed", k.get("non_monotonic")),
+                            ("wider than knee.rel_tol", k.get("mid_rps") is not None and not k.get("resolved")),
+                            (probing.SHORT_PROBE_FLAG, k.get("short_probes"))) if on]
+
+
+def short_tps(r) -> str:
+    b = r.get("bench") or {}
+    if b.get("status") == "n/a":
+        return na_cell(b)
+    if b.get("output_tps") is None:
+        return "—"
+    ci = b.get("output_tps_ci95")
+    return (f"{b['output_tps']:.0f}" + (f" {short_ci(*ci)}" if ci else "")
+            + (MARKS["disturbed"] if was_disturbed(b) else ""))
+
+
+def short_knee(k: dict) -> str:
+    """The knee as its bracket, last pass–first fail on evidence (req/s), with a mark for each flag."""
+    if not k:
+        return "—"
+    if k.get("status") == "n/a":
+        return na_cell(k)
+    if k.get("label") == common.KNEE_RECHECK:
+        rates = dict.fromkeys(x["offered_rps"] for x in k.get("rows") or [])
+        return "re-check " + ", ".join(f"{rate:g} {stats.rate_verdict(k['rows'], rate)[0]}" for rate in rates)
+    fail = k.get("conclusive_fail_rps", k.get("first_fail_rps"))
+    if k.get("status") == "above":
+        cell = f"≥ {fmt(k.get('knee_rps'), 'g')}"
+    elif k.get("knee_rps") is None:  # below or open: no pass; a fail on evidence bounds it, an inconclusive one not
+        cell = f"< {fail:g}" if fail else "no pass"
+    else:
+        cell = f"{k['knee_rps']:g}–{fmt(fail, 'g', '?')}"
+    marks = ((MARKS["front end"] if not_the_engine_s(k) else "") + (MARKS["disturbed"] if was_disturbed(k) else "")
+             + (MARKS["knee flag"] if knee_flags(k) else ""))
+    return cell + marks
+
+
+def short_regress(r) -> str:
+    """The categories that lost accuracy against rung 0, worst first, as many as fit REGRESS_WIDTH (then "+N");
+    ✗ marks one the gate found regressed on evidence."""
+    g = r.get("gate") or {}
+    if not g or not g.get("gated"):
+        return "—" if not g else "not gated"
+    failed = set(g.get("regressed_categories") or [])
+    drops = sorted(((v["drop"], c) for c, v in (g.get("by_category") or {}).items() if v["drop"] > 0), reverse=True)
+    words = [f"{c} −{d:.2f}" + ("✗" if c in failed else "") for d, c in drops]
+    cell = ""
+    for i, w in enumerate(words):
+        more = f" +{len(words) - i - 1}" if i < len(words) - 1 else ""
+        if i and len(f"{cell}, {w}{more}") > REGRESS_WIDTH:
+            return f"{cell} +{len(words) - i}"
+        cell = f"{cell}, {w}" if cell else w
+    return cell or "none"
+
+
+def glance_table(lad: dict) -> str:
+    """The seed's table: stage, eval acc, per-category regressions, output tok/s, speedup, knee req/s @ SLO, kept?
+    A stage reads "#N name": the appendix's long table keeps "N name" for its rows."""
+    unconfirmed = kept_suffix(lad)
+    rows = [{"stage": f"#{r['index']} {r['name']}", "eval acc": acc_cell(r),
+             "per-category regressions": short_regress(r), "output tok/s": short_tps(r),
+             "speedup": f"{r['speedup']:.2f}×" if r.get("speedup") else "—",
+             "knee req/s @ SLO": short_knee(r.get("knee") or {}),
+             "kept?": kept_cell(r) + (unconfirmed if r.get("verdict") == "kept" else "")}
+            for r in lad["rungs"]]
+    return pipe_table(rows)
+
+
+def pipe_table(rows: list[dict]) -> str:
+    """A markdown table as narrow as its cells: tabulate pads every column by two more, 14 characters of 7 columns."""
+    cols = list(rows[0]) if rows else []
+    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+
+    def line(cells) -> str:
+        return "| " + " | ".join(str(v).ljust(width[c]) for c, v in zip(cols, cells)) + " |"
+    return "\n".join([line(cols), "|" + "|".join("-" * (width[c] + 2) for c in cols) + "|",
+                      *(line([r[c] for c in cols]) for r in rows)])
+
+
+def glance_notes(lad: dict) -> list[str]:
+    """What the table's cells mean, and a footnote for each mark it carries, naming the rows."""
+    named: dict[str, list[str]] = {key: [] for key in MARKS}
+    for r in lad["rungs"]:
+        k, who = r.get("knee") or {}, f"#{r['index']}"
+        named["front end"] += [who] if not_the_engine_s(k) else []
+        named["disturbed"] += [who] if was_disturbed(r.get("bench") or {}) or was_disturbed(k) else []
+        named["knee flag"] += [f"{who} {', '.join(knee_flags(k))}"] if knee_flags(k) else []
+    words = {"front end": f"{FRONT_END_FLAG} (its looks' latency was added outside the engine: What I kept and why)",
+             "disturbed": "a measurement flagged disturbed and measured again (Disturbed measurements)",
+             "knee flag": "a knee with a warning"}
+    notes = [f"{MARKS[key]} {words[key]}: {', '.join(who)}" for key, who in named.items() if who]
+    return [f"Output tok/s: median [95 % CI]; speedup vs rung 0; knee: last pass–first fail on evidence at the SLO "
+            f"({slo_text(lad['slo'])}); regressions: accuracy lost per category vs rung 0 (✗ failed the gate). "
+            "Each figure's evidence (Δ intervals, engines, servers, counts per look): the sections below.",
+            *[f"- {n}" for n in notes]]
+
+
+LINE_WIDTH = 200  # a kept-why line: one line of a design review
+
+
+def clip(text: str, width: int = LINE_WIDTH) -> str:
+    """Free text (an error, a gate's reason) cut to the line's width: its whole words are in the sections below."""
+    return text if len(text) <= width else text[:width - 1].rstrip(" ;,") + "…"
+
+
+def pct_ci(d: dict) -> str:
+    """A Δ as the first screen shows it: +25 % [+17, +33]."""
+    ci = d.get("ci") or d.get("ci95")
+    return f"{d['rel'] * 100:+.0f} %" + (f" [{ci[0] * 100:+.0f}, {ci[1] * 100:+.0f}]" if ci else "")
+
+
+def tps_figure(d: dict | None) -> str | None:
+    if not d or d.get("rel") is None:
+        return None
+    return f"tok/s{' per GPU' if d.get('per_gpu') else ''} {pct_ci(d)}"
+
+
+def rung_of(lad: dict, exp: str | None) -> dict:
+    return next((b for b in lad["rungs"] if exp and b.get("exp") == exp), {})
+
+
+def knee_point(r: dict, per_gpu: bool) -> str:
+    """A rung's knee (last pass) as the line names it; per GPU where its Δ was drawn per GPU."""
+    k = (r.get("per_gpu") or {}) if per_gpu and r.get("per_gpu") else (r.get("knee") or {})
+    return "no pass" if k.get("knee_rps") is None else f"{k['knee_rps']:g}"
+
+
+def knee_figure(r: dict, lad: dict) -> str | None:
+    """The knee's move vs the base, and on how many servers a side it held where fresh servers re-checked it."""
+    d = (r.get("delta") or {}).get("knee_rps") or {}
+    if not d or (d.get("rel") is None and d["verdict"] == "unknown"):
+        return None
+    per = bool(d.get("per_gpu"))
+    was, now = knee_point(rung_of(lad, r.get("base")), per), knee_point(r, per)
+    txt = f"knee{' per GPU' if per else ''} " + (f"{was} → {now} req/s" if now != "no pass" else
+                                                  f"{was} req/s → no pass")
+    if d.get("recheck") is not None:  # stats.knee_recheck: read `first` on one server a side, then fresh pairs
+        held = d["verdict"] == d.get("first")
+        txt += (f" on {len(d['recheck']) + 1} servers a side" if held else
+                f" (read {d.get('first')} on one server a side, not on fresh ones)")
+    return txt
+
+
+def with_verdict(fig: str | None, d: dict | None) -> str | None:
+    return fig and f"{fig} ({(d or {}).get('verdict')})"
+
+
+def speed_words(r: dict, lad: dict, cost: str = "") -> str:
+    """The figure that decided a measured rung first (decide.rests_on_tps), the other after it with its verdict, then
+    `cost` (quality_cost)."""
+    d = r.get("delta") or {}
+    because = ""
+    dk, dt = d.get("knee_rps") or {}, d.get("output_tps") or {}
+    knee, tps = knee_figure(r, lad), tps_figure(dt)
+    if r.get("kept"):
+        on_tps = decide.rests_on_tps(r, lad.get("objective", "knee_rps")) if dk else True
+        first, then = (tps, with_verdict(knee, dk)) if on_tps else (knee, with_verdict(tps, dt))
+        if (dt if on_tps else dk).get("verdict") != "better":  # an older rule kept what got no worse: it says so
+            because = (r.get("decision") or "").partition("kept because ")[2].split(";")[0]
+            first = with_verdict(first, dt if on_tps else dk)
+    elif dk.get("verdict") == "worse":
+        first, then = f"{knee} (worse)", with_verdict(tps, dt)
+    elif dt.get("verdict") == "worse":
+        first, then = f"{tps} (worse)", with_verdict(knee, dk)
+    else:
+        lead = "not confirmed: " if dt.get("verdict") == "better" else "no measurable gain: "
+        first, then = lead + (with_verdict(tps, dt) or "tok/s not measured"), with_verdict(knee, dk)
+    return ((", ".join(x for x in (first, then) if x) or "no speed measured") + cost
+            + (f"; kept because {because}" if because else ""))
+
+
+def quality_cost(r: dict) -> str:
+    """What a rung cost in accuracy vs rung 0, as its gate read it."""
+    g = r.get("gate") or {}
+    o = g.get("overall") or {}
+    if not g.get("gated") or o.get("rung") is None:
+        return ""
+    pts = (o["rung"] - o["baseline"]) * 100
+    return " at no accuracy cost" if pts >= 0 else f" at acc {pts:+.1f} pts vs rung 0"
+
+
+def gate_words(g: dict) -> str:
+    """A failed gate in a few words: the categories (or overall) it failed on, rung 0's accuracy → the rung's."""
+    cats = g.get("by_category") or {}
+    failed = [(c, cats[c]) for c in g.get("regressed_categories") or [] if c in cats]
+    o = g.get("overall") or {}
+    if not failed and o.get("evidence") == "regressed":
+        failed = [("overall", o)]
+    if not failed:
+        return "quality gate failed: " + (g.get("reasons") or ["no reason recorded"])[0].split(";")[0]
+    words = [f"{c} {v['baseline']:.2f} → {v['rung']:.2f}" for c, v in failed[:2]]
+    return "quality gate failed: " + ", ".join(words) + (f" +{len(failed) - 2}" if len(failed) > 2 else "")
+
+
+def early_words(r: dict) -> str | None:
+    """Why a rung was reverted before its speed counted (decide.reverted_before_speed), in a few words."""
+    if r["status"] != "ok":
+        return r.get("error") or r.get("decision") or r["status"]
+    g = r.get("gate") or {}
+    if g.get("gated") and not g.get("keep"):
+        return gate_words(g)
+    off = [c["knob"] for c in r.get("applied") or [] if c["applied"] is False]
+    return f"not applied: {', '.join(off)}" if off else None
+
+
+def why_line(r: dict, lad: dict) -> str:
+    """One rung in the seed's form: "Rung N name: kept — <figure> at <quality cost>", at most LINE_WIDTH."""
+    verdict = kept_cell(r).replace("**", "") + (kept_suffix(lad) if r.get("verdict") == "kept" else "")
+    head = f"Rung {r['index']} {r['name']}: {verdict} — "
+    early = early_words(r)
+    measured = (r.get("delta") or {}).get("output_tps") or (r.get("delta") or {}).get("knee_rps")
+    if early:
+        speed = f"; {speed_words(r, lad)}" if measured and not gate_skipped(r) else ""
+        return clip(head + clip(early, LINE_WIDTH - len(head) - len(speed)) + speed)
+    body = speed_words(r, lad, quality_cost(r))
+    if r.get("verdict") == "not chosen":
+        body += "; " + (r.get("decision") or "").rsplit("not chosen: ", 1)[-1]
+    return clip(head + body)
+
+
+def why_lines(lad: dict) -> list[str]:
+    """The kept-why lines of the first screen: every rung but rung 0, re-measures and re-checks (they are evidence
+    a rung's line rests on: the section below names them)."""
+    return [f"- {why_line(r, lad)}" for r in lad["rungs"]
+            if r.get("role") not in ("baseline", decide.RECHECK, decide.KNEE_RECHECK)]
+
+
+def first_screen(lad: dict) -> list[str]:
+    """The seed's table, its notes, one line a rung, and where the evidence is."""
+    return [glance_table(lad), "", *glance_notes(lad), "",
+            "**What I kept and why**, one line a rung: the figure that decided it, at what quality cost:",
+            *why_lines(lad), "",
+            "Evidence for every line: [Setup](#setup) · [What I kept and why](#what-i-kept-and-why) · "
+            "[Disturbed measurements](#disturbed-measurements) · [Capacity plan](#capacity-plan) · [Plots](#plots) · "
+            "[Time](#time) · [the full table](#appendix-the-full-table)"]
+
+
 def headline(lad: dict) -> str:
     rungs = [r for r in lad["rungs"] if r["status"] == "ok"]
     base = next((r for r in rungs if r.get("role") == "baseline"), None)
@@ -581,9 +837,18 @@ def probe_evidence(rows: list[dict]) -> list[dict]:
 
 
 def plots(lad: dict, out: Path) -> None:
+    """knee.png, rungs.png and pareto.png into `out`."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    knee_plot(lad, out, plt)
+    rungs_plot(lad, out, plt)
+    pareto_plot(lad, out, plt)
+    plt.close("all")
+
+
+def knee_plot(lad: dict, out: Path, plt) -> None:
+    import matplotlib
     slo = lad["slo"]
     searched = [r for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or [])
                 if (r.get("knee") or {}).get("rows")]
@@ -618,6 +883,8 @@ def plots(lad: dict, out: Path) -> None:
     fig.savefig(out / "knee.png", dpi=110)
     plt.close(fig)
 
+
+def rungs_plot(lad: dict, out: Path, plt) -> None:
     done = [r for r in lad["rungs"] if r["status"] == "ok" and (r.get("bench") or {}).get("output_tps")]
     fig, ax = plt.subplots(figsize=(max(6, len(done) * 1.2), 4.5))
     names = [f"{r['index']} {r['name']}" for r in done]
@@ -638,6 +905,110 @@ def plots(lad: dict, out: Path) -> None:
         ax.text(0.99, 0.97, why, transform=ax.transAxes, ha="right", va="top")
     fig.tight_layout()
     fig.savefig(out / "rungs.png", dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- the Pareto plot (issue 55)
+# As vLLM's `bench sweep plot_pareto` and llm-optimizer draw a config: what one user gets (output tok/s per user,
+# 1 / TPOT) against what the hardware serves (output tok/s per GPU), both at one operating point: the knee's rate.
+PARETO_ALT = "output tok/s per user vs per GPU at each rung's knee, the Pareto front marked"
+PARETO_STYLE = {"baseline": ("s", "tab:blue", "rung 0"), "kept": ("o", "tab:green", "kept"),
+                "other": ("X", "tab:gray", "not kept")}
+
+
+def knee_operating_point(r: dict) -> tuple[float, float] | None:
+    """(output tok/s per user, output tok/s per GPU) at a rung's knee: 1000 / the median TPOT of its last probe at
+    the knee's rate, and that probe's output tok/s over the rung's GPUs (one instance on a CPU); None without a
+    knee (no pass, not measured) or without the probe's figures."""
+    k = r.get("knee") or {}
+    rate = k.get("knee_rps")
+    if rate is None or k.get("status") == "n/a" or k.get("label") == common.KNEE_RECHECK:
+        return None
+    at = [x for x in k.get("rows") or [] if x.get("offered_rps") == rate and x.get("p50_tpot_ms")]
+    if not at or not at[-1].get("output_tps"):
+        return None
+    return 1000 / at[-1]["p50_tpot_ms"], at[-1]["output_tps"] / (r.get("gpus") or 1)
+
+
+def pareto_points(lad: dict) -> list[dict]:
+    """One point per rung with a knee (a base's re-measure or a knee re-check is no rung), the front marked: no
+    other point serves more per user and more per GPU."""
+    pts = [{"r": r, "user": xy[0], "gpu": xy[1]} for r in lad["rungs"]
+           if r.get("role") not in (decide.RECHECK, decide.KNEE_RECHECK) and r["status"] == "ok"
+           and (xy := knee_operating_point(r))]
+    for p in pts:
+        p["front"] = not any(q["user"] >= p["user"] and q["gpu"] >= p["gpu"] and (q["user"], q["gpu"]) !=
+                             (p["user"], p["gpu"]) for q in pts)
+    return pts
+
+
+def pareto_labels(pts: list[dict], ax) -> None:
+    """Each point's rung number; points that sit on top of each other share one label, so none overlap."""
+    groups: list[list[dict]] = []
+    xy = ax.transData.transform([(p["user"], p["gpu"]) for p in pts]) if pts else []
+    for p, (x, y) in zip(pts, xy):  # within a label's size in pixels of a group's first point: that group
+        near = next((g for g in groups if abs(g[0]["px"][0] - x) < 28 and abs(g[0]["px"][1] - y) < 14), None)
+        if near:
+            near.append({**p, "px": (x, y)})
+        else:
+            groups.append([{**p, "px": (x, y)}])
+    for g in groups:
+        ax.annotate(", ".join(p["id"] for p in g), (g[0]["user"], g[0]["gpu"]),
+                    textcoords="offset points", xytext=(7, 5), fontsize=8)
+
+
+def rung_ids(lad: dict) -> dict[int, str]:
+    """id(rung) -> its label on the plot: its number, with a letter where candidates share one (5a, 5b)."""
+    runs = [r for r in lad["rungs"] if r.get("role") not in (decide.RECHECK, decide.KNEE_RECHECK)]
+    count = {i: sum(r["index"] == i for r in runs) for i in {r["index"] for r in runs}}
+    seen: dict[int, int] = {}
+    out = {}
+    for r in runs:
+        n = seen[r["index"]] = seen.get(r["index"], -1) + 1
+        out[id(r)] = f"#{r['index']}" + ("abcdefghijklmnopqrstuvwxyz"[n] if count[r["index"]] > 1 else "")
+    return out
+
+
+def pareto_plot(lad: dict, out: Path, plt) -> None:
+    ids = rung_ids(lad)
+    pts = [{**p, "id": ids[id(p["r"])]} for p in pareto_points(lad)]
+    final = lad.get("final_exp")
+    fig, ax = plt.subplots(figsize=(10, max(5.5, 0.17 * len(ids) + 3.5)))
+    for key, (m, c, label) in PARETO_STYLE.items():
+        mine = [p for p in pts if (p["r"].get("role") == "baseline") == (key == "baseline")
+                and (key != "kept" or p["r"].get("kept")) and (key != "other" or not p["r"].get("kept"))]
+        if mine:  # a legend entry only for what is drawn
+            ax.scatter([p["user"] for p in mine], [p["gpu"] for p in mine], marker=m, s=60, color=c, label=label,
+                       zorder=3)
+    front = sorted((p for p in pts if p["front"]), key=lambda p: p["user"])
+    if front:
+        # the boundary of what the front's points serve: no config beyond it on both axes was measured
+        ax.step([p["user"] for p in front], [p["gpu"] for p in front], "--", where="pre", color="tab:orange",
+                lw=1.5, label="Pareto front", zorder=2)
+    top = [p for p in pts if final and p["r"].get("exp") == final]
+    if top:
+        ax.scatter([top[0]["user"]], [top[0]["gpu"]], marker="*", s=320, facecolor="none", edgecolor="black",
+                   linewidth=1.4, label="final stack", zorder=4)
+    ax.margins(0.15)
+    fig.canvas.draw()  # the labels group by where the points land on screen
+    pareto_labels(pts, ax)
+    unit = "GPU" if lad["environment"].get("device") == "gpu" else "instance (CPU)"  # old records: no `gpus`
+    ax.set(xlabel="output tok/s per user (1 / median TPOT at the knee's rate)",
+           ylabel=f"output tok/s per {unit} at the knee's rate",
+           title=f"Output tok/s per user vs per {unit.split()[0]}, each rung at its knee's rate (SLO "
+                 f"{slo_text(lad['slo'])})")
+    ax.title.set_fontsize(10)
+    ax.grid(alpha=0.3)
+    key = "\n".join(f"{ids[id(r)]:<4} {r['name']}" + ("" if any(p["r"] is r for p in pts) else " (no knee)")
+                    for r in lad["rungs"] if id(r) in ids)
+    ax.text(1.02, 1.0, key, transform=ax.transAxes, va="top", fontsize=8, family="monospace")
+    if not pts:  # rung 0 failed, or no rung met the SLO anywhere: the plot says so rather than the report failing
+        ax.text(0.5, 0.5, "no rung has a knee: nothing to place", transform=ax.transAxes, ha="center")
+        ax.set(xticks=[], yticks=[])
+    else:  # outside the axes, under the key: it never hides a point
+        ax.legend(loc="lower left", bbox_to_anchor=(1.02, 0.0), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "pareto.png", dpi=110)
     plt.close(fig)
 
 
@@ -693,7 +1064,9 @@ def floor_lines(lad: dict) -> list[str]:
         out.append("- **Start-to-start floor** (output tok/s, fresh engines of one config): "
                    + lad["noise_floor"]["words"])
     sp = ((lad.get("settings") or {}).get("knee") or {}).get("server_spread") or {}
-    out.append("- **Knee verdicts**: " + stats.KNEE_AGAIN_WORDS + "; fresh servers' spread at one rate: " + (
+    again = ("in the rule's words (What I kept and why)" if stats.KNEE_AGAIN_WORDS in (lad.get("rule") or "")
+             else stats.KNEE_AGAIN_WORDS)  # printed once: a record whose rule predates them still states them here
+    out.append("- **Knee verdicts**: " + again + "; fresh servers' spread at one rate: " + (
         f"the share over the SLO's between-server SD {sp['sigma']:g} [{sp['sigma_ci'][0]:g}, {sp['sigma_ci'][1]:g}] "
         f"(knees' CV {sp['knee_cv']:.1%}), within a look dispersion {sp['phi']:g}, from {sp['servers']} servers and "
         f"{sp['looks']} looks at {sp['rate']:g} req/s ({sp.get('measured_on')}, {sp.get('measured')})"
@@ -762,19 +1135,24 @@ def time_lines(lad: dict) -> list[str]:
 
 
 def render(lad: dict, out: Path) -> str:
-    plural = len(lad["rungs"])
+    """The first screen (headline, the seed's table, one line a rung: `first_screen`), then the evidence every line
+    rests on, the rule's words once, and the long table as an appendix."""
     md = [f"# Before → after: vLLM serving ladder ({lad['profile']} profile)", "",
-          headline(lad), "", "## Setup", *header(lad), "", f"## The ladder ({plural} runs)", "", table(lad), "",
-          "Output tok/s: median of one engine's repeats with their 95 % t-interval. " + stats.DELTA_WORDS + ". Knee: "
-          "highest offered rate meeting the SLO, with the first rate that broke it.", "",
+          headline(lad), "", *first_screen(lad), "",
+          "## Setup", *header(lad), "",
+          "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
+          *gate_power_lines(lad),
           "## Disturbed measurements", "A bench repeat far off its engine's others is replaced by one more pass (up to "
           "bench.extra_repeats), a knee look while other work kept the machine busy is looked at again on its trace "
           "(once); the flagged one is kept beside what replaced it and judged on by nothing:",
           *disturbed_lines(lad), "",
-          "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
-          *gate_power_lines(lad), "## Capacity plan", *capacity_lines(lad), "",
+          "## Capacity plan", *capacity_lines(lad), "",
           "## Plots", "![knee evidence per rung](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
-          "## Time", *time_lines(lad), ""]
+          f"![{PARETO_ALT}](pareto.png)", "",
+          "## Time", *time_lines(lad), "",
+          f"## Appendix: the full table ({len(lad['rungs'])} runs)", "", table(lad), "",
+          "Output tok/s: median of one engine's repeats with their 95 % t-interval. " + stats.DELTA_WORDS + ". Knee: "
+          "highest offered rate meeting the SLO, with the first rate that broke it.", ""]
     return "\n".join(md)
 
 

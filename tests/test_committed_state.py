@@ -9,7 +9,8 @@ import yaml
 
 from conftest import ROOT
 
-RUN_OUTPUTS = ["dvc.lock", "report/before_after.md", "report/knee.png", "report/rungs.png", "report/ladder.json"]
+RUN_OUTPUTS = ["dvc.lock", "report/before_after.md", "report/knee.png", "report/rungs.png", "report/pareto.png",
+               "report/ladder.json"]
 
 
 def git(*args, cwd=ROOT) -> str:

@@ -33,7 +33,7 @@ def test_cpu_report_has_every_rung_its_decision_and_the_headline(tmp_path):
     assert "no confirm step" in headline  # a record without one says its headline is rung 0 vs the final rung
     assert "## What I kept and why" in md and "quality gate failed: category knowledge collapsed" in md
     assert "took effect? engine.kv_cache_dtype: ✓" in md
-    for png in ("knee.png", "rungs.png"):
+    for png in ("knee.png", "rungs.png", "pareto.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
 
 
@@ -109,7 +109,7 @@ def test_a_ladder_whose_rung_0_failed_still_renders_its_report_and_plots(tmp_pat
                        "verdict": "failed", "decision": "failed: the baseline failed: nothing to compare against"}]
     lad["final_exp"], lad["complete"] = None, False
     report.plots(lad, tmp_path)
-    for png in ("knee.png", "rungs.png"):
+    for png in ("knee.png", "rungs.png", "pareto.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
     md = report.render(lad, tmp_path)
     assert "No baseline was measured: no headline." in md
