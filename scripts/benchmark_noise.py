@@ -585,8 +585,8 @@ def profile_params(params: dict, profile: str) -> dict:
     for name in dl["fetch"]:
         download.provide(name, dl["catalog"], store, done)
     common.side_results(BENCHMARK_LOGS)
-    common.write_json(common.MODELS_JSON, {"store": str(store), "models": done})
-    common.write_json(common.FINGERPRINT_JSON, this_machine())
+    common.write_json(common.models_json(), {"store": str(store), "models": done})
+    common.write_json(common.fingerprint_json(), this_machine())
     return eff
 
 

@@ -33,16 +33,23 @@ from config import (  # noqa: F401 -- re-exported
 )
 
 RESULTS = ROOT / "results"
-# The fingerprint and download stages' outputs, which the engine stages read. `make benchmark` reads and writes its
-# own under results/logs/benchmark/ (side_results): a benchmark never overwrites a DVC output of the ladder.
-FINGERPRINT_JSON = RESULTS / "fingerprint.json"
-MODELS_JSON = RESULTS / "models.json"
+# The fingerprint and download stages' outputs, which the engine stages read, live in RESULTS; `make benchmark`
+# reads and writes its own under results/logs/benchmark/ (side_results): a benchmark never overwrites a DVC output.
+_SIDE: Path | None = None
 
 
-def side_results(folder: Path) -> None:
+def side_results(folder: Path | None) -> None:
     """Read the fingerprint and the model manifest from `folder` (a run outside DVC's stages writes them there)."""
-    global FINGERPRINT_JSON, MODELS_JSON
-    FINGERPRINT_JSON, MODELS_JSON = folder / "fingerprint.json", folder / "models.json"
+    global _SIDE
+    _SIDE = folder
+
+
+def fingerprint_json() -> Path:
+    return (_SIDE or RESULTS) / "fingerprint.json"
+
+
+def models_json() -> Path:
+    return (_SIDE or RESULTS) / "models.json"
 
 
 # ---------------------------------------------------------------- knobs
@@ -114,7 +121,7 @@ def engine_config(params: dict, which: str = "rung", gpus: list[dict] | None = N
     if (params.get("target") or {}).get("memory_gib") is None:
         return cfg
     if gpus is None:
-        fp = FINGERPRINT_JSON
+        fp = fingerprint_json()
         if not fp.exists():
             shown = fp.relative_to(ROOT) if fp.is_relative_to(ROOT) else fp
             raise ParamsError(f"target.memory_gib: {shown} is missing (this GPU's memory is read there); run the "
@@ -179,7 +186,7 @@ def redact(text: str) -> str:
 # ---------------------------------------------------------------- models
 def model_entry(name: str) -> dict:
     """The download stage's manifest entry for a model; clear error if it is missing or its folder is gone."""
-    manifest = MODELS_JSON
+    manifest = models_json()
     if not manifest.exists():
         raise ParamsError(f"model.name: {name!r}: {manifest.relative_to(ROOT)} is missing; "
                           "run the download stage first")
@@ -208,13 +215,13 @@ def params_hash(cfg) -> str:
 
 def provenance(params: dict, cfg: dict | None = None) -> dict:
     """Where a number came from: the machine (fingerprint stage), the model, the eval set, the params, the commit."""
-    fp_path = FINGERPRINT_JSON
+    fp_path = fingerprint_json()
     prov = {"environment": read_json(fp_path) if fp_path.exists() else None, "git_commit": git_commit(),
             "params_hash": params_hash(params), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if cfg is not None:
         prov["knobs"] = cfg
         prov["knobs_hash"] = params_hash(cfg)
-        manifest = MODELS_JSON
+        manifest = models_json()
         if manifest.exists():
             entry = read_json(manifest)["models"].get(cfg["model"]["name"], {})
             prov["model"] = {k: entry.get(k) for k in ("name", "id", "revision", "sha256", "source")}

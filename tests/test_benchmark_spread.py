@@ -137,12 +137,12 @@ def test_a_profile_benchmark_writes_no_dvc_output(monkeypatch, tmp_path):
     # DVC stages' outputs (a clone's `dvc status` stays true), and what the benchmark reads is what it wrote
     import common
     monkeypatch.setattr(bn, "BENCHMARK_LOGS", tmp_path)
-    monkeypatch.setattr(common, "FINGERPRINT_JSON", common.FINGERPRINT_JSON)
-    monkeypatch.setattr(common, "MODELS_JSON", common.MODELS_JSON)
+    monkeypatch.setattr(common, "_SIDE", None)
     before = {p: p.stat().st_mtime_ns for p in (common.RESULTS / "models.json", common.RESULTS / "fingerprint.json")
               if p.exists()}
     params = bn.profile_params(config.load_params(), "cpu")
-    assert (common.MODELS_JSON, common.FINGERPRINT_JSON) == (tmp_path / "models.json", tmp_path / "fingerprint.json")
+    assert (common.models_json(), common.fingerprint_json()) == (tmp_path / "models.json",
+                                                                 tmp_path / "fingerprint.json")
     assert common.model_entry(params["model"]["name"])["path"]
     after = {p: p.stat().st_mtime_ns for p in (common.RESULTS / "models.json", common.RESULTS / "fingerprint.json")
              if p.exists()}
