@@ -102,3 +102,14 @@ def test_the_stored_looks_fit_to_the_accurate_integrals_spread_not_a_nodes():
     assert got.sigma == pytest.approx(1.217, abs=0.01) and got.sigma_ci == pytest.approx((0.695, 2.217), abs=0.01)
     assert cv == pytest.approx((0.094, 0.053, 0.170), abs=0.002)  # the review's 9.4 % [5.3, 17.0]
     assert got.phi == pytest.approx(6.91, abs=0.1) and got.phi_ci == pytest.approx((3.56, 14.5), abs=0.2)
+
+
+@pytest.mark.parametrize("looks", [
+    [[(0, 142, 9.514), (0, 157, 8.0)], [(0, 155, 8.0), (0, 149, 9.514)], [(0, 142, 9.514), (0, 155, 8.0)]],
+    [[(0, 155, 8.0), (197, 197, 9.514)], [(0, 150, 8.0), (251, 251, 9.514)]],
+], ids=["none over (a cpu run at 8 and 9.514 req/s)", "none or all over"])
+def test_looks_that_cannot_tell_the_share_give_no_spread(looks):
+    # the optimiser would return whatever it stopped at (gamma 0.75 outside its own interval, on the cpu run)
+    servers = [[(n, k, r) for k, n, r in s] for s in looks]
+    with pytest.raises(ValueError, match="cannot be told at these rates"):
+        spread.fit(servers, 8.0)
