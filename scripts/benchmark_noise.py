@@ -88,6 +88,8 @@ def main():
     ap.add_argument("--spread-at", help="part 4: looks at this knee-grid rate on fresh servers (their spread), not "
                     "searches: the rate where rung 0's search first failed on evidence; or two adjacent grid rates "
                     "(26.91,32): looks at both on every server, and the wall's exponent gamma fitted from them")
+    ap.add_argument("--spread-off-grid", action="store_true", help="part 4: --spread-at takes any one or two rates "
+                    "(a wall sharper than a grid step: the cpu's, where the share rises between two grid rates)")
     ap.add_argument("--spread-looks", type=int, help="part 4 with --spread-at: looks a server at each rate (default "
                     "2 at one rate, 1 at two)")
     ap.add_argument("--untimed-servers", type=int, default=1, help="part 4 with --spread-at: servers first, one look "
@@ -157,7 +159,7 @@ def main():
                     max(args.knee_servers, 1), [float(x) for x in args.study_extra.split(",") if x.strip()])
 
     if 4 in parts and args.spread_at:
-        rates = spread_rates(args.spread_at, k["rel_tol"])
+        rates = spread_rates(args.spread_at, k["rel_tol"], args.spread_off_grid)
         looks = args.spread_looks or (2 if len(rates) == 1 else 1)
         server_spread(entry["path"], cfg, k, slo, logs / "spread", rates, args.knee_servers, looks,
                       args.untimed_servers, args.deadline_s)
@@ -292,16 +294,22 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
     print(f"6. study written: {logs / 'study.json'}")
 
 
-def spread_rates(text: str, rel_tol: float) -> list[float]:
+def spread_rates(text: str, rel_tol: float, off_grid: bool = False) -> list[float]:
     """--spread-at's rates: one grid rate, or two adjacent ones (the share's rise between them measures the wall's
     exponent gamma), ascending. The rates are the knee grid's (knee.rel_tol): a look's trace (its seed) is the one
-    the knee stage sends at that rate."""
+    the knee stage sends at that rate. `off_grid` (--spread-off-grid): any one or two rates, for a wall sharper than
+    a grid step (the cpu's: its servers held 9.514 req/s with none over the SLO and failed 11.31 with a backlog)."""
     rates = sorted(float(x) for x in str(text).split(",") if x.strip())
     steps = probing.grid_steps(rel_tol)
+    if off_grid:
+        if not 1 <= len(rates) <= 2 or min(rates, default=0) <= 0 or len(set(rates)) != len(rates):
+            raise ValueError(f"--spread-at takes one rate or two different ones above 0, got {text!r}")
+        return rates
     off = [r for r in rates if r <= 0 or probing.grid_rate(probing.grid_index(r, steps), steps) != r]
     if off or not 1 <= len(rates) <= 2:
         raise ValueError(f"--spread-at takes one knee-grid rate or two adjacent ones, got {text!r}"
-                         + (f": {', '.join(f'{r:g}' for r in off)} not on the grid of 2^(1/{steps})" if off else ""))
+                         + (f": {', '.join(f'{r:g}' for r in off)} not on the grid of 2^(1/{steps})" if off else "")
+                         + " (--spread-off-grid takes any)")
     if len(rates) == 2 and probing.grid_index(rates[1], steps) - probing.grid_index(rates[0], steps) != 1:
         raise ValueError(f"--spread-at's two rates must be adjacent on the knee grid (2^(1/{steps}) apart), got "
                          f"{text!r}")

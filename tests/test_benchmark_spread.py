@@ -27,6 +27,17 @@ def test_spread_at_takes_one_grid_rate_or_two_adjacent_ones():
             bn.spread_rates(bad, 0.2)
 
 
+def test_off_the_grid_any_one_or_two_rates_are_taken():
+    # the cpu's wall sits inside one grid step: every fresh server held 9.514 req/s, none 11.31
+    assert bn.spread_rates("10.4, 9.8", 0.2, off_grid=True) == [9.8, 10.4]
+    assert bn.spread_rates("27", 0.2, off_grid=True) == [27.0]
+    for bad in ("9.8,9.8", "0,9.8", "9,10,11", ""):
+        with pytest.raises(ValueError, match="one rate or two different ones"):
+            bn.spread_rates(bad, 0.2, off_grid=True)
+    with pytest.raises(ValueError, match="--spread-off-grid takes any"):
+        bn.spread_rates("9.8", 0.2)
+
+
 def test_servers_look_at_the_two_rates_in_alternating_order():
     # a look's place on its server (the second reads worse, say) then cancels out of gamma instead of inflating it
     assert [bn.look_order([R1, R2], i) for i in range(4)] == [[R1, R2], [R2, R1], [R1, R2], [R2, R1]]
