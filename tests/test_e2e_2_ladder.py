@@ -156,8 +156,9 @@ def test_make_ladder_resumes_keeps_reverts_and_reports(project):
     md = (project.path / "report/before_after.md").read_text()
     for row in ("| 0 baseline", "| 1 fp8-kv", "| 2 placebo-seed", "| 3 broken-rope", "| 4 no-kv-space"):
         assert row in md
-    assert "failed → reverted" in md and "reverted" in md.split("| 3 broken-rope")[1].split("\n")[0]
-    assert "not measured: gate failed" in md.split("| 3 broken-rope")[1].split("\n")[0]
+    full = md.split("## Appendix")[1]  # the full table: the first screen's rows read "#3 broken-rope"
+    assert "failed → reverted" in md and "reverted" in full.split("| 3 broken-rope")[1].split("\n")[0]
+    assert "not measured: gate failed" in full.split("| 3 broken-rope")[1].split("\n")[0]
     assert "Rule: a rung is kept only when" in md
     # `make compare`: one row per rung, DVC's metrics beside the ladder's verdict
     cmp = project.run("python", "scripts/compare.py").stdout
@@ -272,6 +273,7 @@ def test_a_rung_after_a_knee_re_check_is_searched_not_re_checked(project):
     got = project.dvc("exp", "show", "--json").stdout
     assert '"look"' not in json.dumps(project.params()["run"]), project.params()["run"]
     assert "cpu-2-placebo-seed" in got
-    row = (project.path / "report/before_after.md").read_text().split("| 2 placebo-seed")[1].split("\n")[0]
+    full = (project.path / "report/before_after.md").read_text().split("## Appendix")[1]  # the full table
+    row = full.split("| 2 placebo-seed")[1].split("\n")[0]
     assert "re-check:" not in row, row
     assert not wait_no_vllm()
