@@ -16,6 +16,7 @@ x1.41 found >= 80 % either way (a strict xfail prints the numbers where it is no
 """
 import functools
 import math
+import time
 
 import pytest
 
@@ -88,3 +89,86 @@ def test_unit_verdict_decides_on_its_t_and_stops_within_inside_the_margin():
     wide = us.unit_verdict(same[:2], same[:2], 0.3, 11, RULE)
     assert wide["verdict"] == "continue"
 
+
+CASES = [(s, u) for s in SPREADS for u in (False, True)]
+
+
+def row(name: str, spread: str, upper: bool, get) -> str:
+    aa = get(1.0, spread, upper)
+    cells = [f"{aa['better']:6.1%} {aa['worse']:6.1%}"]
+    cells += [f"{found(get(f, spread, upper), f):6.1%}" for k, f in FACTORS.items() if k != "A/A"]
+    cost = [get(f, spread, upper).gpu_s / 60 for f in (1.0, 2 ** 0.5)]
+    return (f"{spread:>6} {'upper' if upper else 'point'} {truth(spread, upper):5.1%}  {name:<6}" + "  ".join(cells)
+            + f"  {cost[0]:5.1f} {cost[1]:5.1f}  {get(1.0, spread, upper).servers:4.1f}")
+
+
+def test_the_two_rules_compared_at_each_spread():
+    """The comparison table (printed): A/A better / worse, found at x1.41, /1.41, x2, /2 (better up, worse down), the
+    mean GPU-minutes a rung for an A/A and a x1.41 knee, and the fresh servers an A/A rung starts. Today's is charged
+    its rung's search and its re-checks; its base's search (one server, printed apart) serves every rung it is the
+    base of. What it asserts: the design finds x1.41 more often than today's at every spread."""
+    t0 = time.time()
+    lines = ["spread truth        rule   A/A bet  worse  x1.41  /1.41     x2     /2  GPU-min A/A x1.41  servers"]
+    for spread, upper in CASES:
+        lines += [row("today", spread, upper, today), row("unit", spread, upper, unit)]
+        base = today(1.0, spread, upper).extra["base_gpu_s"] / 60
+        lines.append(f"{'':>26}(today's base search: {base:.1f} GPU-min once a base)")
+    keep = {f"{s} {'upper' if u else 'point'}": f"{1 - (1 - unit(1.0, s, u)['better']) ** 5:.1%}" for s, u in CASES}
+    lines.append(f"an all-placebo ladder of 5 rungs kept on its knee by the design (fresh servers each rung): {keep}")
+    print("\n" + "\n".join(lines) + f"\n({TRIALS} trials a case, {time.time() - t0:.0f} s)")
+    for spread, upper in CASES:
+        assert unit(2 ** 0.5, spread, upper)["better"] > today(2 ** 0.5, spread, upper)["better"]
+
+
+@pytest.mark.parametrize("upper", [False, True], ids=["stored spread", "its upper end"])
+def test_an_a_a_knee_is_called_better_or_worse_by_servers_as_the_unit_within_the_rule_s_rates(upper):
+    r = unit(1.0, "stored", upper)
+    bound = 0.05 if upper else 0.025
+    assert r["better"] <= min(bound, 0.01) and r["worse"] <= bound, r
+
+
+@pytest.mark.parametrize("spread", ["7 %", "5 %"])
+def test_at_a_smaller_spread_the_design_holds_its_a_a_rates_and_costs_less(spread):
+    for upper in (False, True):
+        r = unit(1.0, spread, upper)
+        assert r["better"] <= 0.01 and r["worse"] <= 0.025, (spread, upper, r)
+    assert unit(1.0, spread, False).gpu_s < unit(1.0, "stored", False).gpu_s
+
+
+def test_a_knee_moved_2x_is_found_by_servers_as_the_unit_in_at_least_85_percent_either_way():
+    up, down = unit(2.0, "stored", False), unit(0.5, "stored", False)
+    assert up["better"] >= 0.85 and down["worse"] >= 0.85, (up, down)
+    assert up["worse"] == down["better"] == 0.0
+
+
+@pytest.mark.parametrize("spread", list(SPREADS))
+def test_a_knee_moved_1_41x_is_found_by_servers_as_the_unit_in_at_least_80_percent_either_way(spread):
+    up, down = unit(2 ** 0.5, spread, False), unit(2 ** -0.5, spread, False)
+    print(spread, f"x1.41 better {up['better']:.1%}, /1.41 worse {down['worse']:.1%}")
+    assert up["better"] >= 0.80 and down["worse"] >= 0.80, (up, down)
+
+
+def test_the_rule_s_constants_are_its_a_a_paths_calibration():
+    # set on 20,000 A/A paths at the stored spread's upper end (seed 1: better 0.5 %, worse 2.5 %, the multiple looks
+    # and the within stops in them); these 2,000 give them again within their sampling error
+    aa, told = paths(1.0, "stored", True), SPREADS["stored"] * RATIO
+    assert us.calibrate(aa, told, PRIOR_DF, RULE, "better", 0.005) == pytest.approx(RULE.better, abs=0.35)
+    assert us.calibrate(aa, told, PRIOR_DF, RULE, "worse", 0.025) == pytest.approx(RULE.worse, abs=0.2)
+
+
+def test_at_a_5_percent_spread_today_s_rule_finds_a_knee_moved_1_41x_in_at_least_80_percent():
+    # were the re-measure (4 API servers) to give 5 %, one search a side and its re-checks reach the target at about
+    # half the design's GPU-minutes (the table above)
+    up, down = today(2 ** 0.5, "5 %", False), today(2 ** -0.5, "5 %", False)
+    assert up["better"] >= 0.80 and down["worse"] >= 0.80, (up, down)
+
+
+@pytest.mark.xfail(strict=True, reason="today's rule (one search a side, re-check pairs) finds a knee moved 1.41x in "
+                   "~39 % at the stored spread (12.9 %) and ~73 % at 7 %: its one server a side decides whether to "
+                   "re-check; servers as the unit find it in >= 90 % at both (tests/unit_sim.py)")
+@pytest.mark.parametrize("spread", ["stored", "7 %"])
+def test_today_s_rule_finds_a_knee_moved_1_41x_in_at_least_80_percent(spread):
+    up, down = today(2 ** 0.5, spread, False), today(2 ** -0.5, spread, False)
+    print(spread, f"today: x1.41 better {up['better']:.1%}, /1.41 worse {down['worse']:.1%}; servers as the unit: "
+          f"{unit(2 ** 0.5, spread, False)['better']:.1%}, {unit(2 ** -0.5, spread, False)['worse']:.1%}")
+    assert up["better"] >= 0.80 and down["worse"] >= 0.80, (up, down)
