@@ -41,7 +41,10 @@ SERVER_START_S = 90.0  # a fresh `vllm serve` of gpu-shape-4090 to its first loo
 Q = round(1 - sim.KNEE_SLO["percentile"] / 100, 6)
 STEPS = probing.grid_steps(sim.KNEE_SETTINGS["rel_tol"])
 SATURATED = 0.5  # a look with this share or more over the SLO is past the wall: it steers, it does not estimate
-ENOUGH_OVER = 30  # a server stops looking once its usable looks counted this many over the SLO (at least 2 looks)
+ENOUGH_OVER = 20  # a server stops looking once its usable looks counted this many over the SLO (at least 2 looks)
+LOOK_COUNTED_S = sim.KNEE_SETTINGS["probe_seconds"]  # a look's counted seconds (at least knee.min_prompts): it
+                      # estimates, it need not pass alone; None: sized as the search's probes (a pass's minimum, 547
+                      # counted at p95: 212 s a server against 170, for ~1 point of x1.41 found)
 MAX_LOOKS, LOST_LOOKS = 3, 5  # looks a server takes; where none was usable yet, up to LOST_LOOKS
 
 
@@ -83,8 +86,9 @@ class UnitRule:
     """The sequential design's settings (module docstring)."""
     first: int = 1          # servers a side at the first judgement (the stored spread stands in for their SD)
     cap: int = 8            # servers a side at most
-    better: float = 3.10    # t constants over stages, calibrated on 20,000 A/A paths at the stored spread's upper end
-    worse: float = 2.46     # (the rule told it): better 0.5 %, worse 2.5 % (calibrate: 20,000 paths, seed 1)
+    better: float = 3.05    # t constants over stages, calibrated on 60,000 A/A paths at the stored spread's upper end
+    worse: float = 2.41     # (the rule told it): better 0.5 %, worse 2.5 % (calibrate: unit_paths seeds 1-3; one
+                            # seed's 20,000 alone set better 2.98, which read 0.67-0.69 % on two other seeds)
     margin: float = math.log(2 ** 0.5)
     within_z: float = 1.645
 
@@ -128,8 +132,9 @@ def server(rng, knee: float, start: float, server_cv: float, model: sim.KneeMode
     looks: list[Look] = []
     seconds, rate = SERVER_START_S, start
     while rate is not None:
-        counted = probing.probe_prompts(rate, k["probe_seconds"], slo["percentile"], 0.0, k["min_prompts"],
-                                        k["max_prompts"], phi=model.phi, looks=k["max_repeats"])
+        counted = (probing.probe_prompts(rate, k["probe_seconds"], slo["percentile"], 0.0, k["min_prompts"],
+                                         k["max_prompts"], phi=model.phi, looks=k["max_repeats"])
+                   if LOOK_COUNTED_S is None else max(math.ceil(rate * LOOK_COUNTED_S), k["min_prompts"]))
         over, seen = sim.look(rng, counted, min(Q * (rate / own) ** sim.GAMMA, 1.0), phi=model.phi)
         looks.append((rate, over, seen))
         seconds += seen / rate + sim.LOOK_S
