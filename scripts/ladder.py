@@ -89,7 +89,10 @@ def knee_anchor(base: dict, knobs: dict, bracket: bool = False, floor: float = 0
     bracket after them (a confirm pair's runs); `floor` (knee.noise_floor): `worse`, the rate at or below which a fail
     on evidence is worse beyond it (stats.knee_delta), probed once after a fail at the base's pass. None where the
     base has no knee on evidence (not measured, or neither boundary known): the rung searches on its own. `last`: the
-    last rung the ladder measures, whose knee no later rung starts from: it stops where it passed at the base's fail."""
+    last rung the ladder measures, whose knee no later rung starts from: it stops where it passed at the base's fail,
+    unless a `floor` asks better for a pass beyond it (at the base's fail x (1 + floor)): then on to its own bracket,
+    as any rung (a cpu ladder's last rung, max_num_seqs 4 -> 16, stopped at its first pass and read "knee +100 %,
+    within noise": its search never reached the rate that could call it better)."""
     k = base.get("knee") or {}
     lo, hi = k.get("knee_rps"), k.get("conclusive_fail_rps")
     if k.get("status") == "n/a" or (lo is None and hi is None):
@@ -98,7 +101,7 @@ def knee_anchor(base: dict, knobs: dict, bracket: bool = False, floor: float = 0
     worse = lo and floor and float(f"{lo * scale / (1 + floor):.4g}")
     return {"pass": lo and float(f"{lo * scale:.4g}"), "fail": hi and float(f"{hi * scale:.4g}"),
             **({"worse": worse} if worse else {}), **({"bracket": True} if bracket else {}),
-            **({"last": True} if last and not bracket else {})}
+            **({"last": True} if last and not bracket and not floor else {})}
 
 
 def set_args(sets: dict, workspace: dict) -> list[str]:

@@ -391,6 +391,9 @@ def test_only_the_last_rung_the_ladder_measures_stops_its_knee_search_at_a_gain(
     assert seen == [(1, False), (2, True)]
     assert ladder.knee_anchor({"knee": {"knee_rps": 7.0, "conclusive_fail_rps": 8.0}}, {}, last=True) == \
         {"pass": 7.0, "fail": 8.0, "last": True}
+    # a knee floor asks better for a pass beyond the base's fail: the last rung searches on to its own bracket
+    assert "last" not in ladder.knee_anchor({"knee": {"knee_rps": 7.0, "conclusive_fail_rps": 8.0}}, {}, floor=0.5,
+                                            last=True)
     assert "last" not in ladder.knee_anchor({"knee": {"knee_rps": 7.0, "conclusive_fail_rps": 8.0}}, {}, bracket=True,
                                             last=True)
     # run.anchor as the stages read it (params.yaml): `last` is one of its keys
