@@ -567,6 +567,19 @@ def test_the_knee_over_servers_is_the_ratio_of_their_geometric_mean_midpoints_wi
     assert stats.knees_delta([k(None, 9.514)], new, spread)["verdict"] == "unknown"  # a side with no bracket
 
 
+def test_servers_whose_brackets_coincide_are_not_read_as_no_spread():
+    # a cpu confirm step (no servers' spread measured): 2 servers a side, each side one bracket; their own SD is 0,
+    # but each server's knee sits anywhere in its bracket: the SD is at least a uniform's across it
+    def k(lo, hi):
+        return {"knee_rps": lo, "conclusive_fail_rps": hi}
+    base, new = [k(8.0, 9.514)] * 2, [k(9.514, 11.31)] * 2  # one grid step apart
+    d = stats.knees_delta(base, new, {"servers": 0})
+    assert d["sd"] == pytest.approx(math.log(9.514 / 8.0) / math.sqrt(12), abs=1e-4)
+    assert d["verdict"] == "within noise", d  # one grid step on 2 servers a side is no evidence
+    far = stats.knees_delta([k(1.682, 3.364)] * 2, [k(8.0, 9.514)] * 2, {"servers": 0})
+    assert far["verdict"] == "better" and far["ci"][0] > 0.1, far  # the known-gain ladder's confirm step: x4
+
+
 def test_the_power_at_the_true_floor_is_the_rate_a_planted_gain_is_called_better():
     # brute force: a floor measured on 8 engines (its cv drawn as measured), 2 engines a side, a true +3 % gain; the
     # power a confirm step states is this function at its measured floor (a plug-in: it errs high as often as low)

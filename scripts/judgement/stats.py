@@ -374,7 +374,9 @@ def knees_delta(base: list[dict], new: list[dict], spread=None, confidence: floa
     if not df:
         return {"rel": rel, "ci": None, "verdict": "unknown", "servers": [len(x) for x in sides],
                 "why": f"{seen}, no servers' spread measured: the difference cannot be told from the servers' own"}
-    sd = math.sqrt((prior + ss) / df)
+    # never below a server's place in its bracket (uniform: width^2 / 12): servers whose brackets coincide have no
+    # spread of their own to show (a cpu confirm step, 2 servers a side, each side one bracket, read SD 0.0 %)
+    sd = max(math.sqrt((prior + ss) / df), math.sqrt(float(np.mean(widths))))
     se = sd * math.sqrt(1 / len(sides[0]) + 1 / len(sides[1]))
     half = tq(confidence, df) * se
     ci = [math.exp(d - half) - 1, math.exp(d + half) - 1]
