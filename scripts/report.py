@@ -576,8 +576,9 @@ def headline(lad: dict) -> str:
     bt, ft = base["bench"]["output_tps"], final["bench"].get("output_tps")
     conf = lad.get("confirm") or {}
     if conf.get("delta"):  # the confirm step measured both back to back: the headline is that pair
+        said = decide.reproduced_words(conf)
         tps = (f"{conf['summary']} (confirm step: baseline and final re-measured on fresh engines and servers, "
-               f"interleaved, {conf['pairs']} pair(s))")
+               f"interleaved, {conf['pairs']} pair(s)" + (f"; {said})" if said else ")"))
     elif ft is None:  # a final stack the offline bench cannot run (data parallel): its knee is the figure
         tps = f"{bt:.0f} output tok/s → n/a ({final['bench'].get('label') or final['bench'].get('reason')})"
     else:

@@ -96,6 +96,9 @@ def test_the_headline_comes_from_the_confirm_step_when_there_is_one(tmp_path):
     assert lad["confirm"]["speedup"] == 482 / 402 and lad["confirm"]["delta"]["output_tps"]["verdict"] == "better"
     headline = report.render(lad, tmp_path).split("\n")[2]
     assert "402 output tok/s → 482 tok/s (1.20×, Δ +19.9 %" in headline and "confirm step" in headline
+    # the confirm step's verdict and its power, in the headline (not only where it did not confirm)
+    assert lad["confirm"]["verdict"] == decide.CONFIRMED
+    assert decide.reproduced_words(lad["confirm"]) in headline and "the kept gains reproduced (" in headline
     broken = record.confirm_summary([runs[0], {**runs[1], "status": "failed"}])
     assert broken["delta"] is None and "incomplete" in broken["summary"]
 
@@ -218,8 +221,9 @@ def test_a_confirm_pair_that_reproduces_the_gain_leaves_the_headline_as_it_was(t
     headline = md.split("\n")[2]
     assert "402 output tok/s → 482 tok/s (1.20×" in headline and "did not reproduce" not in md
     assert "(not reproduced)" not in md
-    # the headline is the one a confirm pair without the check renders: the same words after the confirm's figures
+    # the headline is the one a confirm pair without the check renders, the verdict and its power added
     old = confirmed(plain, [400.0, 402.0, 404.0], [480.0, 482.0, 484.0])
     for k in ("reproduced", "reproduced_why", "rested_on", "verdict", "words", "power", "power_by", "kept_gain"):
         old["confirm"].pop(k)
-    assert report.render(old, tmp_path).split("\n")[2] == headline
+    said = decide.reproduced_words(lad["confirm"])
+    assert report.render(old, tmp_path).split("\n")[2].replace("pair(s))", f"pair(s); {said})") == headline

@@ -33,6 +33,7 @@ CONFIRM_WORDS = ("The confirm step measures rung 0 and the final kept stack agai
 # The headline's words for a confirm step that did not confirm (report.not_reproduced).
 NOT_REPRODUCED_WORDS = "the kept gains did not reproduce"
 COULD_NOT_TELL_WORDS = "the confirm step could not tell (power {power} for a ×{stack:g} stack)"
+REPRODUCED_WORDS = "the kept gains reproduced (the confirm step's power {power} for a ×{stack:g} stack)"
 
 
 RULE = ("a rung is kept only when it is significantly better than the last kept rung: " + _KNEE + ", or its knee is "
@@ -107,6 +108,14 @@ def confirm_words(conf: dict) -> str | None:
         return COULD_NOT_TELL_WORDS.format(power="n/a" if power is None else f"{power * 100:.0f} %",
                                            stack=stats.CONFIRM_STACK)
     return None
+
+
+def reproduced_words(conf: dict) -> str | None:
+    """What the headline says of a confirm step that confirmed the kept gains, with its power; None otherwise."""
+    if conf.get("verdict") != CONFIRMED:
+        return None
+    power = conf.get("power")
+    return REPRODUCED_WORDS.format(power="n/a" if power is None else f"{power * 100:.0f} %", stack=stats.CONFIRM_STACK)
 
 
 def rested_on(rec: dict, objective: str) -> str:
