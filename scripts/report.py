@@ -58,12 +58,17 @@ def gate_skipped(r) -> bool:
     return all((r.get(s) or {}).get("label") == common.GATE_FAILED for s in ("bench", "knee"))
 
 
-def tps_cell(r):
-    b = r.get("bench") or {}
+def no_tps(b: dict) -> str | None:
+    """A bench cell's words where it holds no output tok/s (not measured, or none read); None where it does."""
     if b.get("status") == "n/a":
         return na_cell(b)
-    if b.get("output_tps") is None:
-        return "—"
+    return "—" if b.get("output_tps") is None else None
+
+
+def tps_cell(r):
+    b = r.get("bench") or {}
+    if no_tps(b):
+        return no_tps(b)
     ci = b.get("output_tps_ci95")
     tail = f" [{ci[0]:.0f}–{ci[1]:.0f}]" if ci else ""
     return f"{b['output_tps']:.0f}{tail} (n={b.get('repeats', 1)})"
@@ -336,10 +341,8 @@ def knee_flags(k: dict) -> list[str]:
 
 def short_tps(r) -> str:
     b = r.get("bench") or {}
-    if b.get("status") == "n/a":
-        return na_cell(b)
-    if b.get("output_tps") is None:
-        return "—"
+    if no_tps(b):
+        return no_tps(b)
     ci = b.get("output_tps_ci95")
     return (f"{b['output_tps']:.0f}" + (f" {short_ci(*ci)}" if ci else "")
             + (MARKS["disturbed"] if was_disturbed(b) else ""))
