@@ -98,24 +98,25 @@ def reproduced(d: dict, objective: str, kept_gain: dict | None = None) -> tuple[
     return COULD_NOT_TELL, why
 
 
+def _with_power(words: str, conf: dict) -> str:
+    """`words` with the confirm step's power for a ×stats.CONFIRM_STACK stack filled in."""
+    power = conf.get("power")
+    return words.format(power="n/a" if power is None else f"{power * 100:.0f} %", stack=stats.CONFIRM_STACK)
+
+
 def confirm_words(conf: dict) -> str | None:
     """What the headline says of a confirm step that did not confirm the kept gains (record.confirm_summary's
     `verdict` and `power`); None where it did, or where none judged them."""
     if conf.get("verdict") == NOT_REPRODUCED:
         return NOT_REPRODUCED_WORDS
     if conf.get("verdict") == COULD_NOT_TELL:
-        power = conf.get("power")
-        return COULD_NOT_TELL_WORDS.format(power="n/a" if power is None else f"{power * 100:.0f} %",
-                                           stack=stats.CONFIRM_STACK)
+        return _with_power(COULD_NOT_TELL_WORDS, conf)
     return None
 
 
 def reproduced_words(conf: dict) -> str | None:
     """What the headline says of a confirm step that confirmed the kept gains, with its power; None otherwise."""
-    if conf.get("verdict") != CONFIRMED:
-        return None
-    power = conf.get("power")
-    return REPRODUCED_WORDS.format(power="n/a" if power is None else f"{power * 100:.0f} %", stack=stats.CONFIRM_STACK)
+    return _with_power(REPRODUCED_WORDS, conf) if conf.get("verdict") == CONFIRMED else None
 
 
 def rested_on(rec: dict, objective: str) -> str:
