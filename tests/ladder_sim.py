@@ -51,8 +51,7 @@ class Noise:
 
     @classmethod
     def of(cls, profile: str, knee: float, spread_from: str = "gpu-shape-4090") -> Noise:
-        """The profile's measured noise. A profile with no measured server spread takes `spread_from`'s, as its
-        params say the rule's simulation does (the cpu spread: make benchmark part 4, not measured yet)."""
+        """The profile's measured noise. A profile with no measured server spread takes `spread_from`'s."""
         p = sim.profile_settings(profile)
         spread = p["knee"]["server_spread"]
         if not spread.get("servers"):
@@ -62,8 +61,10 @@ class Noise:
                    p["knee"].get("noise_floor") or 0.0, fl["cv"], fl["engines"], p["bench"]["repeats"])
 
     def upper(self) -> Noise:
-        """Every floor at the upper end of its 95 % interval: the servers' knee CV and the engines' start-to-start."""
-        return replace(self, server_cv=self.server_cv_hi, floor_cv=sim.upper_cv(self.floor_cv, self.floor_engines - 1))
+        """Every floor at the upper end of its 95 % interval: the servers' knee CV and the engines' start-to-start;
+        a wall whose exponent was fitted at the low end of its interval (gentler: noisier looks)."""
+        return replace(self, server_cv=self.server_cv_hi, floor_cv=sim.upper_cv(self.floor_cv, self.floor_engines - 1),
+                       model=self.model.gentler())
 
     def machine(self, rng) -> sim.Machine:
         """Fresh engines one after another on one machine; its first reads sim.COLD low."""

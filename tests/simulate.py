@@ -4,7 +4,7 @@ module states the models, as measured, and measures with the project's own funct
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import stats as sps
@@ -82,8 +82,9 @@ def card_floor(rng, cold: bool, engines: int = 8, repeats: int = 1,
 #   (the H200s' searches started at 1.0-1.2 K), the rung's at the base's knee (run.anchor); a verdict it reads
 #   better or worse is re-checked on a fresh server of the base, then of the rung (probing.recheck,
 #   stats.knee_recheck), better on stats.KNEE_BETTER_ROUNDS such pairs, as ladder.Driver.knee_again does.
-# - another profile's search (KneeModel.of: the cpu's p90, one look a rate, its own dispersion) on the same wall and
-#   server spread: no cpu spread is measured yet (params.yaml knee.server_spread), so the H200's stands in.
+# - another profile's search (KneeModel.of: the cpu's p90, one look a rate, its own dispersion) on its own wall and
+#   server spread where they are measured (the cpu's: 8 fresh servers at two rates, params.yaml knee.server_spread),
+#   else the H200's.
 
 
 P4090 = profile_settings("gpu-shape-4090")
@@ -101,11 +102,22 @@ class KneeModel:
     settings: dict
     slo: dict
     phi: float
+    gamma: float = 13.0  # the wall's exponent (GAMMA, the H200 study's) ...
+    gamma_lo: float = 13.0  # ... and the low end of its interval: a gentler wall, noisier looks
 
     @classmethod
     def of(cls, profile: str) -> KneeModel:
+        """The profile's search on its own wall: gamma as its server spread fitted it where looks at two rates did
+        (the cpu's capacity wall, 65.6 [33.8, 96.3]), else the H200 study's GAMMA."""
         p = profile_settings(profile)
-        return cls({**p["knee"], "rates": None, "min_rate": None}, p["slo"], p["knee"]["dispersion"]["phi"])
+        sp = p["knee"]["server_spread"]
+        gamma, lo = (sp["gamma"], sp["gamma_ci"][0]) if sp.get("servers") and sp.get("gamma_ci") else (GAMMA, GAMMA)
+        return cls({**p["knee"], "rates": None, "min_rate": None}, p["slo"], p["knee"]["dispersion"]["phi"],
+                   gamma, lo)
+
+    def gentler(self) -> KneeModel:
+        """The wall at the low end of its exponent's interval."""
+        return replace(self, gamma=self.gamma_lo)
 
 
 GPU4090 = KneeModel(KNEE_SETTINGS, KNEE_SLO, PHI)
@@ -139,7 +151,7 @@ def server_probe(rng, k: dict, server: float, true_phi: float = PHI, curtail: bo
     def probe(rate, rows):
         counted = probing.probe_prompts(rate, k["probe_seconds"], slo["percentile"], 0.0, k["min_prompts"],
                                         k["max_prompts"], phi=phi, looks=k["max_repeats"])
-        share = min(q * (rate / server) ** GAMMA, 1.0)
+        share = min(q * (rate / server) ** model.gamma, 1.0)
         visit = [r for r in rows if r["offered_rps"] == rate]  # the search visits a rate once
         need = probing.stop_count(counted, visit, slo["percentile"], phi, k["max_repeats"])  # as knee.Curtail
         over, seen = look(rng, counted, share, need if curtail else None, true_phi)

@@ -10,15 +10,15 @@ tests/simulate.py's (the rule's own):
   (record.floor_of: rung 0 and the final rung as the ladder measured them, and the confirm's own);
 - the knee: gpu-shape-4090's search on the H200 probe model (p95, phi 6.9, two looks a rate), each fresh server's
   knee x exp(N(0, 12.9 %)) (its knee.server_spread, which the rule pools: 12 servers); the cpu profile's search (p90,
-  phi 5.3, one look a rate) on the same wall and spread, its rule with no spread measured (params.yaml: the step's
-  own servers alone);
+  phi 5.3, one look a rate) on its own wall (gamma 65.6) and spread (knee CV 0.4 %, 8 servers), both as params.yaml
+  stores them and the rule pools them;
 - rung 0's search starts at 0.7 K; each confirm run's search starts from the knee before it (a baseline from rung
   0's, the final stack from the baseline measured last), on to its own bracket (ladder.knee_anchor(bracket=True));
 - the ladder kept a x1.3 gain (a kept rung that read +30 % on tok/s, or on its knee): where the confirm step does
   not call the stack better, it says "did not reproduce" where its interval excludes that gain, else "could not tell";
 - "at the upper end": the truth at the upper end of each floor's 95 % interval, the rule's floors as stored: the
-  servers' knee CV at knee.server_spread's knee_cv_ci upper (16.5 %), fresh engines at START_TO_START x sqrt(df /
-  chi2_0.025(df)) with the profile's bench.noise_floor df (7: 3.05 %).
+  servers' knee CV at knee.server_spread's knee_cv_ci upper (16.5 %; cpu 1.75 %, its wall at gamma's lower end),
+  fresh engines at START_TO_START x sqrt(df / chi2_0.025(df)) with the profile's bench.noise_floor df (7: 3.05 %).
 
 A stack is "called better" where confirm_summary's `reproduced` is True. What must hold (issue 53): an A/A stack is
 called better in <= 2.5 %; a true x1.3 stack (tok/s and knee both x1.3) in >= 80 % at the pairs params.yaml sets
@@ -46,6 +46,15 @@ PROFILES = {p: profile_settings(p) for p in ("gpu-shape-4090", "cpu")}
 MODELS = {p: KneeModel.of(p) for p in PROFILES}
 KNEES = {"gpu-shape-4090": 11.31, "cpu": 5.657}  # each on a grid rate: the worst place for a knee; the cpu's ~ its own
 STOCK_TPS = 100.0
+
+
+def server_cv(profile: str, upper: bool) -> float:
+    """Fresh servers' knee CV as the profile measured it (its knee.server_spread, or the H200's where it has none), at
+    the upper end of its interval if asked."""
+    sp = PROFILES[profile]["knee"]["server_spread"]
+    if not sp.get("servers"):
+        return SERVER_CV_HI if upper else SERVER_CV
+    return sp["knee_cv_ci"][1] if upper else sp["knee_cv"]
 
 
 def upper_start_to_start(profile: str) -> float:
@@ -82,7 +91,8 @@ def confirm_trial(rng, profile: str, tps: float, knee: float, pairs: int, upper:
     `one server`: the knee as the confirm step judged it before, stats.knee_delta on the last server of each side."""
     p, model = PROFILES[profile], MODELS[profile]
     s2s = upper_start_to_start(profile) if upper else START_TO_START
-    cv = SERVER_CV_HI if upper else SERVER_CV
+    cv = server_cv(profile, upper)
+    model = model.gentler() if upper else model
     k0 = KNEES[profile]
     floor_spec = p["bench"]["noise_floor"]
     prior = card_floor(rng, False, floor_spec["engines"], p["bench"]["repeats"], s2s)

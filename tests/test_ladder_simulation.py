@@ -1,8 +1,8 @@
 """The ladder's one error budget (stats.LADDER_FALSE_KEEP), proved on whole ladders: tests/ladder_sim.py climbs them
 as ladder.Driver does, with the project's own judgement, on each profile's measured noise (gpu-shape-4090: its card's
-start-to-start floor, 8 engines, and its fresh servers' knee spread, 12 servers; cpu: its floor, 8 engines, and the
-H200's server spread, as its params say, until its own is measured), and at the upper end of those floors' 95 %
-intervals. Five rungs, as a one-GPU ladder climbs; fixed seeds.
+start-to-start floor, 8 engines, and its fresh servers' knee spread, 12 servers; cpu: its floor, 8 engines, and its
+8 fresh servers' knee spread on its own wall, fitted from looks at two rates), and at the upper end of those floors'
+95 % intervals (and of a fitted wall's exponent, its gentler end). Five rungs, as a one-GPU ladder climbs; fixed seeds.
 
 What must hold: of ladders whose rungs change nothing, at most LADDER_FALSE_KEEP keep anything (both keep paths
 together). What it leaves for real gains of the seed's sizes is reported: a +20 % tok/s rung is kept in >= 95 %; a
@@ -59,13 +59,16 @@ def test_a_20_percent_tok_s_rung_is_kept_in_at_least_85_percent_of_ladders(profi
     assert r.found(0) >= (0.95 if not upper else 0.85), r
 
 
-@pytest.mark.xfail(strict=True, reason="a knee x1.41 is kept in about 30 % of gpu-shape-4090 ladders at the measured "
-                   "spread (21 % at its upper end) and almost never on cpu (knee.noise_floor 0.5): one server a side "
-                   "reads it better ~76 % of the time and each pair of fresh servers holds it ~70 %; a design with "
-                   "servers as the unit (issue 'The knee must measure the engine', item 5) or a narrower measured "
-                   "spread is what moves it")
-@pytest.mark.parametrize("profile", list(KNEES))
+GPU_KNEE_XFAIL = pytest.mark.xfail(
+    strict=True, reason="a knee x1.41 is kept in about 30 % of gpu-shape-4090 ladders at the measured spread (21 % at "
+    "its upper end): one server a side reads it better ~76 % of the time and each pair of fresh servers holds it "
+    "~70 %; a design with servers as the unit (issue 'The knee must measure the engine', item 5) or a narrower "
+    "measured spread is what moves it")
+
+
+@pytest.mark.parametrize("profile", [pytest.param("gpu-shape-4090", marks=GPU_KNEE_XFAIL), "cpu"])
 def test_a_ladder_with_a_20_percent_tok_s_rung_and_a_1_41x_knee_rung_keeps_both_in_at_least_80_percent(profile):
+    # cpu: its own wall (gamma 65.6) and servers' spread (knee CV 0.4 %), knee.noise_floor 0: both kept ~94 %
     r = seed_sizes(profile, False)
     both = r.both(0, 2)
     print(f"{profile}: both kept {both:.1%}; tok/s rung {r.found(0):.1%}, knee rung {r.found(2):.1%}")

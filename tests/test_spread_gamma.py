@@ -79,3 +79,17 @@ def test_the_knees_cv_interval_covers_a_planted_spread_about_nine_times_in_ten()
     print("covered", covered, "of 50; gamma's median", np.median(gammas))
     assert covered >= 42, covered  # 84 %: at 89 % (measured on 100) 42 or more in ~90 % of seeds; nominal 47.5
     assert 11 < np.median(gammas) < 15, gammas
+
+
+def test_a_steep_wall_gets_an_interval_that_holds_its_estimate():
+    """The cpu profile's stored looks (8 fresh servers at 9.8 and 10.3 req/s, a capacity wall): gamma fits ~66. A grid
+    that ended at 64 reported [33.8, 64], the estimate outside its own interval; the profile's block is this fit."""
+    import common
+    sp = common.load_params()["knee"]["server_spread"]
+    rates = sp["rates"]
+    got = spread.fit([[(n, over, rates[i]) for over, n, i in s] for s in sp["looks_per_server"]], sp["rate"])
+    print(got)
+    assert got.gamma_ci[0] <= got.gamma <= got.gamma_ci[1] and got.gamma_ci[1] > 64, got
+    assert got.cv_ci[0] <= got.cv <= got.cv_ci[1], got
+    assert (got.sigma, list(got.sigma_ci), got.gamma, list(got.gamma_ci), got.cv, list(got.cv_ci)) == (
+        sp["sigma"], sp["sigma_ci"], sp["gamma"], sp["gamma_ci"], sp["knee_cv"], sp["knee_cv_ci"])

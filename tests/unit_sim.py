@@ -136,11 +136,11 @@ def server(rng, knee: float, start: float, server_cv: float, model: sim.KneeMode
         counted = (probing.probe_prompts(rate, k["probe_seconds"], slo["percentile"], 0.0, k["min_prompts"],
                                          k["max_prompts"], phi=model.phi, looks=k["max_repeats"])
                    if LOOK_COUNTED_S is None else max(math.ceil(rate * LOOK_COUNTED_S), k["min_prompts"]))
-        over, seen = sim.look(rng, counted, min(Q * (rate / own) ** sim.GAMMA, 1.0), phi=model.phi)
+        over, seen = sim.look(rng, counted, min(Q * (rate / own) ** model.gamma, 1.0), phi=model.phi)
         looks.append((rate, over, seen))
         seconds += seen / rate + sim.LOOK_S
         rate = next_look(looks, Q, STEPS)
-    theta, var = server_log_knee(looks, Q, sim.GAMMA, model.phi)
+    theta, var = server_log_knee(looks, Q, model.gamma, model.phi)
     return Server(theta, var, seconds, len(looks))
 
 

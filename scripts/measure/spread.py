@@ -26,7 +26,10 @@ GAUSS = 40          # Gauss-Legendre nodes a piece where looks at two rates cut 
 TAIL = 40.0         # a server's integral is cut where its integrand is below e^-TAIL of its value at the mode
 LR_95 = 3.841       # chi-square(1) 95 % point: the profile likelihood's interval
 SIGMA_GRID = np.concatenate([np.linspace(0.0, 1.0, 11)[:-1], np.linspace(1.0, 4.0, 13)])
-GAMMA_GRID = np.exp(np.linspace(math.log(2.0), math.log(64.0), 11))   # the wall's exponent, where looks fit it
+# the wall's exponent, where looks fit it: up to 256, as the fit may reach (a cpu wall read 65.6, and a grid ending at
+# 64 gave it the interval [33.8, 64], its estimate outside)
+GAMMA_GRID = np.exp(np.linspace(math.log(2.0), math.log(256.0), 15))
+GAMMA_MAX = 300.0   # the fit's bound on gamma: past the grid's end
 CV_GRID = np.concatenate([np.linspace(0.0, 0.1, 6)[:-1], np.linspace(0.1, 0.4, 7)])  # the knees' CV, likewise
 # The wall's exponent where looks at one rate cannot measure it: the share over the SLO rose as (rate / knee)^13 in
 # the H200 probe study (tests/test_rule_simulation.py; one look at 14 req/s against 8 at 11.31)
@@ -248,7 +251,7 @@ def _fit(looks: _Looks, sigma: float | None = None, phi: float | None = None, ga
     def nll(x):
         v = full(x)
         if (not -20 < v[0] < 0.5 or not -0.01 < v[1] < 6 or not -0.01 < v[2] < 5  # phi in [1, e^5]
-                or not 0.5 < v[3] < 200):
+                or not 0.5 < v[3] < GAMMA_MAX):
             return 1e12
         return -looks.loglik(v[0], abs(v[1]), max(math.exp(v[2]), 1.0), v[3] if multi else 0.0)
     res = optimize.minimize(nll, x0[free], method="Nelder-Mead",
@@ -342,13 +345,20 @@ def fit(servers: list[list[tuple]], rate: float, gamma: float | None = None) -> 
         lo, hi = inside[0], inside[-1]
         return (cross(lo - 1, lo) if lo > 0 else float(grid[0])), \
             (cross(hi, hi + 1) if hi < len(grid) - 1 else float(grid[-1]))
+
+    def hull(est, ci):
+        """The interval holds its estimate (the profile's maximum is there): where the estimate lies past the grid's
+        end, the interval reaches it."""
+        return min(ci[0], est), max(ci[1], est)
     at_ref = looks.dlog == 0
     counted = int(looks.n.sum())
     over = int(looks.k.sum())
     sigma, sigma_ci = round(abs(float(best[1])), 3), tuple(round(v, 3) for v in interval("sigma"))
     if multi:
-        g, g_ci = round(float(best[3]), 2), tuple(round(v, 2) for v in interval("gamma"))
-        cv, cv_ci = round(abs(float(best[1])) / float(best[3]), 4), tuple(round(v, 4) for v in interval("cv"))
+        g = round(float(best[3]), 2)
+        g_ci = tuple(round(v, 2) for v in hull(float(best[3]), interval("gamma")))
+        cv = round(abs(float(best[1])) / float(best[3]), 4)
+        cv_ci = tuple(round(v, 4) for v in hull(abs(float(best[1])) / float(best[3]), interval("cv")))
     else:
         g, g_ci = GAMMA if gamma is None else float(gamma), None
         cv, cv_ci = round(sigma / g, 4), tuple(round(v / g, 4) for v in sigma_ci)
