@@ -48,23 +48,33 @@ class Noise:
     floor_cv: float        # bench.noise_floor cv (fresh engines' start-to-start)
     floor_engines: int
     repeats: int
+    true_phi: float = 0.0  # the looks' true dispersion (0: the model's, knee.dispersion)
+    upper_gamma: float = sim.GAMMA  # the wall at the upper end (see upper)
+    upper_phi: float = 0.0
 
     @classmethod
     def of(cls, profile: str, knee: float, spread_from: str = "gpu-shape-4090") -> Noise:
-        """The profile's measured noise. A profile with no measured server spread takes `spread_from`'s."""
+        """The profile's measured noise. A profile with no measured server spread takes `spread_from`'s. At the
+        upper end (upper()): the log share's between-server SD at its interval's upper end over the gentler of its
+        wall's lower end and the H200 study's GAMMA (a rung may change what binds: a wall fitted steep on rung 0 need
+        not be the rung's), so knees that far apart; the looks' dispersion the larger of knee.dispersion's and the
+        spread fit's own. The gpu profiles' (one rate, gamma fixed at GAMMA) come out as stored."""
         p = sim.profile_settings(profile)
         spread = p["knee"]["server_spread"]
         if not spread.get("servers"):
             spread = sim.profile_settings(spread_from)["knee"]["server_spread"]
         fl = p["bench"]["noise_floor"]
-        return cls(profile, knee, sim.KneeModel.of(profile), spread["knee_cv"], spread["knee_cv_ci"][1],
-                   p["knee"].get("noise_floor") or 0.0, fl["cv"], fl["engines"], p["bench"]["repeats"])
+        model = sim.KneeModel.of(profile)
+        gamma_up = min(model.gamma_lo, sim.GAMMA)
+        return cls(profile, knee, model, spread["knee_cv"], spread["sigma_ci"][1] / gamma_up,
+                   p["knee"].get("noise_floor") or 0.0, fl["cv"], fl["engines"], p["bench"]["repeats"],
+                   model.phi, gamma_up, max(model.phi, spread["phi"]))
 
     def upper(self) -> Noise:
-        """Every floor at the upper end of its 95 % interval: the servers' knee CV and the engines' start-to-start;
-        a wall whose exponent was fitted at the low end of its interval (gentler: noisier looks)."""
+        """Every floor at the upper end of its 95 % interval: the servers' knee spread and the engines'
+        start-to-start; the wall and the looks' dispersion as of() sets them there."""
         return replace(self, server_cv=self.server_cv_hi, floor_cv=sim.upper_cv(self.floor_cv, self.floor_engines - 1),
-                       model=self.model.gentler())
+                       model=self.model.gentler(self.upper_gamma), true_phi=self.upper_phi)
 
     def machine(self, rng) -> sim.Machine:
         """Fresh engines one after another on one machine; its first reads sim.COLD low."""
@@ -72,10 +82,11 @@ class Noise:
 
     def search(self, rng, knee: float, anchor: dict | None = None) -> dict:
         """A knee search on a fresh server of a config whose knee is `knee` (the knee stage's search)."""
-        return sim.knee_search(rng, knee, anchor, self.server_cv, self.knee_floor, self.model.phi, model=self.model)
+        return sim.knee_search(rng, knee, anchor, self.server_cv, self.knee_floor, self.true_phi or self.model.phi,
+                               model=self.model)
 
     def recheck(self, rng, knee: float, rate: float, side: str | None) -> list[dict]:
-        return sim.recheck(rng, knee, rate, side, self.server_cv, self.model.phi, self.model)
+        return sim.recheck(rng, knee, rate, side, self.server_cv, self.true_phi or self.model.phi, self.model)
 
 
 @dataclass

@@ -115,9 +115,9 @@ class KneeModel:
         return cls({**p["knee"], "rates": None, "min_rate": None}, p["slo"], p["knee"]["dispersion"]["phi"],
                    gamma, lo)
 
-    def gentler(self) -> KneeModel:
-        """The wall at the low end of its exponent's interval."""
-        return replace(self, gamma=self.gamma_lo)
+    def gentler(self, gamma: float | None = None) -> KneeModel:
+        """The wall at `gamma` (default: the low end of its exponent's interval)."""
+        return replace(self, gamma=self.gamma_lo if gamma is None else gamma)
 
 
 GPU4090 = KneeModel(KNEE_SETTINGS, KNEE_SLO, PHI)

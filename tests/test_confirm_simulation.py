@@ -17,7 +17,8 @@ tests/simulate.py's (the rule's own):
 - the ladder kept a x1.3 gain (a kept rung that read +30 % on tok/s, or on its knee): where the confirm step does
   not call the stack better, it says "did not reproduce" where its interval excludes that gain, else "could not tell";
 - "at the upper end": the truth at the upper end of each floor's 95 % interval, the rule's floors as stored: the
-  servers' knee CV at knee.server_spread's knee_cv_ci upper (16.5 %; cpu 1.75 %, its wall at gamma's lower end),
+  servers' knee CV at knee.server_spread's knee_cv_ci upper (16.5 %; cpu 9.9 %: its sigma's upper end over a wall
+  of GAMMA, the gentler of that and its own's lower end, its looks' dispersion the spread fit's 15.8),
   fresh engines at START_TO_START x sqrt(df / chi2_0.025(df)) with the profile's bench.noise_floor df (7: 3.05 %).
 
 A stack is "called better" where confirm_summary's `reproduced` is True. What must hold (issue 53): an A/A stack is
@@ -30,6 +31,7 @@ import pytest
 import ladder
 from judgement import record, stats
 from simulate import (
+    GAMMA,
     SERVER_CV,
     SERVER_CV_HI,
     START_TO_START,
@@ -49,12 +51,19 @@ STOCK_TPS = 100.0
 
 
 def server_cv(profile: str, upper: bool) -> float:
-    """Fresh servers' knee CV as the profile measured it (its knee.server_spread, or the H200's where it has none), at
-    the upper end of its interval if asked."""
+    """Fresh servers' knee CV as the profile measured it (its knee.server_spread, or the H200's where it has none);
+    at the upper end as the ladder's simulation takes it (ladder_sim.Noise.of: the log share's SD at its upper end
+    over the gentler of the wall's lower end and GAMMA)."""
     sp = PROFILES[profile]["knee"]["server_spread"]
     if not sp.get("servers"):
         return SERVER_CV_HI if upper else SERVER_CV
-    return sp["knee_cv_ci"][1] if upper else sp["knee_cv"]
+    return sp["sigma_ci"][1] / min(MODELS[profile].gamma_lo, GAMMA) if upper else sp["knee_cv"]
+
+
+def looks_phi(profile: str, upper: bool) -> float:
+    """The looks' true dispersion: knee.dispersion's; at the upper end the larger of it and the spread fit's."""
+    sp, phi = PROFILES[profile]["knee"]["server_spread"], MODELS[profile].phi
+    return max(phi, sp["phi"]) if upper and sp.get("servers") else phi
 
 
 def upper_start_to_start(profile: str) -> float:
@@ -92,14 +101,15 @@ def confirm_trial(rng, profile: str, tps: float, knee: float, pairs: int, upper:
     p, model = PROFILES[profile], MODELS[profile]
     s2s = upper_start_to_start(profile) if upper else START_TO_START
     cv = server_cv(profile, upper)
-    model = model.gentler() if upper else model
+    model = model.gentler(min(model.gamma_lo, GAMMA)) if upper else model
+    phi = looks_phi(profile, upper)
     k0 = KNEES[profile]
     floor_spec = p["bench"]["noise_floor"]
     prior = card_floor(rng, False, floor_spec["engines"], p["bench"]["repeats"], s2s)
     m = Machine(rng, False, p["bench"]["repeats"], s2s)
 
     def search(true_knee: float, anchor: dict | None, speed: float = 1.0) -> dict:
-        return knee_search(rng, true_knee, anchor, cv, p["knee"]["noise_floor"], model.phi, model=model, drift=speed)
+        return knee_search(rng, true_knee, anchor, cv, p["knee"]["noise_floor"], phi, model=model, drift=speed)
     rung0 = run("baseline", STOCK, m.engine(STOCK_TPS), search(k0, None))
     final = run("final-rung", FINAL, m.engine(STOCK_TPS * tps), {})  # its knee: no part of the confirm's judgement
     runs: list[dict] = []

@@ -323,14 +323,22 @@ def fit(servers: list[list[tuple]], rate: float, gamma: float | None = None) -> 
     multi = len(looks.rates) > 1
     best_ll, best = _best(looks)
 
-    def profile(name):
-        return lambda v: _fit(looks, **{name: float(v)}, start=best)[0]
     grids = {"sigma": SIGMA_GRID, "phi": np.exp(np.linspace(0.0, 4.5, 19))}
     if multi:
         grids.update(gamma=GAMMA_GRID, cv=CV_GRID)
-    on_grid = {name: [profile(name)(v) for v in grid] for name, grid in grids.items()}
-    # the profile's maximum can beat the free fit's (Nelder-Mead from one start): take the better
+    fits = {name: [_fit(looks, **{name: float(v)}, start=best) for v in grid] for name, grid in grids.items()}
+    # the profile's maximum can beat the free fit's (Nelder-Mead from one start): refit from the better, so the
+    # estimates are the maximum the intervals are measured from
+    top_ll, top = max((f for fs in fits.values() for f in fs), key=lambda f: f[0])
+    if top_ll > best_ll + 1e-6:
+        best_ll, best = _fit(looks, start=top)
+        best_ll, best = max([(best_ll, best), (top_ll, top)], key=lambda f: f[0])
+        fits = {name: [_fit(looks, **{name: float(v)}, start=best) for v in grid] for name, grid in grids.items()}
+    on_grid = {name: [f[0] for f in fs] for name, fs in fits.items()}
     best_ll = max([best_ll] + [ll for lls in on_grid.values() for ll in lls])
+
+    def profile(name):
+        return lambda v: _fit(looks, **{name: float(v)}, start=best)[0]
 
     def interval(name):
         """Where the profile crosses the likelihood-ratio bound: bracketed on the grid, then solved for (brentq)."""
@@ -346,19 +354,23 @@ def fit(servers: list[list[tuple]], rate: float, gamma: float | None = None) -> 
         return (cross(lo - 1, lo) if lo > 0 else float(grid[0])), \
             (cross(hi, hi + 1) if hi < len(grid) - 1 else float(grid[-1]))
 
-    def hull(est, ci):
-        """The interval holds its estimate (the profile's maximum is there): where the estimate lies past the grid's
-        end, the interval reaches it."""
-        return min(ci[0], est), max(ci[1], est)
+    def held(name, est, ci):
+        """An interval that does not hold its estimate is a fit that went wrong (the estimate past the grid's end,
+        or not the maximum): refused, not widened to fit."""
+        if not ci[0] - 1e-6 <= est <= ci[1] + 1e-6:
+            raise ValueError(f"the fit's {name} {est:.4g} lies outside its own interval [{ci[0]:.4g}, {ci[1]:.4g}] "
+                             f"(its profile grid ends at {grids[name][-1]:.4g}): no block is better than a wrong one")
+        return ci
     at_ref = looks.dlog == 0
     counted = int(looks.n.sum())
     over = int(looks.k.sum())
-    sigma, sigma_ci = round(abs(float(best[1])), 3), tuple(round(v, 3) for v in interval("sigma"))
+    sigma = round(abs(float(best[1])), 3)
+    sigma_ci = tuple(round(v, 3) for v in held("sigma", abs(float(best[1])), interval("sigma")))
     if multi:
         g = round(float(best[3]), 2)
-        g_ci = tuple(round(v, 2) for v in hull(float(best[3]), interval("gamma")))
+        g_ci = tuple(round(v, 2) for v in held("gamma", float(best[3]), interval("gamma")))
         cv = round(abs(float(best[1])) / float(best[3]), 4)
-        cv_ci = tuple(round(v, 4) for v in hull(abs(float(best[1])) / float(best[3]), interval("cv")))
+        cv_ci = tuple(round(v, 4) for v in held("cv", abs(float(best[1])) / float(best[3]), interval("cv")))
     else:
         g, g_ci = GAMMA if gamma is None else float(gamma), None
         cv, cv_ci = round(sigma / g, 4), tuple(round(v / g, 4) for v in sigma_ci)
@@ -366,7 +378,8 @@ def fit(servers: list[list[tuple]], rate: float, gamma: float | None = None) -> 
                         over_slo=over, share=round(float(looks.k[at_ref].sum() / looks.n[at_ref].sum()), 5),
                         sigma=sigma, sigma_ci=sigma_ci,
                         phi=round(max(math.exp(float(best[2])), 1.0), 2),
-                        phi_ci=tuple(round(v, 2) for v in interval("phi")),
+                        phi_ci=tuple(round(v, 2) for v in held("phi", max(math.exp(float(best[2])), 1.0),
+                                                                interval("phi"))),
                         between_df=len(servers) - 1, within_df=sum(len(s) - 1 for s in servers),
                         rates=tuple(looks.rates), gamma=g, gamma_ci=g_ci, cv=cv, cv_ci=cv_ci)
 
