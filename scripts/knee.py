@@ -30,8 +30,8 @@ from serving import engine, vllm_compat, watch
 
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
-COLUMNS = (["offered_rps", "num_prompts", "sent", "stopped_early", "seed", "achieved_rps", "output_tps", "goodput_rps",
-            "completed", "failed",
+COLUMNS = (["offered_rps", "num_prompts", "sent", "stopped_early", "cut", "seed", "achieved_rps", "output_tps",
+            "goodput_rps", "completed", "failed",
             "counted", "needed", "over_slo", "pooled_counted", "pooled_over", "evidence", "ramp_skipped",
             "window_open_s", "window_close_s", "e2e_p50_s", "settled",
             "slo_ttft_ms", "slo_tpot_ms", "window_arrivals", "window_first_tokens",
@@ -138,7 +138,8 @@ class Curtail:
 def sent_words(row: dict) -> str:
     """A look's requests as its log line says them: all it planned, or how many of them it sent before it stopped."""
     if row.get("stopped_early"):
-        return f"{row['sent']} of {row['num_prompts']} sent (stopped: enough over the SLO to fail it)"
+        cut = f"; {row['cut']} in flight then cut, not counted" if row.get("cut") else ""
+        return f"{row['sent']} of {row['num_prompts']} sent (stopped: enough over the SLO to fail it{cut})"
     return str(row["num_prompts"])
 
 
@@ -155,9 +156,12 @@ def relooked_words(row: dict) -> str:
 def row_from(result: dict, reqs: list[dict], rate: float, n: int, k: dict, slo: dict) -> dict:
     """One probe's row: vLLM's own summary figures, and the SLO's percentile over the requests that count
     (probing.tail_stats: ramp-up left out, backlog judged inside the arrival window)."""
-    row = {"offered_rps": rate, "num_prompts": n, "sent": len(reqs), "achieved_rps": result.get("request_throughput"),
+    cut = sum(1 for r in reqs if r.get("cut"))  # cancelled in flight once the fail was certain: not failures
+    row = {"offered_rps": rate, "num_prompts": n, "sent": len(reqs), "cut": cut,
+           "achieved_rps": result.get("request_throughput"),
            "output_tps": result.get("output_throughput"), "goodput_rps": result.get("request_goodput"),
-           "completed": result.get("completed"), "failed": result.get("failed", n - (result.get("completed") or 0)),
+           "completed": result.get("completed"),
+           "failed": result.get("failed", n - (result.get("completed") or 0)) - cut,
            "duration_s": result.get("duration")}
     for m in METRICS:
         for p in PCTS:

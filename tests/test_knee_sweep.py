@@ -151,3 +151,101 @@ def test_watched_serve_stops_arrivals_once_watch_says_so_and_restores_vllms_modu
     assert len(outs) == len(seen) == 5  # the test request is not the run's; nothing sent after the 5th
     assert seen[0]["ttft"] == 0.6 and seen[0]["tpot"] == pytest.approx(0.01) and seen[0]["ok"]
     assert serve.ASYNC_REQUEST_FUNCS["openai"] is request and serve.get_request is get_request
+
+
+
+class _Out:  # vLLM's RequestFuncOutput, as far as the watch and the benchmark read it
+    def __init__(self, start=0.0):
+        self.start_time, self.ttft, self.itl, self.output_tokens = start, 0.05, [0.01] * 9, 10
+        self.success, self.error, self.prompt_len = True, "", 0
+
+
+def _looked(waits: list[float], stop_after: int, cut: bool = True):
+    """vLLM's `benchmark` as far as the watch meets it: a test request, then one asyncio task per arrival (none
+    waits for another), all gathered; request i takes waits[i] s. The watch says stop at the `stop_after`-th
+    completion. Returns (outputs, seconds, the requests cancelled inside the request function)."""
+    import asyncio
+
+    from serving import vllm_compat
+    cancelled = []
+
+    async def request(request_func_input, session=None, pbar=None):
+        start = time.perf_counter()
+        try:
+            await asyncio.sleep(request_func_input.wait)
+        except asyncio.CancelledError:
+            cancelled.append(request_func_input.wait)
+            raise
+        return _Out(start)
+
+    async def get_request(input_requests, request_rate, *a, **kw):
+        for r in input_requests:
+            yield r, request_rate
+    serve = types.SimpleNamespace(ASYNC_REQUEST_FUNCS={"openai": request}, get_request=get_request,
+                                  RequestFuncOutput=_Out)
+
+    async def benchmark():
+        fn = serve.ASYNC_REQUEST_FUNCS["openai"]
+        await fn(types.SimpleNamespace(prompt_len=1, wait=0.0))
+        tasks = []
+        async for r, _ in serve.get_request([types.SimpleNamespace(prompt_len=3, wait=w) for w in waits], 1.0):
+            tasks.append(asyncio.create_task(serve.ASYNC_REQUEST_FUNCS["openai"](request_func_input=r)))
+            await asyncio.sleep(0.01)
+        return await asyncio.gather(*tasks)
+    done = []
+
+    def watch(req, t0):
+        done.append(req)
+        return len(done) >= stop_after
+    t = time.perf_counter()
+    with vllm_compat.watched_serve(serve, watch, cut=cut):
+        outs = asyncio.run(benchmark())
+    return outs, time.perf_counter() - t, cancelled
+
+
+def test_a_stopped_look_cuts_what_is_in_flight_and_ends_then_not_when_the_queue_drains():
+    """The third completion makes the fail certain: the two long requests then in flight are cancelled at once
+    (their connections close: the server aborts them) and answered as failed outputs marked CUT, so the benchmark
+    ends in well under their 5 s; the rest of the arrivals are never sent. Without cutting they finish."""
+    from serving import vllm_compat
+    waits = [5.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    outs, took, cancelled = _looked(waits, 3)
+    assert took < 2.0 and cancelled == [5.0, 5.0], (took, cancelled)
+    cut = [o for o in outs if o.error == vllm_compat.CUT]
+    assert len(cut) == 2 and not any(o.success for o in cut) and all(o.prompt_len == 3 for o in cut)
+    assert len(outs) == 5  # two long, three done; nothing sent after the third completion
+    reqs = [vllm_compat._request(o.start_time, o.ttft if o.success else None, o.itl if o.success else None,
+                                 o.output_tokens, o.error) for o in outs]
+    assert sum(1 for r in reqs if r.get("cut")) == 2 and all(not r["ok"] for r in reqs if r.get("cut"))
+    outs, took, cancelled = _looked(waits[:4], 3, cut=False)
+    assert took >= 5.0 and not cancelled and not any(o.error for o in outs)
+
+
+def test_a_cut_request_is_neither_counted_nor_owed_a_first_token():
+    from measure import probing
+    slo = {"ttft_ms": 1000, "tpot_ms": 200}
+
+    def req(start, ttft=0.1, cut=False):
+        if cut:
+            return {"start": start, "ttft": None, "end": start, "ok": False, "tpot": None, "cut": True}
+        return {"start": start, "ttft": ttft, "end": start + ttft + 0.3, "ok": True, "tpot": 0.01}
+    whole = [req(i * 0.1) for i in range(100)]
+    with_cut = whole[:60] + [req(i * 0.1, cut=True) for i in range(60, 100)]
+    a = probing.tail_stats(whole, 90, 0.1, 0.8, slo)
+    b = probing.tail_stats(with_cut, 90, 0.1, 0.8, slo)
+    assert b["over_slo"] == 0 and b["counted"] == a["counted"] - 40  # the window is where it sent; cut: not counted
+    assert not b["backlog"] and b["window_arrivals"] == a["window_arrivals"] - 40
+    failed = with_cut[:60] + [{**r, "cut": False} for r in with_cut[60:]]  # the same requests failed, not cut
+    assert probing.tail_stats(failed, 90, 0.1, 0.8, slo)["over_slo"] == 40
+
+
+def test_a_cut_look_row_says_so_and_its_cut_requests_are_no_failures(tmp_path):
+    from serving import vllm_compat
+    reqs = [{"start": 1000 + i, "ttft": 0.1, "end": 1000.5 + i, "ok": True, "tpot": 0.01} for i in range(10)]
+    reqs += [{"start": 1010 + i, "ttft": None, "end": 1010 + i, "ok": False, "tpot": None, "cut": True}
+             for i in range(4)]
+    row = knee.row_from({"completed": 10, "failed": 4, "duration": 20.0}, reqs, 1.0, 20, K, SLO)
+    assert row["cut"] == 4 and row["failed"] == 0 and row["sent"] == 14
+    row.update(stopped_early=True)
+    assert "4 in flight then cut, not counted" in knee.sent_words(row)
+    assert vllm_compat.CUT.startswith("cut:")

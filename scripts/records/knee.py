@@ -72,6 +72,7 @@ class Look(BaseModel):
     e2e_over_window: float | None = None
     seed: int | None = None
     stopped_early: bool | None = None
+    cut: int | None = None             # requests in flight at the stop, cancelled (vllm_compat.CUT): not counted
     busy: dict | None = None
     other_work_share: float | None = None
     busy_again: bool | None = None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import asyncio
 import contextlib
 import difflib
 import functools
@@ -311,28 +312,67 @@ def serve_requests(result: dict) -> list[dict]:
     return [_request(*x) for x in zip(*(result[k] for k in keys))]
 
 
+# A request in flight when its look's fail was already certain: cancelled, so the server aborts it (its client
+# connection closes) and the look ends now, not after the queue drains. Its outcome is unknown: never counted.
+CUT = "cut: in flight when the look's fail was certain (the server aborts it); not counted"
+
+
 def _request(start: float, ttft: float | None, itl: list[float] | None, n_out: int | None, err: str | None) -> dict:
     ok = not err and bool(ttft)
     decode = sum(itl or [])
-    return {"start": start, "ttft": ttft, "end": start + (ttft or 0) + decode, "ok": ok,
-            "tpot": decode / (n_out - 1) if ok and n_out and n_out > 1 else None}
+    out = {"start": start, "ttft": ttft, "end": start + (ttft or 0) + decode, "ok": ok,
+           "tpot": decode / (n_out - 1) if ok and n_out and n_out > 1 else None}
+    if err == CUT:
+        out["cut"] = True
+    return out
+
+
+def _cut_output(serve, request_func_input, start: float):
+    """What vLLM's benchmark gets for a cut request: a failed output (its metrics count it failed) marked CUT."""
+    out_type = getattr(serve, "RequestFuncOutput", None)
+    if out_type is None:  # where serve.py does not import it by name
+        from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput as out_type
+    out = out_type()
+    out.success, out.error, out.start_time = False, CUT, start
+    out.prompt_len = getattr(request_func_input, "prompt_len", 0) or 0
+    return out
 
 
 @contextlib.contextmanager
-def watched_serve(serve, on_done):
+def watched_serve(serve, on_done, cut: bool = True):
     """While `vllm bench serve`'s main runs in this process: `on_done(request, t0)` as each request of the timed
     run completes (its dict as serve_requests makes it; t0: when the first was sent), and no request is sent after
-    one returned True (those in flight finish; the result holds the requests sent). vLLM's `benchmark` looks up
-    `get_request` and its request function in the module's globals when it runs (0.26 and 0.32)."""
+    one returned True; with `cut`, those then in flight are cancelled (CUT: their connections close, the server
+    aborts them), else they finish. The result holds the requests sent. vLLM's `benchmark` looks up `get_request`
+    and its request function in the module's globals when it runs (0.26 and 0.32); each request is one asyncio task
+    of the benchmark's loop (asyncio.gather), so cancelling the request function's own task inside it is safe."""
     funcs, get_request = serve.ASYNC_REQUEST_FUNCS, serve.get_request
-    saved, state = dict(funcs), {"t0": None, "stop": False}
+    saved, state = dict(funcs), {"t0": None, "stop": False, "cut": 0}
+    inflight: dict[asyncio.Future, float] = {}  # the timed run's requests in flight: when each was sent
+    cancelled: set[asyncio.Future] = set()
 
     def watch(fn):
         async def watched(*args, **kwargs):
-            out = await fn(*args, **kwargs)
-            t0 = state["t0"]  # None: vLLM's single test request, before the run
-            if t0 is not None and out.start_time >= t0 and on_done(
-                    _request(out.start_time, out.ttft, out.itl, out.output_tokens, out.error), t0):
+            if state["t0"] is None:  # vLLM's single test request, before the run
+                return await fn(*args, **kwargs)
+            task = asyncio.ensure_future(fn(*args, **kwargs))
+            inflight[task] = time.perf_counter()
+            try:
+                out = await task
+            except asyncio.CancelledError:
+                if task not in cancelled:  # the benchmark itself was cancelled: not ours to answer
+                    raise
+                state["cut"] += 1
+                return _cut_output(serve, kwargs.get("request_func_input", args[0] if args else None),
+                                   inflight[task])
+            finally:
+                inflight.pop(task, None)
+            if out.start_time >= state["t0"] and on_done(
+                    _request(out.start_time, out.ttft, out.itl, out.output_tokens, out.error), state["t0"]):
+                if not state["stop"] and cut:
+                    for t in list(inflight):
+                        cancelled.add(t)
+                        t.cancel()
                 state["stop"] = True
             return out
         return watched
