@@ -2,6 +2,7 @@
 calls re-send the same prompts (one seed for all let the prefix cache serve later probes: 66 % hits on the
 H200). The probe client is a stand-in writing vLLM-shaped result JSON; the real path runs in the e2e tests."""
 import json
+import math
 import os
 import time
 import types
@@ -154,16 +155,18 @@ def test_watched_serve_stops_arrivals_once_watch_says_so_and_restores_vllms_modu
 
 
 
+
 class _Out:  # vLLM's RequestFuncOutput, as far as the watch and the benchmark read it
     def __init__(self, start=0.0):
         self.start_time, self.ttft, self.itl, self.output_tokens = start, 0.05, [0.01] * 9, 10
         self.success, self.error, self.prompt_len = True, "", 0
 
 
-def _looked(waits: list[float], stop_after: int, cut: bool = True):
+def _looked(waits: list[float], reach: list[float], stop_after: int, cut: bool = True):
     """vLLM's `benchmark` as far as the watch meets it: a test request, then one asyncio task per arrival (none
-    waits for another), all gathered; request i takes waits[i] s. The watch says stop at the `stop_after`-th
-    completion. Returns (outputs, seconds, the requests cancelled inside the request function)."""
+    waits for another), all gathered; request i takes waits[i] s and is past the SLO's reach after reach[i] s in
+    flight. The watch says stop at the `stop_after`-th completion. Returns (outputs, seconds, the waits of the
+    requests cancelled inside the request function)."""
     import asyncio
 
     from serving import vllm_compat
@@ -186,9 +189,10 @@ def _looked(waits: list[float], stop_after: int, cut: bool = True):
 
     async def benchmark():
         fn = serve.ASYNC_REQUEST_FUNCS["openai"]
-        await fn(types.SimpleNamespace(prompt_len=1, wait=0.0))
+        await fn(types.SimpleNamespace(prompt_len=1, wait=0.0, reach=0.0))
         tasks = []
-        async for r, _ in serve.get_request([types.SimpleNamespace(prompt_len=3, wait=w) for w in waits], 1.0):
+        arrivals = [types.SimpleNamespace(prompt_len=3, wait=w, reach=r) for w, r in zip(waits, reach)]
+        async for r, _ in serve.get_request(arrivals, 1.0):
             tasks.append(asyncio.create_task(serve.ASYNC_REQUEST_FUNCS["openai"](request_func_input=r)))
             await asyncio.sleep(0.01)
         return await asyncio.gather(*tasks)
@@ -198,54 +202,68 @@ def _looked(waits: list[float], stop_after: int, cut: bool = True):
         done.append(req)
         return len(done) >= stop_after
     t = time.perf_counter()
-    with vllm_compat.watched_serve(serve, watch, cut=cut):
+    with vllm_compat.watched_serve(serve, watch, (lambda inp: inp.reach) if cut else None):
         outs = asyncio.run(benchmark())
     return outs, time.perf_counter() - t, cancelled
 
 
-def test_a_stopped_look_cuts_what_is_in_flight_and_ends_then_not_when_the_queue_drains():
-    """The third completion makes the fail certain: the two long requests then in flight are cancelled at once
-    (their connections close: the server aborts them) and answered as failed outputs marked CUT, so the benchmark
-    ends in well under their 5 s; the rest of the arrivals are never sent. Without cutting they finish."""
+def test_a_stopped_look_cuts_what_is_in_flight_past_the_slos_reach_and_waits_for_the_rest():
+    """The third completion makes the fail certain: the request in flight past its reach (over the SLO whatever it
+    does next) is cancelled at once (its connection closes: the server aborts it) and answered as a failed output
+    marked CUT; the young one is waited for; the benchmark ends with it (~1 s), not after the old one's 5 s.
+    Without cutting, everything finishes."""
     from serving import vllm_compat
-    waits = [5.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-    outs, took, cancelled = _looked(waits, 3)
-    assert took < 2.0 and cancelled == [5.0, 5.0], (took, cancelled)
+    waits, reach = [5.0, 1.0, 0.2, 0.2, 0.2], [0.1, 100.0, 100.0, 100.0, 100.0]
+    outs, took, cancelled = _looked(waits, reach, 3)
+    assert 0.9 < took < 2.5 and cancelled == [5.0], (took, cancelled)
     cut = [o for o in outs if o.error == vllm_compat.CUT]
-    assert len(cut) == 2 and not any(o.success for o in cut) and all(o.prompt_len == 3 for o in cut)
-    assert len(outs) == 5  # two long, three done; nothing sent after the third completion
-    reqs = [vllm_compat._request(o.start_time, o.ttft if o.success else None, o.itl if o.success else None,
-                                 o.output_tokens, o.error) for o in outs]
-    assert sum(1 for r in reqs if r.get("cut")) == 2 and all(not r["ok"] for r in reqs if r.get("cut"))
-    outs, took, cancelled = _looked(waits[:4], 3, cut=False)
-    assert took >= 5.0 and not cancelled and not any(o.error for o in outs)
+    assert len(cut) == 1 and not cut[0].success and cut[0].prompt_len == 3 and cut[0].start_time > 0
+    assert len(outs) == 5 and sum(o.success for o in outs) == 4
+    r = vllm_compat._request(cut[0].start_time, None, None, 0, cut[0].error)
+    assert r["cut"] and not r["ok"] and knee.probing.over_slo(r, SLO)  # counted over the SLO, as it certainly is
+    outs, took, cancelled = _looked(waits, reach, 3, cut=False)
+    assert took >= 5.0 and not cancelled and all(o.success for o in outs)
 
 
-def test_a_cut_request_is_neither_counted_nor_owed_a_first_token():
-    from measure import probing
-    slo = {"ttft_ms": 1000, "tpot_ms": 200}
+def test_the_benchmark_cancelled_from_outside_is_not_answered_for():
+    """Cancelling vLLM's benchmark itself (a timeout, Ctrl-C) propagates through the watch: no request is turned
+    into a CUT output that the benchmark would go on with."""
+    import asyncio
 
-    def req(start, ttft=0.1, cut=False):
-        if cut:
-            return {"start": start, "ttft": None, "end": start, "ok": False, "tpot": None, "cut": True}
-        return {"start": start, "ttft": ttft, "end": start + ttft + 0.3, "ok": True, "tpot": 0.01}
-    whole = [req(i * 0.1) for i in range(100)]
-    with_cut = whole[:60] + [req(i * 0.1, cut=True) for i in range(60, 100)]
-    a = probing.tail_stats(whole, 90, 0.1, 0.8, slo)
-    b = probing.tail_stats(with_cut, 90, 0.1, 0.8, slo)
-    assert b["over_slo"] == 0 and b["counted"] == a["counted"] - 40  # the window is where it sent; cut: not counted
-    assert not b["backlog"] and b["window_arrivals"] == a["window_arrivals"] - 40
-    failed = with_cut[:60] + [{**r, "cut": False} for r in with_cut[60:]]  # the same requests failed, not cut
-    assert probing.tail_stats(failed, 90, 0.1, 0.8, slo)["over_slo"] == 40
-
-
-def test_a_cut_look_row_says_so_and_its_cut_requests_are_no_failures(tmp_path):
     from serving import vllm_compat
-    reqs = [{"start": 1000 + i, "ttft": 0.1, "end": 1000.5 + i, "ok": True, "tpot": 0.01} for i in range(10)]
-    reqs += [{"start": 1010 + i, "ttft": None, "end": 1010 + i, "ok": False, "tpot": None, "cut": True}
-             for i in range(4)]
-    row = knee.row_from({"completed": 10, "failed": 4, "duration": 20.0}, reqs, 1.0, 20, K, SLO)
-    assert row["cut"] == 4 and row["failed"] == 0 and row["sent"] == 14
+
+    async def request(request_func_input, session=None, pbar=None):
+        await asyncio.sleep(10)
+
+    async def get_request(input_requests, request_rate, *a, **kw):
+        for r in input_requests:
+            yield r, request_rate
+    serve = types.SimpleNamespace(ASYNC_REQUEST_FUNCS={"openai": request}, get_request=get_request,
+                                  RequestFuncOutput=_Out)
+
+    async def benchmark():
+        async for r, _ in serve.get_request([types.SimpleNamespace(prompt_len=1)], 1.0):
+            return await asyncio.wait_for(serve.ASYNC_REQUEST_FUNCS["openai"](request_func_input=r), 0.1)
+    with vllm_compat.watched_serve(serve, lambda req, t0: True, lambda inp: 0.0), pytest.raises(TimeoutError):
+        asyncio.run(benchmark())
+
+
+def test_a_request_is_past_the_slos_reach_after_ttft_plus_its_tokens_at_tpot():
+    stop = knee.Curtail(4.0, 100, K, {**SLO, "ttft_ms": 1000, "tpot_ms": 200}, [])
+    assert stop.certain_s(types.SimpleNamespace(output_len=32)) == pytest.approx(1 + 31 * 0.2)
+    assert stop.certain_s(types.SimpleNamespace(output_len=1)) == pytest.approx(1.0)
+
+
+def test_a_cut_look_row_counts_its_cut_requests_over_the_slo_and_not_as_failures():
+    from measure import frontend
+    reqs = [{"start": 1000 + i * 0.1, "ttft": 0.1, "end": 1000.5 + i * 0.1, "ok": True, "tpot": 0.01}
+            for i in range(60)]
+    reqs += [{"start": 1006 + i * 0.1, "ttft": None, "end": 1006 + i * 0.1, "ok": False, "tpot": None, "cut": True}
+             for i in range(40)]
+    row = knee.row_from({"completed": 60, "failed": 40, "duration": 20.0}, reqs, 10.0, 100, K, SLO)
+    assert row["cut"] == 40 and row["failed"] == 0 and row["sent"] == 100
+    assert 0 < row["over_slo"] <= 40  # the ok ones met the SLO: what is over is cut
     row.update(stopped_early=True)
-    assert "4 in flight then cut, not counted" in knee.sent_words(row)
-    assert vllm_compat.CUT.startswith("cut:")
+    assert "40 then in flight past the SLO's reach cut, counted over it" in knee.sent_words(row)
+    fe = frontend.look({"ttft_start": {1.0: 0, math.inf: 0}, "ttft_stop": {1.0: 90, math.inf: 100}}, reqs, 1000)
+    assert fe["server_counted"] is None and "cut in flight" in fe["server_reason"]

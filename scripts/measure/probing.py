@@ -242,8 +242,7 @@ def counted_window(reqs: list[dict], ramp_fraction: float, settle: float = 0.0, 
 
 def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlog_ratio: float,
                slo: dict | None = None, settle: float = 0.0, tail: float = 0.0) -> dict:
-    """A probe's SLO figures from its requests ({start, ttft, tpot, end, ok, cut}, seconds;
-    vllm_compat.serve_requests).
+    """A probe's SLO figures from its requests ({start, ttft, tpot, end, ok}, seconds; vllm_compat.serve_requests).
 
     - Counted: the requests of counted_window (the server full and steady): `over_slo` of them broke `slo` (a
       failed one breaks it), slo_evidence's count; the percentiles are theirs.
@@ -259,15 +258,13 @@ def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlo
       (short_probes), not trusted."""
     reqs = sorted(reqs, key=lambda r: r["start"])
     w = counted_window(reqs, ramp_fraction, settle, tail)
-    # a request cut in flight once the look's fail was certain (vllm_compat.CUT) has no outcome: the window is where
-    # the look sent, but it is neither counted nor an arrival that owed a first token
-    window = [r for r in reqs[w["lo"]:w["hi"]] if not r.get("cut")]
+    window = reqs[w["lo"]:w["hi"]]
     kept = [r for r in window if r["ok"]]
     # `slo`: the requests of the counted window that broke it (a failed one breaks it): slo_evidence's count
     over = None if slo is None else sum(1 for r in window if over_slo(r, slo))
     t0, t1 = (reqs[0]["start"], reqs[-1]["start"]) if reqs else (0.0, 0.0)
     mid = (t0 + t1) / 2
-    arrived = sum(1 for r in reqs if r["start"] >= mid and not r.get("cut"))
+    arrived = sum(1 for r in reqs if r["start"] >= mid)
     first = sum(1 for r in reqs if r["ok"] and mid <= r["start"] + r["ttft"] <= t1)
     done = sum(1 for r in reqs if r["ok"] and mid <= r["end"] <= t1)  # reported, not judged (see above)
     e2e = _pct([r["end"] - r["start"] for r in kept], 50)
