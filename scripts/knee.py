@@ -30,8 +30,8 @@ from serving import engine, vllm_compat, watch
 
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
-COLUMNS = (["offered_rps", "num_prompts", "sent", "stopped_early", "seed", "achieved_rps", "output_tps", "goodput_rps",
-            "completed", "failed",
+COLUMNS = (["offered_rps", "num_prompts", "sent", "stopped_early", "cut", "seed", "achieved_rps", "output_tps",
+            "goodput_rps", "completed", "failed",
             "counted", "needed", "over_slo", "pooled_counted", "pooled_over", "evidence", "ramp_skipped",
             "window_open_s", "window_close_s", "e2e_p50_s", "settled",
             "slo_ttft_ms", "slo_tpot_ms", "window_arrivals", "window_first_tokens",
@@ -96,7 +96,8 @@ class Prober:
         def probe():
             try:  # vLLM prints its result table: into the probes log, with the command it stands for
                 with (open(self.log, "a", encoding="utf-8") as f, contextlib.redirect_stdout(f),
-                      vllm_compat.watched_serve(self._serve, watch) if watch else contextlib.nullcontext()):
+                      vllm_compat.watched_serve(self._serve, watch, getattr(watch, "certain_s", None))
+                      if watch else contextlib.nullcontext()):
                     print(common.redact("$ vllm bench serve " + " ".join(argv)), flush=True)
                     self._main(args)
             except BaseException as e:  # noqa: BLE001 -- re-raised in the stage's thread below
@@ -128,6 +129,13 @@ class Curtail:
         self.skip_s = max(k["ramp_fraction"] * n / rate, k["settle_latencies"] * e2e_s)
         self.slo, self.over, self.stopped = slo, 0, False
 
+    def certain_s(self, request_func_input) -> float:
+        """Seconds in flight after which a request is over the SLO whatever it does next: one that met both budgets
+        would have ended by TTFT + (output tokens - 1) x TPOT (its requested output: ignore_eos generates all of
+        them, and fewer end sooner)."""
+        n = getattr(request_func_input, "output_len", None) or 1
+        return (self.slo["ttft_ms"] + max(n - 1, 0) * self.slo["tpot_ms"]) / 1000
+
     def __call__(self, req: dict, t0: float) -> bool:
         if self.need is not None and req["start"] >= t0 + self.skip_s:
             self.over += probing.over_slo(req, self.slo)
@@ -138,7 +146,8 @@ class Curtail:
 def sent_words(row: dict) -> str:
     """A look's requests as its log line says them: all it planned, or how many of them it sent before it stopped."""
     if row.get("stopped_early"):
-        return f"{row['sent']} of {row['num_prompts']} sent (stopped: enough over the SLO to fail it)"
+        cut = f"; {row['cut']} then in flight past the SLO's reach cut, counted over it" if row.get("cut") else ""
+        return f"{row['sent']} of {row['num_prompts']} sent (stopped: enough over the SLO to fail it{cut})"
     return str(row["num_prompts"])
 
 
@@ -155,9 +164,12 @@ def relooked_words(row: dict) -> str:
 def row_from(result: dict, reqs: list[dict], rate: float, n: int, k: dict, slo: dict) -> dict:
     """One probe's row: vLLM's own summary figures, and the SLO's percentile over the requests that count
     (probing.tail_stats: ramp-up left out, backlog judged inside the arrival window)."""
-    row = {"offered_rps": rate, "num_prompts": n, "sent": len(reqs), "achieved_rps": result.get("request_throughput"),
+    cut = sum(1 for r in reqs if r.get("cut"))  # cancelled in flight, certainly over the SLO: not the server's failures
+    row = {"offered_rps": rate, "num_prompts": n, "sent": len(reqs), "cut": cut,
+           "achieved_rps": result.get("request_throughput"),
            "output_tps": result.get("output_throughput"), "goodput_rps": result.get("request_goodput"),
-           "completed": result.get("completed"), "failed": result.get("failed", n - (result.get("completed") or 0)),
+           "completed": result.get("completed"),
+           "failed": result.get("failed", n - (result.get("completed") or 0)) - cut,
            "duration_s": result.get("duration")}
     for m in METRICS:
         for p in PCTS:

@@ -2,6 +2,7 @@
 calls re-send the same prompts (one seed for all let the prefix cache serve later probes: 66 % hits on the
 H200). The probe client is a stand-in writing vLLM-shaped result JSON; the real path runs in the e2e tests."""
 import json
+import math
 import os
 import time
 import types
@@ -151,3 +152,118 @@ def test_watched_serve_stops_arrivals_once_watch_says_so_and_restores_vllms_modu
     assert len(outs) == len(seen) == 5  # the test request is not the run's; nothing sent after the 5th
     assert seen[0]["ttft"] == 0.6 and seen[0]["tpot"] == pytest.approx(0.01) and seen[0]["ok"]
     assert serve.ASYNC_REQUEST_FUNCS["openai"] is request and serve.get_request is get_request
+
+
+
+
+class _Out:  # vLLM's RequestFuncOutput, as far as the watch and the benchmark read it
+    def __init__(self, start=0.0):
+        self.start_time, self.ttft, self.itl, self.output_tokens = start, 0.05, [0.01] * 9, 10
+        self.success, self.error, self.prompt_len = True, "", 0
+
+
+def _looked(waits: list[float], reach: list[float], stop_after: int, cut: bool = True):
+    """vLLM's `benchmark` as far as the watch meets it: a test request, then one asyncio task per arrival (none
+    waits for another), all gathered; request i takes waits[i] s and is past the SLO's reach after reach[i] s in
+    flight. The watch says stop at the `stop_after`-th completion. Returns (outputs, seconds, the waits of the
+    requests cancelled inside the request function)."""
+    import asyncio
+
+    from serving import vllm_compat
+    cancelled = []
+
+    async def request(request_func_input, session=None, pbar=None):
+        start = time.perf_counter()
+        try:
+            await asyncio.sleep(request_func_input.wait)
+        except asyncio.CancelledError:
+            cancelled.append(request_func_input.wait)
+            raise
+        return _Out(start)
+
+    async def get_request(input_requests, request_rate, *a, **kw):
+        for r in input_requests:
+            yield r, request_rate
+    serve = types.SimpleNamespace(ASYNC_REQUEST_FUNCS={"openai": request}, get_request=get_request,
+                                  RequestFuncOutput=_Out)
+
+    async def benchmark():
+        fn = serve.ASYNC_REQUEST_FUNCS["openai"]
+        await fn(types.SimpleNamespace(prompt_len=1, wait=0.0, reach=0.0))
+        tasks = []
+        arrivals = [types.SimpleNamespace(prompt_len=3, wait=w, reach=r) for w, r in zip(waits, reach)]
+        async for r, _ in serve.get_request(arrivals, 1.0):
+            tasks.append(asyncio.create_task(serve.ASYNC_REQUEST_FUNCS["openai"](request_func_input=r)))
+            await asyncio.sleep(0.01)
+        return await asyncio.gather(*tasks)
+    done = []
+
+    def watch(req, t0):
+        done.append(req)
+        return len(done) >= stop_after
+    t = time.perf_counter()
+    with vllm_compat.watched_serve(serve, watch, (lambda inp: inp.reach) if cut else None):
+        outs = asyncio.run(benchmark())
+    return outs, time.perf_counter() - t, cancelled
+
+
+def test_a_stopped_look_cuts_what_is_in_flight_past_the_slos_reach_and_waits_for_the_rest():
+    """The third completion makes the fail certain: the request in flight past its reach (over the SLO whatever it
+    does next) is cancelled at once (its connection closes: the server aborts it) and answered as a failed output
+    marked CUT; the young one is waited for; the benchmark ends with it (~1 s), not after the old one's 5 s.
+    Without cutting, everything finishes."""
+    from serving import vllm_compat
+    waits, reach = [5.0, 1.0, 0.2, 0.2, 0.2], [0.1, 100.0, 100.0, 100.0, 100.0]
+    outs, took, cancelled = _looked(waits, reach, 3)
+    assert 0.9 < took < 2.5 and cancelled == [5.0], (took, cancelled)
+    cut = [o for o in outs if o.error == vllm_compat.CUT]
+    assert len(cut) == 1 and not cut[0].success and cut[0].prompt_len == 3 and cut[0].start_time > 0
+    assert len(outs) == 5 and sum(o.success for o in outs) == 4
+    r = vllm_compat._request(cut[0].start_time, None, None, 0, cut[0].error)
+    assert r["cut"] and not r["ok"] and knee.probing.over_slo(r, SLO)  # counted over the SLO, as it certainly is
+    outs, took, cancelled = _looked(waits, reach, 3, cut=False)
+    assert took >= 5.0 and not cancelled and all(o.success for o in outs)
+
+
+def test_the_benchmark_cancelled_from_outside_is_not_answered_for():
+    """Cancelling vLLM's benchmark itself (a timeout, Ctrl-C) propagates through the watch: no request is turned
+    into a CUT output that the benchmark would go on with."""
+    import asyncio
+
+    from serving import vllm_compat
+
+    async def request(request_func_input, session=None, pbar=None):
+        await asyncio.sleep(10)
+
+    async def get_request(input_requests, request_rate, *a, **kw):
+        for r in input_requests:
+            yield r, request_rate
+    serve = types.SimpleNamespace(ASYNC_REQUEST_FUNCS={"openai": request}, get_request=get_request,
+                                  RequestFuncOutput=_Out)
+
+    async def benchmark():
+        async for r, _ in serve.get_request([types.SimpleNamespace(prompt_len=1)], 1.0):
+            return await asyncio.wait_for(serve.ASYNC_REQUEST_FUNCS["openai"](request_func_input=r), 0.1)
+    with vllm_compat.watched_serve(serve, lambda req, t0: True, lambda inp: 0.0), pytest.raises(TimeoutError):
+        asyncio.run(benchmark())
+
+
+def test_a_request_is_past_the_slos_reach_after_ttft_plus_its_tokens_at_tpot():
+    stop = knee.Curtail(4.0, 100, K, {**SLO, "ttft_ms": 1000, "tpot_ms": 200}, [])
+    assert stop.certain_s(types.SimpleNamespace(output_len=32)) == pytest.approx(1 + 31 * 0.2)
+    assert stop.certain_s(types.SimpleNamespace(output_len=1)) == pytest.approx(1.0)
+
+
+def test_a_cut_look_row_counts_its_cut_requests_over_the_slo_and_not_as_failures():
+    from measure import frontend
+    reqs = [{"start": 1000 + i * 0.1, "ttft": 0.1, "end": 1000.5 + i * 0.1, "ok": True, "tpot": 0.01}
+            for i in range(60)]
+    reqs += [{"start": 1006 + i * 0.1, "ttft": None, "end": 1006 + i * 0.1, "ok": False, "tpot": None, "cut": True}
+             for i in range(40)]
+    row = knee.row_from({"completed": 60, "failed": 40, "duration": 20.0}, reqs, 10.0, 100, K, SLO)
+    assert row["cut"] == 40 and row["failed"] == 0 and row["sent"] == 100
+    assert 0 < row["over_slo"] <= 40  # the ok ones met the SLO: what is over is cut
+    row.update(stopped_early=True)
+    assert "40 then in flight past the SLO's reach cut, counted over it" in knee.sent_words(row)
+    fe = frontend.look({"ttft_start": {1.0: 0, math.inf: 0}, "ttft_stop": {1.0: 90, math.inf: 100}}, reqs, 1000)
+    assert fe["server_counted"] is None and "cut in flight" in fe["server_reason"]

@@ -86,6 +86,11 @@ def look(raw: dict, reqs: list[dict], ttft_ms: float) -> dict:
     serving/watch.LookWatch.stop) and the look's requests; `bound` is set once the look is judged (mark)."""
     counted, over = client_over(reqs, ttft_ms)
     server = over_edge(raw.get("ttft_start"), raw.get("ttft_stop"), ttft_ms / 1000)
+    cut = sum(1 for r in reqs if r.get("cut"))
+    if cut and server["counted"] is not None:  # a cut request's first token may be in the server's count only
+        server = {"counted": None, "over": None,
+                  "reason": f"{cut} requests were cut in flight: the server's TTFT count holds some the client's "
+                            "does not"}
     return {"counted": counted, "client_over_ttft": over, "server_counted": server["counted"],
             "server_over_ttft": server["over"], "server_reason": server["reason"],
             "waiting_peak": raw.get("waiting_peak"), "running_peak": raw.get("running_peak"),

@@ -72,6 +72,7 @@ class Look(BaseModel):
     e2e_over_window: float | None = None
     seed: int | None = None
     stopped_early: bool | None = None
+    cut: int | None = None             # requests cut in flight at the stop (vllm_compat.CUT): over the SLO
     busy: dict | None = None
     other_work_share: float | None = None
     busy_again: bool | None = None

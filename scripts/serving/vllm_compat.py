@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import asyncio
 import contextlib
 import difflib
 import functools
@@ -311,28 +312,78 @@ def serve_requests(result: dict) -> list[dict]:
     return [_request(*x) for x in zip(*(result[k] for k in keys))]
 
 
+# A request still in flight, when its look's fail became certain, long enough that it is over the SLO whatever it
+# does next (Curtail.certain_s): cancelled, so the server aborts it (its client connection closes) and the look ends
+# without waiting for an overloaded queue to drain. It counts as over the SLO, as a failed request does; not as a
+# failure of the server's.
+CUT = "cut: in flight past the SLO's reach when the look's fail was certain (the server aborts it)"
+
+
 def _request(start: float, ttft: float | None, itl: list[float] | None, n_out: int | None, err: str | None) -> dict:
     ok = not err and bool(ttft)
     decode = sum(itl or [])
-    return {"start": start, "ttft": ttft, "end": start + (ttft or 0) + decode, "ok": ok,
-            "tpot": decode / (n_out - 1) if ok and n_out and n_out > 1 else None}
+    out = {"start": start, "ttft": ttft, "end": start + (ttft or 0) + decode, "ok": ok,
+           "tpot": decode / (n_out - 1) if ok and n_out and n_out > 1 else None}
+    if err == CUT:
+        out["cut"] = True
+    return out
+
+
+def _cut_output(serve, request_func_input, start: float):
+    """What vLLM's benchmark gets for a cut request: a failed output (its metrics count it failed) marked CUT."""
+    out_type = getattr(serve, "RequestFuncOutput", None)
+    if out_type is None:  # where serve.py does not import it by name
+        from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput as out_type
+    out = out_type()
+    out.success, out.error, out.start_time = False, CUT, start
+    out.prompt_len = getattr(request_func_input, "prompt_len", 0) or 0
+    return out
 
 
 @contextlib.contextmanager
-def watched_serve(serve, on_done):
+def watched_serve(serve, on_done, cut_after=None):
     """While `vllm bench serve`'s main runs in this process: `on_done(request, t0)` as each request of the timed
     run completes (its dict as serve_requests makes it; t0: when the first was sent), and no request is sent after
-    one returned True (those in flight finish; the result holds the requests sent). vLLM's `benchmark` looks up
-    `get_request` and its request function in the module's globals when it runs (0.26 and 0.32)."""
+    one returned True. Then each request in flight for longer than `cut_after(request_func_input)` seconds (None:
+    none) is cancelled (CUT: its connection closes, the server aborts it); the rest finish. The result holds the
+    requests sent. vLLM's `benchmark` looks up `get_request` and its request function in the module's globals when
+    it runs (0.26 and 0.32); each request is its own asyncio task there (asyncio.gather), and here the request
+    function runs as a task of its own inside it, which is what a cut cancels."""
     funcs, get_request = serve.ASYNC_REQUEST_FUNCS, serve.get_request
-    saved, state = dict(funcs), {"t0": None, "stop": False}
+    saved, state = dict(funcs), {"t0": None, "stop": False, "cut": 0}
+    inflight: dict[asyncio.Future, tuple[float, object]] = {}  # the timed run's requests: when sent, their input
+    cancelled: set[asyncio.Future] = set()
+
+    def request_input(args, kwargs):
+        return kwargs.get("request_func_input", args[0] if args else None)
+
+    def cut_old() -> None:
+        now = time.perf_counter()
+        for task, (sent, inp) in list(inflight.items()):
+            if now - sent > cut_after(inp):
+                cancelled.add(task)
+                task.cancel()
 
     def watch(fn):
         async def watched(*args, **kwargs):
-            out = await fn(*args, **kwargs)
-            t0 = state["t0"]  # None: vLLM's single test request, before the run
-            if t0 is not None and out.start_time >= t0 and on_done(
-                    _request(out.start_time, out.ttft, out.itl, out.output_tokens, out.error), t0):
+            if state["t0"] is None:  # vLLM's single test request, before the run
+                return await fn(*args, **kwargs)
+            task = asyncio.ensure_future(fn(*args, **kwargs))
+            inflight[task] = (time.perf_counter(), request_input(args, kwargs))
+            try:
+                out = await task
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if task not in cancelled or (me is not None and me.cancelling()):
+                    raise  # the benchmark itself was cancelled: not ours to answer
+                state["cut"] += 1
+                return _cut_output(serve, request_input(args, kwargs), inflight[task][0])
+            finally:
+                inflight.pop(task, None)
+            if out.start_time >= state["t0"] and on_done(
+                    _request(out.start_time, out.ttft, out.itl, out.output_tokens, out.error), state["t0"]):
+                if not state["stop"] and cut_after is not None:
+                    cut_old()
                 state["stop"] = True
             return out
         return watched
