@@ -162,6 +162,16 @@ class _Out:  # vLLM's RequestFuncOutput, as far as the watch and the benchmark r
         self.success, self.error, self.prompt_len = True, "", 0
 
 
+def _serve(request):
+    """vLLM's bench serve module as far as watched_serve meets it: its request functions, its arrival generator, the
+    output type."""
+    async def get_request(input_requests, request_rate, *a, **kw):
+        for r in input_requests:
+            yield r, request_rate
+    return types.SimpleNamespace(ASYNC_REQUEST_FUNCS={"openai": request}, get_request=get_request,
+                                 RequestFuncOutput=_Out)
+
+
 def _looked(waits: list[float], reach: list[float], stop_after: int, cut: bool = True):
     """vLLM's `benchmark` as far as the watch meets it: a test request, then one asyncio task per arrival (none
     waits for another), all gathered; request i takes waits[i] s and is past the SLO's reach after reach[i] s in
@@ -181,11 +191,7 @@ def _looked(waits: list[float], reach: list[float], stop_after: int, cut: bool =
             raise
         return _Out(start)
 
-    async def get_request(input_requests, request_rate, *a, **kw):
-        for r in input_requests:
-            yield r, request_rate
-    serve = types.SimpleNamespace(ASYNC_REQUEST_FUNCS={"openai": request}, get_request=get_request,
-                                  RequestFuncOutput=_Out)
+    serve = _serve(request)
 
     async def benchmark():
         fn = serve.ASYNC_REQUEST_FUNCS["openai"]
@@ -235,11 +241,7 @@ def test_the_benchmark_cancelled_from_outside_is_not_answered_for():
     async def request(request_func_input, session=None, pbar=None):
         await asyncio.sleep(10)
 
-    async def get_request(input_requests, request_rate, *a, **kw):
-        for r in input_requests:
-            yield r, request_rate
-    serve = types.SimpleNamespace(ASYNC_REQUEST_FUNCS={"openai": request}, get_request=get_request,
-                                  RequestFuncOutput=_Out)
+    serve = _serve(request)
 
     async def benchmark():
         async for r, _ in serve.get_request([types.SimpleNamespace(prompt_len=1)], 1.0):
