@@ -264,7 +264,9 @@ def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlo
     over = None if slo is None else sum(1 for r in window if over_slo(r, slo))
     t0, t1 = (reqs[0]["start"], reqs[-1]["start"]) if reqs else (0.0, 0.0)
     mid = (t0 + t1) / 2
-    arrived = sum(1 for r in reqs if r["start"] >= mid)
+    # a request cut in flight (vllm_compat.CUT: over the SLO for certain) may have had its first token or not: it is
+    # neither an arrival owed one nor a first token (a server bound by TPOT would read a backlog it does not have)
+    arrived = sum(1 for r in reqs if r["start"] >= mid and not r.get("cut"))
     first = sum(1 for r in reqs if r["ok"] and mid <= r["start"] + r["ttft"] <= t1)
     done = sum(1 for r in reqs if r["ok"] and mid <= r["end"] <= t1)  # reported, not judged (see above)
     e2e = _pct([r["end"] - r["start"] for r in kept], 50)

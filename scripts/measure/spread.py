@@ -326,14 +326,14 @@ def fit(servers: list[list[tuple]], rate: float, gamma: float | None = None) -> 
     grids = {"sigma": SIGMA_GRID, "phi": np.exp(np.linspace(0.0, 4.5, 19))}
     if multi:
         grids.update(gamma=GAMMA_GRID, cv=CV_GRID)
-    fits = {name: [_fit(looks, **{name: float(v)}, start=best) for v in grid] for name, grid in grids.items()}
-    # the profile's maximum can beat the free fit's (Nelder-Mead from one start): refit from the better, so the
-    # estimates are the maximum the intervals are measured from
-    top_ll, top = max((f for fs in fits.values() for f in fs), key=lambda f: f[0])
-    if top_ll > best_ll + 1e-6:
-        best_ll, best = _fit(looks, start=top)
-        best_ll, best = max([(best_ll, best), (top_ll, top)], key=lambda f: f[0])
+    # the profile's maximum can beat the free fit's (Nelder-Mead from one start): refit from the better until none
+    # does, so the estimates are the maximum the intervals are measured from
+    for _ in range(4):
         fits = {name: [_fit(looks, **{name: float(v)}, start=best) for v in grid] for name, grid in grids.items()}
+        top_ll, top = max((f for fs in fits.values() for f in fs), key=lambda f: f[0])
+        if top_ll <= best_ll + 1e-6:
+            break
+        best_ll, best = max([_fit(looks, start=top), (top_ll, top)], key=lambda f: f[0])
     on_grid = {name: [f[0] for f in fs] for name, fs in fits.items()}
     best_ll = max([best_ll] + [ll for lls in on_grid.values() for ll in lls])
 
@@ -354,13 +354,26 @@ def fit(servers: list[list[tuple]], rate: float, gamma: float | None = None) -> 
         return (cross(lo - 1, lo) if lo > 0 else float(grid[0])), \
             (cross(hi, hi + 1) if hi < len(grid) - 1 else float(grid[-1]))
 
+    # where the optimiser may take each parameter (_fit's nll): an estimate past its grid's end is there
+    bounds = {"sigma": (0.0, 6.0), "phi": (1.0, math.exp(5.0)), "gamma": (0.5, GAMMA_MAX), "cv": (0.0, 6.0 / 0.5)}
+
     def held(name, est, ci):
-        """An interval that does not hold its estimate is a fit that went wrong (the estimate past the grid's end,
-        or not the maximum): refused, not widened to fit."""
-        if not ci[0] - 1e-6 <= est <= ci[1] + 1e-6:
-            raise ValueError(f"the fit's {name} {est:.4g} lies outside its own interval [{ci[0]:.4g}, {ci[1]:.4g}] "
-                             f"(its profile grid ends at {grids[name][-1]:.4g}): no block is better than a wrong one")
-        return ci
+        """The interval, holding its estimate: where the estimate lies past its grid's end and the profile never
+        crossed the bound on that side, that end is the optimiser's bound there (the interval is open that far).
+        One that still does not hold it is a fit that went wrong: refused, not widened to fit. No interval (the
+        profile never within the bound on the grid) is left as it is."""
+        grid, (lo_b, hi_b) = grids[name], bounds[name]
+        lo, hi = ci
+        if math.isnan(lo) or math.isnan(hi):
+            return ci
+        if est < grid[0] and lo <= grid[0]:
+            lo = lo_b
+        if est > grid[-1] and hi >= grid[-1]:
+            hi = hi_b
+        if not lo - 1e-6 <= est <= hi + 1e-6:
+            raise ValueError(f"the fit's {name} {est:.4g} lies outside its own interval [{lo:.4g}, {hi:.4g}]: no "
+                             "block is better than a wrong one")
+        return lo, hi
     at_ref = looks.dlog == 0
     counted = int(looks.n.sum())
     over = int(looks.k.sum())
