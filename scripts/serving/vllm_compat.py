@@ -350,7 +350,7 @@ def watched_serve(serve, on_done, cut_after=None):
     it runs (0.26 and 0.32); each request is its own asyncio task there (asyncio.gather), and here the request
     function runs as a task of its own inside it, which is what a cut cancels."""
     funcs, get_request = serve.ASYNC_REQUEST_FUNCS, serve.get_request
-    saved, state = dict(funcs), {"t0": None, "stop": False, "cut": 0}
+    saved, state = dict(funcs), {"t0": None, "stop": False}
     inflight: dict[asyncio.Future, tuple[float, object]] = {}  # the timed run's requests: when sent, their input
     cancelled: set[asyncio.Future] = set()
 
@@ -376,7 +376,6 @@ def watched_serve(serve, on_done, cut_after=None):
                 me = asyncio.current_task()
                 if task not in cancelled or (me is not None and me.cancelling()):
                     raise  # the benchmark itself was cancelled: not ours to answer
-                state["cut"] += 1
                 return _cut_output(serve, request_input(args, kwargs), inflight[task][0])
             finally:
                 inflight.pop(task, None)
