@@ -19,6 +19,7 @@ from pathlib import Path
 
 import common
 from measure import disturbed, summary, workload
+from records.bench import BenchResult
 from serving import engine, vllm_compat
 
 
@@ -183,12 +184,12 @@ def write_na(out: Path, logs: Path, reason: str, label: str, params: dict, cfg: 
     """A bench that measured nothing, and why: the record's null figures, and logs/skipped.txt (a declared output)."""
     b = params["bench"]
     common.write_text(logs / "skipped.txt", reason + "\n")
-    common.write_json(out, {
+    BenchResult(**{
         "status": "n/a", "reason": reason, "label": label,
         "output_tps": None, "total_tps": None, "requests_per_s": None,
         "output_tps_ci95": None, "output_tps_runs": [], "repeats": 0,
         "mode": b["mode"], "wall_s": 0, "time": common.stage_time(0, 0),
-        "provenance": common.provenance(params, cfg)})
+        "provenance": common.provenance(params, cfg)}).save_file(out)
     print(f"bench: n/a — {reason}")
 
 
@@ -217,7 +218,7 @@ def main(out: Path, logs: Path, gate_json: Path):
     for i, run in enumerate(runs, 1):
         run["applied"] = check_shape(run, b["num_prompts"], input_len, w["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
-    common.write_json(out, {
+    BenchResult(**{
         "status": "ok",
         "method": method(b, mode),
         **figures(runs, b),
@@ -239,7 +240,7 @@ def main(out: Path, logs: Path, gate_json: Path):
         "engine": facts,
         "runs": runs,
         "provenance": common.provenance(params, cfg),
-    })
+    }).save_file(out)
 
 
 if __name__ == "__main__":
