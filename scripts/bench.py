@@ -20,6 +20,7 @@ from pathlib import Path
 import common
 from measure import disturbed, summary, workload
 from records.bench import BenchResult
+from records.gate import gate_failed
 from serving import engine, vllm_compat
 
 
@@ -196,7 +197,7 @@ def write_na(out: Path, logs: Path, reason: str, label: str, params: dict, cfg: 
 def main(out: Path, logs: Path, gate_json: Path):
     params = common.stage_start()
     cfg, b, w = common.engine_config(params), params["bench"], params["workload"]
-    failed = common.gate_failed(params, gate_json)
+    failed = gate_failed(params, gate_json)
     if failed:  # the rung is reverted whatever its speed: no engine started for it
         write_na(out, logs, failed, common.GATE_FAILED, params, cfg)
         return

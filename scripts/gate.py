@@ -16,6 +16,7 @@ from pathlib import Path
 
 import common
 from judgement import stats
+from records.gate import GateResult
 
 
 def read_items(path) -> dict:
@@ -117,7 +118,7 @@ def main(baseline: Path, rung: Path, out: Path):
     result = evaluate(common.read_json(baseline / "eval.json"), common.read_json(rung / "eval.json"),
                       lambda: read_items(baseline / "eval_items.jsonl"),
                       lambda: read_items(rung / "eval_items.jsonl"), params["gate"])
-    common.write_json(out, result)
+    GateResult(**result).save_file(out)
     print(f"gate: {result['verdict']}: " + "; ".join(result["reasons"]))
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import common
 from measure import disturbed, frontend, probing, workload
 from records.bench import BenchResult
+from records.gate import gate_failed
 from records.knee import KneeResult
 from serving import engine, vllm_compat, watch
 
@@ -418,7 +419,7 @@ def write_recheck(out: Path, csv_out: Path, rows: list[dict], k: dict, slo: dict
 def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path):
     params = common.stage_start()
     cfg, k, slo = common.engine_config(params), params["knee"], params["slo"]
-    failed = common.gate_failed(params, gate_json)
+    failed = gate_failed(params, gate_json)
     if failed:  # the rung is reverted whatever its knee: no server started for it
         write_na(out, csv_out, logs, failed, common.GATE_FAILED, params, cfg)
         return

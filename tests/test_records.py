@@ -8,9 +8,11 @@ from pydantic import ValidationError
 
 import bench as bench_stage
 import common
+import gate as gate_stage
 import knee as knee_stage
 from conftest import ROOT
 from records.bench import BenchResult
+from records.gate import GateResult, gate_failed
 from records.knee import KneeResult, RungKnee
 
 # the two older ladders: records an older version of the code wrote (7ce1c08, c536b45), kept as fixtures
@@ -32,7 +34,8 @@ def knees_of(path):
 
 # each typed result file: the names its path goes by in the scripts, and its stage's script (which writes to `out`)
 TYPED = {"knee.json": (("knee.json",), "knee.py"),
-         "bench.json": (("bench.json", "bench_json"), "bench.py")}
+         "bench.json": (("bench.json", "bench_json"), "bench.py"),
+         "gate.json": (("gate.json", "gate_json"), "gate.py")}
 
 
 @pytest.mark.parametrize("name", TYPED)
@@ -194,3 +197,68 @@ def test_the_bench_stage_s_own_writer_round_trips(tmp_path):
     again = tmp_path / "again.json"
     rec.save_file(again)
     assert json.loads(again.read_text()) == raw
+
+
+# ---------------------------------------------------------------- results/gate.json
+def gate_v1(failed: bool = True, gated: bool = True):
+    """A gate as scripts/gate.py main wrote it before the record was typed: gate.evaluate's dict, on two evals of
+    28 items a category (math collapsing where `failed`: 8 right→wrong, p = 0.008) or on a rung not gated."""
+    base = {f"{c}-{i}": {"id": f"{c}-{i}", "category": c, "correct": i < 16} for c in ("math", "format")
+            for i in range(28)}
+    cur = {i: {**it, "correct": False} if failed and it["category"] == "math" and int(i[5:]) < 8 else it
+           for i, it in base.items()}
+    ev = {"status": "ok", "model": "m", "nondeterminism": {"by_category": {"math": 1, "format": 0}, "flips": 1,
+                                                            "method": "twice"}}
+    rung = ev if gated else {"status": "n/a", "reason": "dummy weights", "model": "m"}
+    raw = gate_stage.evaluate(ev, rung, lambda: base, lambda: cur, params_()["gate"])
+    return json.loads(json.dumps(raw))  # as it lay on disk
+
+
+@pytest.mark.parametrize("path", LADDERS)
+def test_every_gate_an_older_version_wrote_reads_through_the_model(path):
+    for name, g in stage_of(path, "gate"):
+        rec = GateResult.model_validate(g)
+        assert rec.verdict == g["verdict"] and rec.reasons == g["reasons"], name
+        assert sorted(rec.by_category) == sorted(g["by_category"]), name
+        assert rec.as_rung()["schema_version"] == GateResult.SCHEMA
+
+
+@pytest.mark.parametrize("failed, gated", [(True, True), (False, True), (False, False)])
+def test_a_version_1_gate_keeps_every_key_and_value_on_disk(tmp_path, failed, gated):
+    raw = gate_v1(failed, gated)
+    assert "schema_version" not in raw and raw["verdict"] == ("fail" if failed else "pass" if gated else "not gated")
+    rec = GateResult.model_validate(raw)
+    assert rec.keep is not failed and (rec.overall is None) is not gated
+    rec.save_file(tmp_path / "gate.json")
+    again = json.loads((tmp_path / "gate.json").read_text())
+    if not gated:  # no flips either way: {} then, each way empty now
+        assert raw["flipped"] == {} and again["flipped"] == {"right_to_wrong": [], "wrong_to_right": []}
+        raw["flipped"] = again["flipped"]
+    assert keeps(raw, again) and again["schema_version"] == GateResult.SCHEMA
+    assert GateResult.load_file(tmp_path / "gate.json") == rec
+
+
+def test_a_gate_field_the_model_does_not_declare_is_refused_by_name():
+    raw = gate_v1()
+    with pytest.raises(ValidationError, match="verdcit"):
+        GateResult.model_validate({**raw, "verdcit": "pass"})
+    with pytest.raises(ValidationError, match="p_valeu"):  # a category's block is closed too
+        GateResult.model_validate({**raw, "by_category": {"math": {**raw["by_category"]["math"], "p_valeu": 0.1}}})
+
+
+def test_the_gate_stage_s_own_writer_round_trips_and_the_performance_stages_read_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # stage_start moves to the repo root; the test's cwd comes back afterwards
+    res = tmp_path / "results"
+    for which in ("baseline", "rung"):
+        d = res / "baseline" if which == "baseline" else res
+        common.write_json(d / "eval.json", {"status": "n/a", "reason": "dummy weights", "model": "m"})
+    gate_stage.main(res / "baseline", res, res / "gate.json")
+    raw = json.loads((res / "gate.json").read_text())
+    assert raw["schema_version"] == GateResult.SCHEMA and raw["verdict"] == "not gated"
+    rec = GateResult.load_file(res / "gate.json")
+    assert rec.thresholds.alpha == params_()["gate"]["alpha"] and rec.reasons == ["not gated: dummy weights"]
+    rec.save_file(tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text()) == raw
+    assert gate_failed(params_(), res / "gate.json") is None
+    GateResult.model_validate(gate_v1()).save_file(res / "gate.json")
+    assert gate_failed(params_(), res / "gate.json").startswith("the quality gate failed (")

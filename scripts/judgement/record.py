@@ -15,6 +15,7 @@ import common
 from judgement import capacity, decide, stats
 from measure import summary
 from records.bench import BenchResult
+from records.gate import GateResult
 from records.knee import KneeResult, RungKnee
 
 
@@ -35,7 +36,7 @@ class RungRecord(TypedDict, total=False):
     measured: dict           # when and on which machine (host id, GPU UUIDs) its bench was measured
     model: str
     eval: dict               # results/eval.json, whole
-    gate: dict               # results/gate.json, whole
+    gate: dict               # results/gate.json, whole (GateResult.as_rung)
     bench: dict              # results/bench.json, whole (BenchResult.as_rung)
     knee: dict               # results/knee.json, whole
     stage_seconds: dict
@@ -88,7 +89,8 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
          before: RungRecord | None = None) -> dict:
     """Fill a rung that ran to the end from results/; returns the download manifest's models."""
     res = common.RESULTS
-    ev, gate = (_summary(res / f) for f in ("eval.json", "gate.json"))
+    ev = _summary(res / "eval.json")
+    gate = GateResult.load_file(res / "gate.json").as_rung()
     bench_rec = BenchResult.load_file(res / "bench.json")
     bench = bench_rec.as_rung()
     knee_rec = KneeResult.load_file(res / "knee.json")
