@@ -8,10 +8,13 @@ from pydantic import ValidationError
 
 import bench as bench_stage
 import common
+import eval as eval_stage
 import gate as gate_stage
 import knee as knee_stage
 from conftest import ROOT
+from measure import score
 from records.bench import BenchResult
+from records.eval import EvalResult
 from records.gate import GateResult, gate_failed
 from records.knee import KneeResult, RungKnee
 
@@ -35,13 +38,15 @@ def knees_of(path):
 # each typed result file: the names its path goes by in the scripts, and its stage's script (which writes to `out`)
 TYPED = {"knee.json": (("knee.json",), "knee.py"),
          "bench.json": (("bench.json", "bench_json"), "bench.py"),
-         "gate.json": (("gate.json", "gate_json"), "gate.py")}
+         "gate.json": (("gate.json", "gate_json"), "gate.py"),
+         "eval.json": (("eval.json",), "eval.py")}
 
 
 @pytest.mark.parametrize("name", TYPED)
 def test_each_typed_result_is_written_and_read_only_through_its_model(name):
     """No script outside records/ opens a typed result file as JSON itself: its stage writes it by the model's
-    save_file, every reader reads it by the model's load_file."""
+    save_file, every reader reads it by the model's load_file. The path is the call's first argument (a later one
+    is the text written, which may name the file in words)."""
     names, stage = TYPED[name]
     found = []
     for f in sorted((ROOT / "scripts").rglob("*.py")):
@@ -50,8 +55,8 @@ def test_each_typed_result_is_written_and_read_only_through_its_model(name):
         src = f.read_text()
         for node in ast.walk(ast.parse(src)):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in IO:
-                args = [ast.get_source_segment(src, a) or "" for a in node.args]
-                if any(n in a for a in args for n in names) or (f.name == stage and args[:1] == ["out"]):
+                args = [ast.get_source_segment(src, a) or "" for a in node.args[:1]]
+                if any(n in a for a in args for n in names) or (f.name == stage and args == ["out"]):
                     found.append(f"{f.relative_to(ROOT)}:{node.lineno}")
     assert not found, found
 
@@ -207,9 +212,10 @@ def gate_v1(failed: bool = True, gated: bool = True):
             for i in range(28)}
     cur = {i: {**it, "correct": False} if failed and it["category"] == "math" and int(i[5:]) < 8 else it
            for i, it in base.items()}
-    ev = {"status": "ok", "model": "m", "nondeterminism": {"by_category": {"math": 1, "format": 0}, "flips": 1,
-                                                            "method": "twice"}}
-    rung = ev if gated else {"status": "n/a", "reason": "dummy weights", "model": "m"}
+    ev = EvalResult(status="ok", model="m", n=56, nondeterminism={"by_category": {"math": 1, "format": 0},
+                                                                  "flips": 1, "items": ["math-20"],
+                                                                  "method": "twice", "recheck_s": 1.0})
+    rung = ev if gated else EvalResult(status="n/a", reason="dummy weights", model="m", n=56)
     raw = gate_stage.evaluate(ev, rung, lambda: base, lambda: cur, params_()["gate"])
     return json.loads(json.dumps(raw))  # as it lay on disk
 
@@ -251,7 +257,7 @@ def test_the_gate_stage_s_own_writer_round_trips_and_the_performance_stages_read
     res = tmp_path / "results"
     for which in ("baseline", "rung"):
         d = res / "baseline" if which == "baseline" else res
-        common.write_json(d / "eval.json", {"status": "n/a", "reason": "dummy weights", "model": "m"})
+        EvalResult(status="n/a", reason="dummy weights", model="m", n=56).save_file(d / "eval.json")
     gate_stage.main(res / "baseline", res, res / "gate.json")
     raw = json.loads((res / "gate.json").read_text())
     assert raw["schema_version"] == GateResult.SCHEMA and raw["verdict"] == "not gated"
@@ -262,3 +268,78 @@ def test_the_gate_stage_s_own_writer_round_trips_and_the_performance_stages_read
     assert gate_failed(params_(), res / "gate.json") is None
     GateResult.model_validate(gate_v1()).save_file(res / "gate.json")
     assert gate_failed(params_(), res / "gate.json").startswith("the quality gate failed (")
+
+
+# ---------------------------------------------------------------- results/eval.json
+def eval_v1(status: str = "ok", which: str = "baseline"):
+    """An eval as scripts/eval.py main wrote it before the record was typed: its dict, built as main builds it
+    (score.summarize and, on rung 0, score.flips on the repo's eval set with its answers as replies; eval.inputs),
+    measured or n/a (dummy weights)."""
+    params = params_()
+    cfg, ev = common.engine_config(params, which), params["eval"]
+    items = score.load_items(ROOT / ev["file"])
+    texts = [str(it["answer"]) for it in items]
+    result = {"which": which, "model": cfg["model"]["name"], "knobs": cfg, "n": len(items), "method": "140 items",
+              "provenance": common.provenance(params, cfg)}
+    if status == "n/a":
+        result.update(status="n/a", reason="dummy weights (load_format: dummy): quality is not measured",
+                      label="dummy weights", overall=None, by_category={}, time=common.stage_time(0, 0))
+        return json.loads(json.dumps(result))
+    summary = score.summarize(items, texts)
+    summary.pop("items")
+    entry = {"id": "HuggingFaceTB/SmolLM2-135M-Instruct", "sha256": "a" * 64}
+    result.update(status="ok", model_id=entry["id"], inputs=eval_stage.inputs(cfg, ev, entry), **summary,
+                  wall_s=70.0, generate_s=20.12, output_tokens=4321,
+                  engine={"kernels": [], "kv_cache_tokens": 46592, "engine_init_s": 0.4},
+                  time=common.stage_time(50.0, 20.12 + 19.8))
+    if which == "baseline":
+        result["nondeterminism"] = {**score.flips(items, texts, texts[::-1]), "method": eval_stage.RECHECK,
+                                    "recheck_s": 19.8}
+    return json.loads(json.dumps(result))
+
+
+@pytest.mark.parametrize("path", LADDERS)
+def test_every_eval_an_older_version_wrote_reads_through_the_model(path):
+    for name, e in stage_of(path, "eval"):
+        rec = EvalResult.model_validate(e)
+        assert rec.status == e["status"] and rec.overall == e["overall"] and rec.n == e["n"], name
+        assert sorted(rec.by_category) == sorted(e["by_category"]), name
+        assert rec.as_rung()["schema_version"] == EvalResult.SCHEMA
+
+
+@pytest.mark.parametrize("status, which", [("ok", "baseline"), ("ok", "rung"), ("n/a", "rung")])
+def test_a_version_1_eval_keeps_every_key_and_value_on_disk(tmp_path, status, which):
+    raw = eval_v1(status, which)
+    assert "schema_version" not in raw
+    rec = EvalResult.model_validate(raw)
+    assert rec.status == status and (rec.nondeterminism is not None) is (status == "ok" and which == "baseline")
+    rec.save_file(tmp_path / "eval.json")
+    again = json.loads((tmp_path / "eval.json").read_text())
+    assert keeps(raw, again) and again["schema_version"] == EvalResult.SCHEMA
+    assert EvalResult.load_file(tmp_path / "eval.json") == rec
+
+
+def test_an_eval_field_the_model_does_not_declare_is_refused_by_name():
+    raw = eval_v1()
+    with pytest.raises(ValidationError, match="overal"):
+        EvalResult.model_validate({**raw, "overal": 0.5})
+    with pytest.raises(ValidationError, match="acc_"):  # a category's score is closed too
+        EvalResult.model_validate({**raw, "by_category": {"math": {"n": 1, "correct": 1, "acc": 1.0, "acc_": 1}}})
+    with pytest.raises(ValidationError, match=r"nondeterminism\.flip\s"):  # and rung 0's noise
+        EvalResult.model_validate({**raw, "nondeterminism": {**raw["nondeterminism"], "flip": 1}})
+
+
+def test_the_eval_stage_s_own_writer_round_trips_a_reused_result(tmp_path):
+    """eval.reuse: rung 0's result copied for a rung on its inputs, written by the stage and read back whole."""
+    base_dir, out = tmp_path / "baseline", tmp_path / "out"
+    common.write_text(base_dir / "eval_items.jsonl", "")
+    base = EvalResult.model_validate(eval_v1())
+    base.save_file(base_dir / "eval.json")
+    eval_stage.reuse(base_dir, EvalResult.load_file(base_dir / "eval.json"), out)
+    raw = json.loads((out / "eval.json").read_text())
+    assert raw["schema_version"] == EvalResult.SCHEMA and raw["reused_from"] == "eval_baseline"
+    assert raw["which"] == "rung" and raw["nondeterminism"] is None and raw["overall"] == base.overall
+    rec = EvalResult.load_file(out / "eval.json")
+    assert eval_stage.reusable(base.inputs.model_dump(mode="json"), base) and rec.inputs == base.inputs
+    rec.save_file(tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text()) == raw

@@ -15,6 +15,7 @@ import common
 from judgement import capacity, decide, stats
 from measure import summary
 from records.bench import BenchResult
+from records.eval import EvalResult
 from records.gate import GateResult
 from records.knee import KneeResult, RungKnee
 
@@ -35,7 +36,7 @@ class RungRecord(TypedDict, total=False):
     reused: list[str]        # stages DVC restored instead of measuring again
     measured: dict           # when and on which machine (host id, GPU UUIDs) its bench was measured
     model: str
-    eval: dict               # results/eval.json, whole
+    eval: dict               # results/eval.json, whole (EvalResult.as_rung)
     gate: dict               # results/gate.json, whole (GateResult.as_rung)
     bench: dict              # results/bench.json, whole (BenchResult.as_rung)
     knee: dict               # results/knee.json, whole
@@ -80,16 +81,12 @@ class LadderRecord(TypedDict, total=False):
     time: dict               # time_totals: GPU-minutes, the share spent starting engines, cost
 
 
-def _summary(path: Path) -> dict:
-    """A stage's result file, whole but for its provenance (the ladder record states that once)."""
-    return {k: v for k, v in common.read_json(path).items() if k != "provenance"}
-
-
 def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, params: dict, floor=None,
          before: RungRecord | None = None) -> dict:
     """Fill a rung that ran to the end from results/; returns the download manifest's models."""
     res = common.RESULTS
-    ev = _summary(res / "eval.json")
+    ev_rec = EvalResult.load_file(res / "eval.json")
+    ev = ev_rec.as_rung()
     gate = GateResult.load_file(res / "gate.json").as_rung()
     bench_rec = BenchResult.load_file(res / "bench.json")
     bench = bench_rec.as_rung()
@@ -103,18 +100,18 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
                        "machine": (env.get("machine") or {}).get("id"),
                        "machine_label": (env.get("machine") or {}).get("label")}
     models = common.read_json(res / "models.json")["models"]
-    rec.update(status="ok", model=ev.get("model"), eval=ev, gate=gate, bench=bench, knee=knee,
-               stage_seconds={"eval": ev.get("wall_s") or 0, "bench": bench_rec.wall_s or 0,
+    rec.update(status="ok", model=ev_rec.model, eval=ev, gate=gate, bench=bench, knee=knee,
+               stage_seconds={"eval": ev_rec.wall_s or 0, "bench": bench_rec.wall_s or 0,
                               "knee": knee.get("wall_s") or 0})  # knee includes the server start
     rec["stage_time"] = {s: r["time"] for s, r in (("eval", ev), ("bench", bench), ("knee", knee)) if r.get("time")}
     if rec["role"] == decide.BASELINE:  # rung 0 also measured the gate's reference eval
-        ref_eval = common.read_json(res / "baseline" / "eval.json")
-        rec["stage_seconds"]["eval_baseline"] = ref_eval.get("wall_s") or 0
-        if ref_eval.get("time"):
-            rec["stage_time"]["eval_baseline"] = ref_eval["time"]
+        ref_eval = EvalResult.load_file(res / "baseline" / "eval.json")
+        rec["stage_seconds"]["eval_baseline"] = ref_eval.wall_s or 0
+        if ref_eval.time:
+            rec["stage_time"]["eval_baseline"] = ref_eval.time.model_dump()
     target = target_of(res)
     # the serving engines' evidence first; the eval engine's is the fallback (a rung the gate failed runs no other)
-    facts = {**(ev.get("engine") or {}), **(bench_rec.engine or {}), **(knee.get("applied") or {}),
+    facts = {**(ev_rec.engine or {}), **(bench_rec.engine or {}), **(knee.get("applied") or {}),
              "target": target}
     rec["applied"] = decide.applied_check(rec["change"], facts, models) if rec["change"] else []
     if target:  # every rung, rung 0 too: did the engine run inside the target card's memory?
