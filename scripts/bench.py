@@ -19,6 +19,8 @@ from pathlib import Path
 
 import common
 from measure import disturbed, summary, workload
+from records.bench import BenchResult
+from records.gate import gate_failed
 from serving import engine, vllm_compat
 
 
@@ -183,19 +185,19 @@ def write_na(out: Path, logs: Path, reason: str, label: str, params: dict, cfg: 
     """A bench that measured nothing, and why: the record's null figures, and logs/skipped.txt (a declared output)."""
     b = params["bench"]
     common.write_text(logs / "skipped.txt", reason + "\n")
-    common.write_json(out, {
+    BenchResult(**{
         "status": "n/a", "reason": reason, "label": label,
         "output_tps": None, "total_tps": None, "requests_per_s": None,
         "output_tps_ci95": None, "output_tps_runs": [], "repeats": 0,
         "mode": b["mode"], "wall_s": 0, "time": common.stage_time(0, 0),
-        "provenance": common.provenance(params, cfg)})
+        "provenance": common.provenance(params, cfg)}).save_file(out)
     print(f"bench: n/a — {reason}")
 
 
 def main(out: Path, logs: Path, gate_json: Path):
     params = common.stage_start()
     cfg, b, w = common.engine_config(params), params["bench"], params["workload"]
-    failed = common.gate_failed(params, gate_json)
+    failed = gate_failed(params, gate_json)
     if failed:  # the rung is reverted whatever its speed: no engine started for it
         write_na(out, logs, failed, common.GATE_FAILED, params, cfg)
         return
@@ -217,7 +219,7 @@ def main(out: Path, logs: Path, gate_json: Path):
     for i, run in enumerate(runs, 1):
         run["applied"] = check_shape(run, b["num_prompts"], input_len, w["output_len"])
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
-    common.write_json(out, {
+    BenchResult(**{
         "status": "ok",
         "method": method(b, mode),
         **figures(runs, b),
@@ -239,7 +241,7 @@ def main(out: Path, logs: Path, gate_json: Path):
         "engine": facts,
         "runs": runs,
         "provenance": common.provenance(params, cfg),
-    })
+    }).save_file(out)
 
 
 if __name__ == "__main__":

@@ -289,17 +289,9 @@ def stage_start(check: bool = True) -> dict:
 
 # ---------------------------------------------------------------- a rung the gate already reverted
 GATE_FAILED = "gate failed"  # the label of a bench or knee result that measured nothing for that reason
+                             # (records.gate.gate_failed says why)
 BENCH_ONLY = "bench only"    # the label of a re-measure's knee: a base measured again for its tok/s alone
 KNEE_RECHECK = "knee re-check"  # the label of a knee that re-checked a verdict at one rate (run.anchor.look), no search
-
-
-def gate_failed(params: dict, gate_json: Path) -> str | None:
-    """Why a performance stage measures nothing on this rung: its quality gate failed, so decide.decide reverts
-    it before looking at speed (unless gate.measure_failed); None: measure. No gate result yet: measure."""
-    if params["gate"]["measure_failed"] or not gate_json.exists() or read_json(gate_json).get("verdict") != "fail":
-        return None
-    return (f"the quality gate failed ({gate_json}): performance not measured; set gate.measure_failed: true to "
-            "measure it")
 
 
 # ---------------------------------------------------------------- where a stage's wall time went

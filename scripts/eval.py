@@ -19,6 +19,7 @@ from pathlib import Path
 
 import common
 from measure import score
+from records.eval import EvalResult
 from serving import engine, vllm_compat
 
 # The baseline's own noise, which the gate discounts: the same items again in the same engine, in reverse order, so
@@ -37,24 +38,26 @@ def inputs(cfg: dict, ev: dict, entry: dict) -> dict:
             **{k: ev[k] for k in ("temperature", "seed", "max_tokens")}}
 
 
-def reusable(mine: dict, base: dict | None) -> bool:
+def reusable(mine: dict, base: EvalResult | None) -> bool:
     """The rung's answers are the baseline's when the baseline ran on exactly the same inputs: rung 0, whose
     eval and eval_baseline stages would otherwise each start an engine to give the same texts."""
-    return bool(base) and base.get("status") == "ok" and base.get("inputs") == mine
+    return (base is not None and base.status == "ok" and base.inputs is not None
+            and base.inputs.model_dump(mode="json") == mine)
 
 
-def reuse(base_dir: Path, base: dict, out: Path) -> None:
+def reuse(base_dir: Path, base: EvalResult, out: Path) -> None:
     """This rung's result is the baseline's, copied: no engine starts, so its time is its own (imports) and its
     engine facts are those of the engine that produced the answers."""
     common.write_text(out / "eval_items.jsonl", (base_dir / "eval_items.jsonl").read_text(encoding="utf-8"))
-    result = {k: v for k, v in base.items() if k != "nondeterminism"}  # the recheck is the baseline's own
-    result.update(which="rung", reused_from="eval_baseline", time=common.stage_time(0, 0))
-    result["wall_s"] = result["time"]["wall_s"]  # this stage's own: the Time section counts the engine once
+    time_ = common.stage_time(0, 0)
+    result = EvalResult(**{**base.model_dump(), "nondeterminism": None,  # the recheck is the baseline's own
+                           "which": "rung", "reused_from": "eval_baseline", "time": time_,
+                           "wall_s": time_["wall_s"]})  # this stage's own: the Time section counts the engine once
     common.write_text(out / "logs" / "eval" / "reused.txt",
                       f"no engine started: the same engine config, model and eval params as {base_dir}, whose "
                       f"eval.json and eval_items.jsonl this rung's are\n")  # a declared output
-    common.write_json(out / "eval.json", result)
-    print(f"eval[rung]: {result['correct']}/{result['n']} = {result['overall']:.3f}, taken from {base_dir} "
+    result.save_file(out / "eval.json")
+    print(f"eval[rung]: {result.correct}/{result.n} = {result.overall:.3f}, taken from {base_dir} "
           f"(same engine config, model and eval params): no engine started")
 
 
@@ -103,12 +106,12 @@ def main(which: str, out: Path, base_dir: Path) -> None:
                       overall=None, by_category={}, time=common.stage_time(0, 0))
         common.write_text(out / "eval_items.jsonl", "")
         common.write_text(out / "logs" / "eval" / "skipped.txt", result["reason"] + "\n")  # a declared output
-        common.write_json(out / "eval.json", result)
+        EvalResult(**result).save_file(out / "eval.json")
         print(f"eval[{which}]: n/a — {result['reason']}")
         return
     entry = common.model_entry(cfg["model"]["name"])
     mine = inputs(cfg, ev, entry)
-    base = (common.read_json(base_dir / "eval.json") if which == "rung" and (base_dir / "eval.json").exists()
+    base = (EvalResult.load_file(base_dir / "eval.json") if which == "rung" and (base_dir / "eval.json").exists()
             and (base_dir / "eval_items.jsonl").exists() else None)
     if reusable(mine, base):
         reuse(base_dir, base, out)
@@ -133,7 +136,7 @@ def main(which: str, out: Path, base_dir: Path) -> None:
     if "recheck_texts" in gen:
         result["nondeterminism"] = {**score.flips(items, gen["texts"], gen["recheck_texts"]), "method": RECHECK,
                                     "recheck_s": round(gen["recheck_s"], 2)}
-    common.write_json(out / "eval.json", result)
+    EvalResult(**result).save_file(out / "eval.json")
     cats = ", ".join(f"{c} {v['correct']}/{v['n']}" for c, v in result["by_category"].items())
     noise = (f"; nondeterminism floor {result['nondeterminism']['flips']} item(s)"
              if "nondeterminism" in result else "")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import common
 from judgement import stats
+from records.eval import EvalResult
+from records.gate import GateResult
 
 
 def read_items(path) -> dict:
@@ -86,38 +88,38 @@ def compare(base: dict, cur: dict, g: dict, floor: dict | None = None) -> dict:
             "cannot_judge": blind, "flipped": {"right_to_wrong": r2w, "wrong_to_right": w2r}}
 
 
-def noise_floor(base: dict) -> dict | None:
+def noise_floor(base: EvalResult) -> dict | None:
     """{category: flips} from the baseline's eval.json (eval.py's second pass); None where it was not measured."""
-    nd = base.get("nondeterminism")
-    return None if not nd else dict(nd["by_category"])
+    nd = base.nondeterminism
+    return None if nd is None else dict(nd.by_category)
 
 
-def evaluate(base: dict, cur: dict, base_items, cur_items, g: dict) -> dict:
+def evaluate(base: EvalResult, cur: EvalResult, base_items, cur_items, g: dict) -> dict:
     """The gate for two eval.json results; *_items are callables that load the per-item files when needed."""
     floor = noise_floor(base)
-    if base.get("status") != "ok" or cur.get("status") != "ok":
-        why = cur.get("reason") or base.get("reason") or "no accuracy measured"
+    if base.status != "ok" or cur.status != "ok":
+        why = cur.reason or base.reason or "no accuracy measured"
         result = {"keep": True, "gated": False, "verdict": "not gated", "reasons": [f"not gated: {why}"],
                   "overall": None, "by_category": {}, "regressed_categories": [], "cannot_judge": [], "flipped": {}}
     else:
         result = compare(base_items(), cur_items(), g, floor)
     noise = (f"{sum(floor.values())} item(s) whose correctness differed between two evals of rung 0 "
-             f"({base['nondeterminism']['method']})" if floor is not None else "not measured (taken as 0)")
+             f"({base.nondeterminism.method})" if floor is not None else "not measured (taken as 0)")
     method = (f"gate vs rung 0: a rung fails when overall accuracy falls more than {g['max_overall_drop']} or a "
               f"category more than {g['max_category_drop']}, counting only right→wrong flips beyond the "
               f"nondeterminism floor, and an exact McNemar test on those flips gives p < {g['alpha']}; "
               f"floor: {noise}; a category where a drop of {g['max_category_drop']} is not enough flips for "
               f"p < {g['alpha']} beyond its floor is reported 'cannot judge'")
     return {**result, "method": method, "thresholds": g, "noise_floor": floor,
-            "baseline_model": base.get("model"), "rung_model": cur.get("model")}
+            "baseline_model": base.model, "rung_model": cur.model}
 
 
 def main(baseline: Path, rung: Path, out: Path):
     params = common.stage_start()
-    result = evaluate(common.read_json(baseline / "eval.json"), common.read_json(rung / "eval.json"),
+    result = evaluate(EvalResult.load_file(baseline / "eval.json"), EvalResult.load_file(rung / "eval.json"),
                       lambda: read_items(baseline / "eval_items.jsonl"),
                       lambda: read_items(rung / "eval_items.jsonl"), params["gate"])
-    common.write_json(out, result)
+    GateResult(**result).save_file(out)
     print(f"gate: {result['verdict']}: " + "; ".join(result["reasons"]))
 
 

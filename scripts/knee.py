@@ -25,6 +25,8 @@ from pathlib import Path
 
 import common
 from measure import disturbed, frontend, probing, workload
+from records.bench import BenchResult
+from records.gate import gate_failed
 from records.knee import KneeResult
 from serving import engine, vllm_compat, watch
 
@@ -54,10 +56,10 @@ def e2e_estimate(rows: list[dict], warm: float | None, rate: float) -> float:
     return max(seen, default=warm or 0.0)
 
 
-def start_rate(k: dict, bench: dict | None) -> tuple[float, str]:
+def start_rate(k: dict, bench: BenchResult | None) -> tuple[float, str]:
     """Where the search starts: a fraction of the offline throughput the bench measured on this rung (the knee
     at an SLO sits below it), else knee.start_rate. Two significant digits: probe rates stay readable."""
-    est = (bench or {}).get("requests_per_s") if (bench or {}).get("status") == "ok" else None
+    est = bench.requests_per_s if bench and bench.status == "ok" else None
     if not est:
         return k["start_rate"], f"knee.start_rate {k['start_rate']:g} req/s (no bench estimate)"
     r = min(max(float(f"{est * k['start_fraction']:.2g}"), k["min_rate"] or 0), k["max_rate"])
@@ -417,7 +419,7 @@ def write_recheck(out: Path, csv_out: Path, rows: list[dict], k: dict, slo: dict
 def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path):
     params = common.stage_start()
     cfg, k, slo = common.engine_config(params), params["knee"], params["slo"]
-    failed = common.gate_failed(params, gate_json)
+    failed = gate_failed(params, gate_json)
     if failed:  # the rung is reverted whatever its knee: no server started for it
         write_na(out, csv_out, logs, failed, common.GATE_FAILED, params, cfg)
         return
@@ -429,7 +431,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     # what vLLM would refuse, `vllm serve`'s own arguments included, before its server starts
     engine.check_start(params, "rung", cfg, entry["path"], logs, serve=params["serve"])
     sent, input_len = workload.prepare(params["workload"], entry["path"], logs)
-    first, started = start_rate(k, common.read_json(bench_json) if bench_json.exists() else None)
+    first, started = start_rate(k, BenchResult.load_file(bench_json) if bench_json.exists() else None)
     k = {**k, "workload": sent, "start_rate": first, "anchor": params["run"]["anchor"]}
     t0 = time.monotonic()
     importing = threading.Thread(target=_import_quietly, daemon=True)

@@ -90,7 +90,7 @@ def test_rung_0s_eval_takes_the_baselines_answers_and_starts_no_engine(project):
     base, ev = project.read_json("results/baseline/eval.json"), project.read_json("results/eval.json")
     # no engine: its log folder holds only the note (an engine run writes job.json and engine.log there)
     assert [f.name for f in (project.path / "results/logs/eval").iterdir()] == ["reused.txt"]
-    assert ev["reused_from"] == "eval_baseline" and ev["which"] == "rung" and "nondeterminism" not in ev
+    assert ev["reused_from"] == "eval_baseline" and ev["which"] == "rung" and ev["nondeterminism"] is None
     assert ev["time"]["start_s"] == ev["time"]["measure_s"] == 0  # the engine's time is counted once, in the baseline
     assert ev["engine"] == base["engine"] and ev["inputs"] == base["inputs"] and ev["overall"] == base["overall"]
     items = (project.path / "results/eval_items.jsonl").read_text()

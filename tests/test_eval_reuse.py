@@ -12,6 +12,7 @@ import pytest
 import common
 import eval as ev_stage
 from conftest import ROOT
+from records.eval import EvalResult
 
 PARAMS = common.load_params(ROOT / "params.yaml", check=False)
 ENTRY = {"id": "smollm2", "sha256": "a" * 64}
@@ -23,8 +24,8 @@ def inputs(params: dict, which: str = "rung", entry: dict = ENTRY, gpus=None) ->
     return ev_stage.inputs(common.engine_config(params, which, gpus), ev, entry)
 
 
-def baseline_result(params: dict, gpus=None) -> dict:
-    return {"status": "ok", "which": "baseline", "inputs": inputs(params, "baseline", gpus=gpus)}
+def baseline_result(params: dict, gpus=None) -> EvalResult:
+    return EvalResult(status="ok", which="baseline", n=140, inputs=inputs(params, "baseline", gpus=gpus))
 
 
 def test_rung_0_reuses_the_baseline():
@@ -82,8 +83,8 @@ def test_the_target_card_is_part_of_the_engine_config():
 def test_no_usable_baseline_result_starts_an_engine():
     mine = inputs(PARAMS)
     assert not ev_stage.reusable(mine, None)
-    assert not ev_stage.reusable(mine, {**baseline_result(PARAMS), "status": "n/a"})
-    assert not ev_stage.reusable(mine, {"status": "ok"})  # a result from before eval.json recorded its inputs
+    assert not ev_stage.reusable(mine, baseline_result(PARAMS).model_copy(update={"status": "n/a"}))
+    assert not ev_stage.reusable(mine, EvalResult(status="ok", n=140))  # from before eval.json recorded its inputs
 
 
 def test_the_stage_copies_the_baselines_result_and_starts_nothing(tmp_path):
@@ -103,17 +104,18 @@ def test_the_stage_copies_the_baselines_result_and_starts_nothing(tmp_path):
     (base_dir / "logs").mkdir(parents=True)
     (base_dir / "eval_items.jsonl").write_text(items)
     facts = {"kernels": ["CPUWNA16LinearKernel"], "kv_cache_tokens": 1234}
-    base = {**baseline_result(PARAMS), "model": name, "n": 3, "correct": 2, "overall": 2 / 3, "by_category": {},
-            "inputs": inputs(PARAMS, entry=entry), "engine": facts, "wall_s": 70.0,
+    base = {**baseline_result(PARAMS).model_dump(mode="json"), "model": name, "n": 3, "correct": 2,
+            "overall": 2 / 3, "by_category": {}, "inputs": inputs(PARAMS, entry=entry), "engine": facts, "wall_s": 70.0,
             "time": {"wall_s": 75.0, "start_s": 50.0, "measure_s": 20.0, "other_s": 5.0},
-            "nondeterminism": {"flips": 0, "by_category": {}, "items": []}}
-    common.write_json(base_dir / "eval.json", base)
+            "nondeterminism": {"flips": 0, "by_category": {}, "items": [], "method": ev_stage.RECHECK,
+                               "recheck_s": 1.0}}
+    EvalResult(**base).save_file(base_dir / "eval.json")
     p = subprocess.run([sys.executable, "scripts/eval.py", "rung", "out", "ref"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "no engine started" in p.stdout
     ev = common.read_json(tmp_path / "out" / "eval.json")
-    assert ev["reused_from"] == "eval_baseline" and ev["which"] == "rung" and "nondeterminism" not in ev
+    assert ev["reused_from"] == "eval_baseline" and ev["which"] == "rung" and ev["nondeterminism"] is None
     assert ev["engine"] == facts and ev["overall"] == base["overall"] and ev["inputs"] == base["inputs"]
     assert ev["time"]["start_s"] == ev["time"]["measure_s"] == 0 and ev["wall_s"] == ev["time"]["wall_s"] < 70
     assert (tmp_path / "out" / "eval_items.jsonl").read_text() == items

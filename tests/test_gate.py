@@ -3,6 +3,7 @@ and McNemar evidence; per-category power ("cannot judge"); flips; dummy weights 
 import pytest
 
 import gate
+from records.eval import EvalResult
 
 G = {"max_overall_drop": 0.10, "max_category_drop": 0.25, "alpha": 0.05, "min_items": 5}
 
@@ -82,18 +83,24 @@ def test_an_overall_drop_beyond_the_threshold_fails_even_without_a_collapse():
     assert r["reasons"][0].startswith("overall accuracy fell 1.000 → 0.875")
 
 
+def ev(**kw) -> EvalResult:
+    """An eval record as the gate reads it: only what the gate looks at (status, reason, model, rung 0's floor)."""
+    return EvalResult(n=len(BASE), **kw)
+
+
 def test_the_method_states_the_floor_and_the_rule():
-    base_eval = {"status": "ok", "model": "m", "nondeterminism": {"flips": 2, "by_category": {"math": 2},
-                                                                  "method": "rung 0 evaluated twice"}}
-    r = gate.evaluate(base_eval, {"status": "ok", "model": "m"}, lambda: BASE, lambda: BASE, G)
+    base_eval = ev(status="ok", model="m", nondeterminism={"flips": 2, "items": ["math-0", "math-1"],
+                                                           "by_category": {"math": 2},
+                                                           "method": "rung 0 evaluated twice", "recheck_s": 1.0})
+    r = gate.evaluate(base_eval, ev(status="ok", model="m"), lambda: BASE, lambda: BASE, G)
     assert r["noise_floor"] == {"math": 2} and r["by_category"]["math"]["noise_flips"] == 2
     assert "floor: 2 item(s)" in r["method"] and "McNemar" in r["method"] and "cannot judge" in r["method"]
-    r = gate.evaluate({"status": "ok"}, {"status": "ok"}, lambda: BASE, lambda: BASE, G)  # an older baseline
+    r = gate.evaluate(ev(status="ok"), ev(status="ok"), lambda: BASE, lambda: BASE, G)  # an older baseline
     assert r["noise_floor"] is None and "floor: not measured" in r["method"]
 
 
 def test_dummy_weights_are_not_gated_and_carry_no_accuracy():
-    na = {"status": "n/a", "reason": "dummy weights (load_format: dummy): quality is not measured", "model": "shape"}
+    na = ev(status="n/a", reason="dummy weights (load_format: dummy): quality is not measured", model="shape")
     r = gate.evaluate(na, na, lambda: 1 / 0, lambda: 1 / 0, G)  # the item files are never read
     assert r["keep"] is True and r["gated"] is False and r["verdict"] == "not gated"
     assert r["overall"] is None and "dummy weights" in r["reasons"][0]

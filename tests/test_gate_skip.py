@@ -14,6 +14,7 @@ import knee
 import report
 from conftest import FIXTURES
 from judgement import capacity, decide, record, stats
+from records.gate import gate_failed
 from serving import engine
 
 FAILED = {"keep": False, "gated": True, "verdict": "fail",
@@ -60,13 +61,13 @@ def test_a_failed_gate_writes_na_bench_and_knee_without_starting_an_engine(tmp_p
 def test_only_a_failed_gate_skips_and_the_knob_turns_it_off(tmp_path):
     params, path = common.load_params(), tmp_path / "gate.json"
     assert params["gate"]["measure_failed"] is False
-    assert common.gate_failed(params, path) is None  # no gate result yet (a stage run by hand): measure
+    assert gate_failed(params, path) is None  # no gate result yet (a stage run by hand): measure
     for verdict, skipped in (("fail", True), ("pass", False), ("not gated", False)):
         common.write_json(path, {**FAILED, "verdict": verdict})
-        assert bool(common.gate_failed(params, path)) is skipped, verdict
+        assert bool(gate_failed(params, path)) is skipped, verdict
     on = copy.deepcopy(params)
     on["gate"]["measure_failed"] = True
-    assert common.gate_failed(on, path) is None  # measured, though it is reverted either way
+    assert gate_failed(on, path) is None  # measured, though it is reverted either way
 
 
 def test_a_knee_not_measured_is_unknown_never_lost():

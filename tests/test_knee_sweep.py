@@ -11,6 +11,7 @@ import pytest
 
 import config
 import knee
+from records.bench import BenchResult
 
 # the knee section as the stage gets it: validated, the model's defaults filled (timeouts, min_rate), and the
 # workload the stage adds (workload.prepare)
@@ -102,10 +103,10 @@ def test_a_whole_overloaded_look_fails_on_evidence_also_where_its_latency_outran
 
 
 def test_the_search_starts_from_the_bench_estimate_and_falls_back_to_start_rate():
-    assert knee.start_rate(K, {"status": "ok", "requests_per_s": 30.01})[0] == 15
-    assert knee.start_rate(K, {"status": "n/a"})[0] == 4
+    assert knee.start_rate(K, BenchResult(status="ok", requests_per_s=30.01))[0] == 15
+    assert knee.start_rate(K, BenchResult(status="n/a"))[0] == 4
     assert knee.start_rate(K, None)[0] == 4
-    assert knee.start_rate({**K, "max_rate": 10}, {"status": "ok", "requests_per_s": 300})[0] == 10
+    assert knee.start_rate({**K, "max_rate": 10}, BenchResult(status="ok", requests_per_s=300))[0] == 10
 
 
 def test_the_batch1_probe_sends_one_request_at_a_time_with_its_own_seed(tmp_path):

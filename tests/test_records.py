@@ -6,9 +6,16 @@ import json
 import pytest
 from pydantic import ValidationError
 
+import bench as bench_stage
 import common
+import eval as eval_stage
+import gate as gate_stage
 import knee as knee_stage
 from conftest import ROOT
+from measure import score
+from records.bench import BenchResult
+from records.eval import EvalResult
+from records.gate import GateResult, gate_failed
 from records.knee import KneeResult, RungKnee
 
 # the two older ladders: records an older version of the code wrote (7ce1c08, c536b45), kept as fixtures
@@ -17,15 +24,30 @@ LADDERS = ["tests/fixtures/ladder_cpu_7ce1c08.json", "tests/fixtures/ladder_h200
 IO = {"read_json", "write_json", "load", "loads", "dump", "dumps", "read_text", "write_text"}
 
 
-def knees_of(path):
+def stage_of(path, stage):
+    """(rung name, its `stage` record) for every rung and confirm run of a ladder fixture that holds one."""
     lad = json.loads((ROOT / path).read_text())
-    return [(r["name"], r["knee"]) for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or [])
-            if r.get("knee")]
+    return [(r["name"], r[stage]) for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or [])
+            if r.get(stage)]
 
 
-def test_knee_json_is_written_and_read_only_through_its_model():
-    """No script outside records/ opens results/knee.json as JSON itself: the knee stage writes it by
-    KneeResult.save_file, the ladder record reads it by KneeResult.load_file."""
+def knees_of(path):
+    return stage_of(path, "knee")
+
+
+# each typed result file: the names its path goes by in the scripts, and its stage's script (which writes to `out`)
+TYPED = {"knee.json": (("knee.json",), "knee.py"),
+         "bench.json": (("bench.json", "bench_json"), "bench.py"),
+         "gate.json": (("gate.json", "gate_json"), "gate.py"),
+         "eval.json": (("eval.json",), "eval.py")}
+
+
+@pytest.mark.parametrize("name", TYPED)
+def test_each_typed_result_is_written_and_read_only_through_its_model(name):
+    """No script outside records/ opens a typed result file as JSON itself: its stage writes it by the model's
+    save_file, every reader reads it by the model's load_file. The path is the call's first argument (a later one
+    is the text written, which may name the file in words)."""
+    names, stage = TYPED[name]
     found = []
     for f in sorted((ROOT / "scripts").rglob("*.py")):
         if f.parent.name == "records":
@@ -33,8 +55,8 @@ def test_knee_json_is_written_and_read_only_through_its_model():
         src = f.read_text()
         for node in ast.walk(ast.parse(src)):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in IO:
-                args = [ast.get_source_segment(src, a) or "" for a in node.args]
-                if any("knee.json" in a for a in args) or (f.name == "knee.py" and args[:1] == ["out"]):
+                args = [ast.get_source_segment(src, a) or "" for a in node.args[:1]]
+                if any(n in a for a in args for n in names) or (f.name == stage and args == ["out"]):
                     found.append(f"{f.relative_to(ROOT)}:{node.lineno}")
     assert not found, found
 
@@ -76,3 +98,248 @@ def test_the_stage_s_own_writer_round_trips(tmp_path):
     again = tmp_path / "again.json"
     rec.save_file(again)
     assert json.loads(again.read_text()) == raw
+
+
+def keeps(old, new) -> bool:
+    """Whether `new` (a record written through its model) holds every key of `old` (one written before it was typed)
+    with its value, at any depth; a key `new` adds is null (a field the other code path writes) or the version."""
+    if isinstance(old, dict):
+        return (isinstance(new, dict) and all(k in new and keeps(v, new[k]) for k, v in old.items())
+                and all(v is None or k == "schema_version" for k, v in new.items() if k not in old))
+    if isinstance(old, list):
+        return isinstance(new, list) and len(old) == len(new) and all(map(keeps, old, new))
+    return old == new
+
+
+# ---------------------------------------------------------------- results/bench.json
+def params_():
+    return common.load_params(ROOT / "params.yaml", check=False)
+
+
+def bench_v1_ok():
+    """A measured bench as scripts/bench.py main wrote it before the record was typed (no schema_version): its dict
+    literal, the figures from bench.figures on four runs (one far off, replaced), the shape and facts it copies."""
+    params = params_()
+    b, w = params["bench"], params["workload"]
+    busy = {"wall_s": 78.0, "cores": 2, "other_cpu_s": 101.4, "steal_s": 0.0, "ours_cpu_s": 54.6, "share": 0.65}
+    runs = [{"requests_per_s": v / 32, "total_tps": 1.5 * v, "output_tps": v, "prompt_tokens": 64 * 32,
+             "output_tokens": 128 * 32, "load": busy if i == 1 else None,
+             "applied": {"input_len": 64.0, "output_len": 128.0}} for i, v in enumerate([175.0, 52.0, 181.0, 178.0])]
+    facts = {"kernels": [], "kv_cache_tokens": 46592, "max_concurrency": 45.5, "max_concurrency_at_tokens": 1024,
+             "engine_init_s": 0.42, "warmup_output_tps": [160.2], "timing": {"start_s": 12.3, "measure_s": 40.1}}
+    raw = {
+        "status": "ok",
+        "method": bench_stage.method(b, "engine"),
+        **bench_stage.figures(runs, {**b, "repeats": 3, "far_share": 0.2, "extra_repeats": 2}),
+        "mode": "engine",
+        "workload": {"kind": "random", "text": "random prompts, 64 in / 128 out tokens per request", "shared_prefix":
+                     "no", "shared_prefix_len": 0},
+        "shape": {"num_prompts": 32, "input_len": 64, "output_len": 128, "dataset": w["kind"], "ignore_eos": True,
+                  "warmups": b["warmups"], "warmup_repeats": b["warmup_repeats"], "warmup_prompts": None},
+        "warmup_output_tps": facts["warmup_output_tps"],
+        "warm_up_engine": {"output_tps": 165.05, "wall_s": 53.8},
+        "applied_shape": runs[0]["applied"],
+        "kv_cache_tokens": 46592, "max_concurrency": 45.5, "engine_init_s": 0.42,
+        "wall_s": 60.2,
+        "time": common.stage_time(12.3 + 53.8, 40.1),
+        "engine": facts,
+        "runs": runs,
+        "provenance": common.provenance(params, common.rung_config(params)),
+    }
+    return json.loads(json.dumps(raw))  # as it lay on disk
+
+
+@pytest.mark.parametrize("path", LADDERS)
+def test_every_bench_an_older_version_wrote_reads_through_the_model(path):
+    for name, b in stage_of(path, "bench"):
+        rec = BenchResult.model_validate(b)
+        assert rec.output_tps == b["output_tps"] and rec.output_tps_runs == b["output_tps_runs"], name
+        assert rec.status == b.get("status", "ok") and len(rec.runs) == len(b.get("runs") or []), name
+        assert rec.as_rung()["schema_version"] == BenchResult.SCHEMA
+
+
+def test_a_version_1_bench_keeps_every_key_and_value_on_disk(tmp_path):
+    """DVC's metrics (`dvc exp show`, make compare) read bench.json by key: a version-1 record read through the model
+    and written again keeps each key it had, with its value; only schema_version is new (and null for a field the
+    other code path writes)."""
+    raw = bench_v1_ok()
+    assert "schema_version" not in raw and raw["disturbed"] and raw["runs"][1]["disturbed"]
+    rec = BenchResult.model_validate(raw)
+    assert rec.disturbed[0].replaced_by == 4 and rec.summary.output_tps.median == raw["output_tps"]
+    rec.save_file(tmp_path / "bench.json")
+    again = json.loads((tmp_path / "bench.json").read_text())
+    assert keeps(raw, again) and again["schema_version"] == BenchResult.SCHEMA
+    assert again["reason"] is None and again["label"] is None and again["runs"][0]["disturbed"] is None
+
+
+def test_a_version_1_bench_from_before_status_is_a_measured_one_without_its_floor():
+    _, b = stage_of("tests/fixtures/ladder_h200x2_c536b45.json", "bench")[0]
+    assert "noise_floor" in b  # bench.noise_floor: a judgement threshold the stage wrote before 09d26e3
+    assert BenchResult.model_validate(b).status == "ok"
+    _, b = stage_of("tests/fixtures/ladder_cpu.json", "bench")[0]
+    assert "status" not in b and BenchResult.model_validate(b).status == "ok"
+
+
+def test_a_bench_field_the_model_does_not_declare_is_refused_by_name():
+    raw = bench_v1_ok()
+    with pytest.raises(ValidationError, match="output_tsp"):
+        BenchResult.model_validate({**raw, "output_tsp": 3.0})
+    with pytest.raises(ValidationError, match="noise_floor"):  # a version-2 record never holds the judgement's
+        BenchResult.model_validate({**raw, "schema_version": 2, "noise_floor": 0.05})
+    with pytest.raises(ValidationError, match="replaced"):  # the nested parts are closed too
+        BenchResult.model_validate({**raw, "disturbed": [{**raw["disturbed"][0], "replaced": 4}]})
+
+
+def test_the_bench_stage_s_own_writer_round_trips(tmp_path):
+    params = params_()
+    out = tmp_path / "bench.json"
+    bench_stage.write_na(out, tmp_path / "logs", "why not", common.GATE_FAILED, params, common.engine_config(params))
+    raw = json.loads(out.read_text())
+    assert raw["schema_version"] == BenchResult.SCHEMA and raw["status"] == "n/a" and raw["label"] == common.GATE_FAILED
+    assert raw["output_tps"] is None and raw["output_tps_runs"] == [] and raw["mode"] == params["bench"]["mode"]
+    rec = BenchResult.load_file(out)
+    assert rec.reason == "why not" and rec.time.wall_s >= 0 and rec.provenance["params_hash"]
+    again = tmp_path / "again.json"
+    rec.save_file(again)
+    assert json.loads(again.read_text()) == raw
+
+
+# ---------------------------------------------------------------- results/gate.json
+def gate_v1(failed: bool = True, gated: bool = True):
+    """A gate as scripts/gate.py main wrote it before the record was typed: gate.evaluate's dict, on two evals of
+    28 items a category (math collapsing where `failed`: 8 right→wrong, p = 0.008) or on a rung not gated."""
+    base = {f"{c}-{i}": {"id": f"{c}-{i}", "category": c, "correct": i < 16} for c in ("math", "format")
+            for i in range(28)}
+    cur = {i: {**it, "correct": False} if failed and it["category"] == "math" and int(i[5:]) < 8 else it
+           for i, it in base.items()}
+    ev = EvalResult(status="ok", model="m", n=56, nondeterminism={"by_category": {"math": 1, "format": 0},
+                                                                  "flips": 1, "items": ["math-20"],
+                                                                  "method": "twice", "recheck_s": 1.0})
+    rung = ev if gated else EvalResult(status="n/a", reason="dummy weights", model="m", n=56)
+    raw = gate_stage.evaluate(ev, rung, lambda: base, lambda: cur, params_()["gate"])
+    return json.loads(json.dumps(raw))  # as it lay on disk
+
+
+@pytest.mark.parametrize("path", LADDERS)
+def test_every_gate_an_older_version_wrote_reads_through_the_model(path):
+    for name, g in stage_of(path, "gate"):
+        rec = GateResult.model_validate(g)
+        assert rec.verdict == g["verdict"] and rec.reasons == g["reasons"], name
+        assert sorted(rec.by_category) == sorted(g["by_category"]), name
+        assert rec.as_rung()["schema_version"] == GateResult.SCHEMA
+
+
+@pytest.mark.parametrize("failed, gated", [(True, True), (False, True), (False, False)])
+def test_a_version_1_gate_keeps_every_key_and_value_on_disk(tmp_path, failed, gated):
+    raw = gate_v1(failed, gated)
+    assert "schema_version" not in raw and raw["verdict"] == ("fail" if failed else "pass" if gated else "not gated")
+    rec = GateResult.model_validate(raw)
+    assert rec.keep is not failed and (rec.overall is None) is not gated
+    rec.save_file(tmp_path / "gate.json")
+    again = json.loads((tmp_path / "gate.json").read_text())
+    if not gated:  # no flips either way: {} then, each way empty now
+        assert raw["flipped"] == {} and again["flipped"] == {"right_to_wrong": [], "wrong_to_right": []}
+        raw["flipped"] = again["flipped"]
+    assert keeps(raw, again) and again["schema_version"] == GateResult.SCHEMA
+    assert GateResult.load_file(tmp_path / "gate.json") == rec
+
+
+def test_a_gate_field_the_model_does_not_declare_is_refused_by_name():
+    raw = gate_v1()
+    with pytest.raises(ValidationError, match="verdcit"):
+        GateResult.model_validate({**raw, "verdcit": "pass"})
+    with pytest.raises(ValidationError, match="p_valeu"):  # a category's block is closed too
+        GateResult.model_validate({**raw, "by_category": {"math": {**raw["by_category"]["math"], "p_valeu": 0.1}}})
+
+
+def test_the_gate_stage_s_own_writer_round_trips_and_the_performance_stages_read_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # stage_start moves to the repo root; the test's cwd comes back afterwards
+    res = tmp_path / "results"
+    for which in ("baseline", "rung"):
+        d = res / "baseline" if which == "baseline" else res
+        EvalResult(status="n/a", reason="dummy weights", model="m", n=56).save_file(d / "eval.json")
+    gate_stage.main(res / "baseline", res, res / "gate.json")
+    raw = json.loads((res / "gate.json").read_text())
+    assert raw["schema_version"] == GateResult.SCHEMA and raw["verdict"] == "not gated"
+    rec = GateResult.load_file(res / "gate.json")
+    assert rec.thresholds.alpha == params_()["gate"]["alpha"] and rec.reasons == ["not gated: dummy weights"]
+    rec.save_file(tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text()) == raw
+    assert gate_failed(params_(), res / "gate.json") is None
+    GateResult.model_validate(gate_v1()).save_file(res / "gate.json")
+    assert gate_failed(params_(), res / "gate.json").startswith("the quality gate failed (")
+
+
+# ---------------------------------------------------------------- results/eval.json
+def eval_v1(status: str = "ok", which: str = "baseline"):
+    """An eval as scripts/eval.py main wrote it before the record was typed: its dict, built as main builds it
+    (score.summarize and, on rung 0, score.flips on the repo's eval set with its answers as replies; eval.inputs),
+    measured or n/a (dummy weights)."""
+    params = params_()
+    cfg, ev = common.engine_config(params, which), params["eval"]
+    items = score.load_items(ROOT / ev["file"])
+    texts = [str(it["answer"]) for it in items]
+    result = {"which": which, "model": cfg["model"]["name"], "knobs": cfg, "n": len(items), "method": "140 items",
+              "provenance": common.provenance(params, cfg)}
+    if status == "n/a":
+        result.update(status="n/a", reason="dummy weights (load_format: dummy): quality is not measured",
+                      label="dummy weights", overall=None, by_category={}, time=common.stage_time(0, 0))
+        return json.loads(json.dumps(result))
+    summary = score.summarize(items, texts)
+    summary.pop("items")
+    entry = {"id": "HuggingFaceTB/SmolLM2-135M-Instruct", "sha256": "a" * 64}
+    result.update(status="ok", model_id=entry["id"], inputs=eval_stage.inputs(cfg, ev, entry), **summary,
+                  wall_s=70.0, generate_s=20.12, output_tokens=4321,
+                  engine={"kernels": [], "kv_cache_tokens": 46592, "engine_init_s": 0.4},
+                  time=common.stage_time(50.0, 20.12 + 19.8))
+    if which == "baseline":
+        result["nondeterminism"] = {**score.flips(items, texts, texts[::-1]), "method": eval_stage.RECHECK,
+                                    "recheck_s": 19.8}
+    return json.loads(json.dumps(result))
+
+
+@pytest.mark.parametrize("path", LADDERS)
+def test_every_eval_an_older_version_wrote_reads_through_the_model(path):
+    for name, e in stage_of(path, "eval"):
+        rec = EvalResult.model_validate(e)
+        assert rec.status == e["status"] and rec.overall == e["overall"] and rec.n == e["n"], name
+        assert sorted(rec.by_category) == sorted(e["by_category"]), name
+        assert rec.as_rung()["schema_version"] == EvalResult.SCHEMA
+
+
+@pytest.mark.parametrize("status, which", [("ok", "baseline"), ("ok", "rung"), ("n/a", "rung")])
+def test_a_version_1_eval_keeps_every_key_and_value_on_disk(tmp_path, status, which):
+    raw = eval_v1(status, which)
+    assert "schema_version" not in raw
+    rec = EvalResult.model_validate(raw)
+    assert rec.status == status and (rec.nondeterminism is not None) is (status == "ok" and which == "baseline")
+    rec.save_file(tmp_path / "eval.json")
+    again = json.loads((tmp_path / "eval.json").read_text())
+    assert keeps(raw, again) and again["schema_version"] == EvalResult.SCHEMA
+    assert EvalResult.load_file(tmp_path / "eval.json") == rec
+
+
+def test_an_eval_field_the_model_does_not_declare_is_refused_by_name():
+    raw = eval_v1()
+    with pytest.raises(ValidationError, match="overal"):
+        EvalResult.model_validate({**raw, "overal": 0.5})
+    with pytest.raises(ValidationError, match="acc_"):  # a category's score is closed too
+        EvalResult.model_validate({**raw, "by_category": {"math": {"n": 1, "correct": 1, "acc": 1.0, "acc_": 1}}})
+    with pytest.raises(ValidationError, match=r"nondeterminism\.flip\s"):  # and rung 0's noise
+        EvalResult.model_validate({**raw, "nondeterminism": {**raw["nondeterminism"], "flip": 1}})
+
+
+def test_the_eval_stage_s_own_writer_round_trips_a_reused_result(tmp_path):
+    """eval.reuse: rung 0's result copied for a rung on its inputs, written by the stage and read back whole."""
+    base_dir, out = tmp_path / "baseline", tmp_path / "out"
+    common.write_text(base_dir / "eval_items.jsonl", "")
+    base = EvalResult.model_validate(eval_v1())
+    base.save_file(base_dir / "eval.json")
+    eval_stage.reuse(base_dir, EvalResult.load_file(base_dir / "eval.json"), out)
+    raw = json.loads((out / "eval.json").read_text())
+    assert raw["schema_version"] == EvalResult.SCHEMA and raw["reused_from"] == "eval_baseline"
+    assert raw["which"] == "rung" and raw["nondeterminism"] is None and raw["overall"] == base.overall
+    rec = EvalResult.load_file(out / "eval.json")
+    assert eval_stage.reusable(base.inputs.model_dump(mode="json"), base) and rec.inputs == base.inputs
+    rec.save_file(tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text()) == raw

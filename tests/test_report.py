@@ -8,6 +8,7 @@ import pytest
 import report
 from conftest import FIXTURES
 from judgement import decide, stats
+from records.eval import EvalResult
 
 
 def render(name, tmp_path):
@@ -63,7 +64,9 @@ def test_the_report_says_what_drop_each_category_can_detect_and_lists_flips_per_
     g = {"max_overall_drop": 0.10, "max_category_drop": 0.25, "alpha": 0.05, "min_items": 5}
     base = {f"{c}-{i}": {"id": f"{c}-{i}", "category": c, "correct": i < 20} for c in ("math", "zh") for i in range(28)}
     cur = {**base, "math-0": {**base["math-0"], "correct": False}, "zh-25": {**base["zh-25"], "correct": True}}
-    ev = {"status": "ok", "nondeterminism": {"flips": 3, "by_category": {"math": 0, "zh": 3}, "method": "twice"}}
+    ev = EvalResult(status="ok", n=56, nondeterminism={"flips": 3, "items": ["zh-0", "zh-1", "zh-2"],
+                                                       "by_category": {"math": 0, "zh": 3}, "method": "twice",
+                                                       "recheck_s": 1.0})
     result = gate.evaluate(ev, ev, lambda: base, lambda: cur, g)
     lad = {"rungs": [{"name": "baseline", "gate": gate.evaluate(ev, ev, lambda: base, lambda: base, g)},
                      {"name": "r1", "gate": result}]}

@@ -17,6 +17,7 @@ import plan as planning
 import report
 from conftest import FIXTURES, ROOT
 from judgement import capacity, decide
+from records.eval import EvalResult
 from serving import vllm_compat
 
 PARAMS = common.load_params(ROOT / "params.yaml", check=False)
@@ -107,7 +108,7 @@ def test_offline_stages_say_n_a_for_data_parallelism_and_the_gate_does_not_gate_
     assert why.startswith("data_parallel_size 2: vLLM's offline engine") and "knee stage" in why
     assert vllm_compat.offline_unsupported({"data_parallel_size": 1}) is None
     assert vllm_compat.offline_unsupported({"tensor_parallel_size": 2}) is None
-    g = gate.evaluate({"status": "ok"}, {"status": "n/a", "reason": why}, None, None,
+    g = gate.evaluate(EvalResult(status="ok", n=0), EvalResult(status="n/a", reason=why, n=0), None, None,
                       {"max_overall_drop": 0.1, "max_category_drop": 0.25, "alpha": 0.05, "min_items": 5})
     assert g["keep"] and not g["gated"] and g["reasons"] == [f"not gated: {why}"]
 

@@ -18,6 +18,7 @@ import plan as planning
 import report
 from conftest import FIXTURES, ROOT
 from judgement import decide, record
+from records.bench import BenchResult
 from records.knee import KneeResult
 from serving import engine, vllm_compat
 
@@ -202,7 +203,7 @@ def test_the_record_reads_the_conversion_from_the_stage_results(tmp_path):
 def _results(path, t):
     knobs = {"model": {"name": "m"}, "engine": {}, "env": {}, **({"target": t} if t else {})}
     KneeResult(status="n/a", mode="search", provenance={"knobs": knobs}).save_file(path / "knee.json")
-    common.write_json(path / "bench.json", {"provenance": {"knobs": knobs}})
+    BenchResult(status="n/a", provenance={"knobs": knobs}).save_file(path / "bench.json")
     return path
 
 

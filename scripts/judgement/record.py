@@ -14,6 +14,9 @@ import numpy as np
 import common
 from judgement import capacity, decide, stats
 from measure import summary
+from records.bench import BenchResult
+from records.eval import EvalResult
+from records.gate import GateResult
 from records.knee import KneeResult, RungKnee
 
 
@@ -33,9 +36,9 @@ class RungRecord(TypedDict, total=False):
     reused: list[str]        # stages DVC restored instead of measuring again
     measured: dict           # when and on which machine (host id, GPU UUIDs) its bench was measured
     model: str
-    eval: dict               # results/eval.json, whole
-    gate: dict               # results/gate.json, whole
-    bench: dict              # results/bench.json, whole
+    eval: dict               # results/eval.json, whole (EvalResult.as_rung)
+    gate: dict               # results/gate.json, whole (GateResult.as_rung)
+    bench: dict              # results/bench.json, whole (BenchResult.as_rung)
     knee: dict               # results/knee.json, whole
     stage_seconds: dict
     stage_time: dict         # per engine stage that ran: its result's `time` (common.stage_time)
@@ -78,38 +81,37 @@ class LadderRecord(TypedDict, total=False):
     time: dict               # time_totals: GPU-minutes, the share spent starting engines, cost
 
 
-def _summary(path: Path) -> dict:
-    """A stage's result file, whole but for its provenance (the ladder record states that once)."""
-    return {k: v for k, v in common.read_json(path).items() if k != "provenance"}
-
-
 def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, params: dict, floor=None,
          before: RungRecord | None = None) -> dict:
     """Fill a rung that ran to the end from results/; returns the download manifest's models."""
     res = common.RESULTS
-    ev, bench, gate = (_summary(res / f) for f in ("eval.json", "bench.json", "gate.json"))
+    ev_rec = EvalResult.load_file(res / "eval.json")
+    ev = ev_rec.as_rung()
+    gate = GateResult.load_file(res / "gate.json").as_rung()
+    bench_rec = BenchResult.load_file(res / "bench.json")
+    bench = bench_rec.as_rung()
     knee_rec = KneeResult.load_file(res / "knee.json")
     # a judgement threshold: the params judging now, not measuring (the stage never writes it)
     knee = RungKnee(**dict(knee_rec), noise_floor=params["knee"]["noise_floor"]).summary()
-    prov = common.read_json(res / "bench.json").get("provenance") or {}
+    prov = bench_rec.provenance or {}
     env = prov.get("environment") or {}
     rec["measured"] = {"at": prov.get("measured_at"), "host_id": env.get("host_id"),
                        "gpu_uuids": [g.get("uuid") for g in env.get("gpus") or []],
                        "machine": (env.get("machine") or {}).get("id"),
                        "machine_label": (env.get("machine") or {}).get("label")}
     models = common.read_json(res / "models.json")["models"]
-    rec.update(status="ok", model=ev.get("model"), eval=ev, gate=gate, bench=bench, knee=knee,
-               stage_seconds={"eval": ev.get("wall_s") or 0, "bench": bench.get("wall_s") or 0,
+    rec.update(status="ok", model=ev_rec.model, eval=ev, gate=gate, bench=bench, knee=knee,
+               stage_seconds={"eval": ev_rec.wall_s or 0, "bench": bench_rec.wall_s or 0,
                               "knee": knee.get("wall_s") or 0})  # knee includes the server start
     rec["stage_time"] = {s: r["time"] for s, r in (("eval", ev), ("bench", bench), ("knee", knee)) if r.get("time")}
     if rec["role"] == decide.BASELINE:  # rung 0 also measured the gate's reference eval
-        ref_eval = common.read_json(res / "baseline" / "eval.json")
-        rec["stage_seconds"]["eval_baseline"] = ref_eval.get("wall_s") or 0
-        if ref_eval.get("time"):
-            rec["stage_time"]["eval_baseline"] = ref_eval["time"]
+        ref_eval = EvalResult.load_file(res / "baseline" / "eval.json")
+        rec["stage_seconds"]["eval_baseline"] = ref_eval.wall_s or 0
+        if ref_eval.time:
+            rec["stage_time"]["eval_baseline"] = ref_eval.time.model_dump()
     target = target_of(res)
     # the serving engines' evidence first; the eval engine's is the fallback (a rung the gate failed runs no other)
-    facts = {**(ev.get("engine") or {}), **(bench.get("engine") or {}), **(knee.get("applied") or {}),
+    facts = {**(ev_rec.engine or {}), **(bench_rec.engine or {}), **(knee.get("applied") or {}),
              "target": target}
     rec["applied"] = decide.applied_check(rec["change"], facts, models) if rec["change"] else []
     if target:  # every rung, rung 0 too: did the engine run inside the target card's memory?
@@ -118,8 +120,8 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
     rec["roofline"] = roofline(params, rec, models)
     rec["delta"] = compare(base, rec, floor, before=before) if base else {"output_tps": None, "knee_rps": None}
     ref = baseline or rec
-    if ref["bench"].get("output_tps") and bench.get("output_tps") and same_machine([ref, rec]):
-        rec["speedup"] = bench["output_tps"] / ref["bench"]["output_tps"]
+    if ref["bench"].get("output_tps") and bench_rec.output_tps and same_machine([ref, rec]):
+        rec["speedup"] = bench_rec.output_tps / ref["bench"]["output_tps"]
     return {n: {k: m.get(k) for k in ("id", "revision", "sha256", "path")} for n, m in models.items()}
 
 
@@ -127,7 +129,7 @@ def target_of(res: Path) -> dict | None:
     """The target card's conversion the engine stages ran with (common.engine_config), from their provenance:
     the knee's server, else the bench's engine."""
     knee_prov = KneeResult.load_file(res / "knee.json").provenance
-    for prov in (knee_prov, common.read_json(res / "bench.json").get("provenance")):
+    for prov in (knee_prov, BenchResult.load_file(res / "bench.json").provenance):
         knobs = (prov or {}).get("knobs") or {}
         if knobs.get("target"):
             return knobs["target"]

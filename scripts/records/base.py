@@ -26,6 +26,11 @@ class Record(BaseModel):
         """The one reader: the file validated (an older schema upgraded) into the record."""
         return cls.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
 
+    def as_rung(self) -> dict:
+        """The record as a rung of the ladder record holds it: whole, but for its provenance (stated there once).
+        Not `summary`: the bench record has a field of that name (its runs summarized), kept on disk as it was."""
+        return self.model_dump(mode="json", exclude={"provenance"})
+
 
 class StageTime(BaseModel):
     """common.stage_time: a stage's wall time (process start to its result file), split."""
