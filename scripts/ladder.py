@@ -9,6 +9,7 @@ report/ladder.json as they finish; a re-run restores them from DVC's run-cache i
   python scripts/ladder.py [--profile cpu|gpu|gpu-small|gpu-shape|gpu-shape-4090|gpu-shape-4090-check] [--check]
                            [--rungs N] [--ladder FILE]
                            [--model NAME|FOLDER|ORG/NAME@REV] [--quant-model ...] [--workload KIND|FILE]
+                           [--budget-min MINUTES]
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ from serving import engine
 LADDER_JSON = common.ROOT / "report" / "ladder.json"
 LOGS = common.ROOT / "results" / "logs" / "ladder"
 TARGETS = ["gate", "bench", "knee"]  # everything a rung measures; `report` runs once at the end
+BUDGET_EXIT = 75  # EX_TEMPFAIL: stopped before its budget ran out; `make ladder` resumes (neither failed nor done)
+_STARTED = time.monotonic()  # BUDGET_MIN counts from here: the pre-flight (a minute on a GPU box) spends it too
 _REUSED = re.compile(r"(?:Restored stage '(\w+)' from run-cache|Stage '(\w+)' (?:didn't change|is cached))")
 
 
@@ -121,6 +124,39 @@ def exp_command(exp: str, sets: dict, workspace: dict) -> list[str]:
     return ["dvc", "exp", "run", "-n", exp, *set_args(sets, workspace), *TARGETS]
 
 
+class BudgetSpent(Exception):
+    """The next experiment would not finish inside `make ladder BUDGET_MIN=`: the ladder stops between two
+    experiments, where everything finished is in DVC's run-cache and report/ladder.json."""
+
+
+def budget_estimate(records: list[dict]) -> float | None:
+    """Seconds the next experiment is taken to need: the longest of this run's experiments, each at what it cost
+    when measured (its wall time, plus the stage seconds of the stages DVC restored: a resumed ladder's restored
+    rungs cost what they did then); rung 0 only while no other was run (it alone pays the gate's reference eval,
+    the warm-up engine and a search from nothing). Errs long: a stop one experiment early loses minutes, one cut by
+    a lease that ends loses the experiment. None: nothing run yet."""
+    def cost(r: dict) -> float:
+        staged = r.get("stage_seconds") or {}
+        return r["seconds"] + sum(v or 0 for k, v in staged.items() if k in (r.get("reused") or []))
+    ran = [(r.get("role") == decide.BASELINE, cost(r)) for r in records
+           if r.get("seconds") is not None and not r.get("replayed")]
+    later = [c for base, c in ran if not base]
+    return max(later or [c for _, c in ran], default=None)
+
+
+def budget_stop(budget_s: float | None, elapsed_s: float, records: list[dict]) -> str | None:
+    """Why the ladder stops before its next experiment under a budget of `budget_s` (None: no budget); None: go on.
+    The first experiment always starts: with nothing measured there is no estimate, and a budget that does not hold
+    rung 0 holds no ladder."""
+    if budget_s is None:
+        return None
+    est = budget_estimate(records)
+    if est is None or elapsed_s + est <= budget_s:
+        return None
+    return (f"stopped between experiments: {elapsed_s / 60:.1f} of BUDGET_MIN={budget_s / 60:g} min spent, and the "
+            f"next experiment is taken to need {est / 60:.1f} (the longest of this run's, at its measured cost)")
+
+
 def remeasure_key(held: list[dict]) -> int:
     """run.remeasure for the re-measure of these held rungs' base: when the last of them had its bench measured
     (Unix seconds), so that a held rung and the re-measure taken after it are restored or measured together."""
@@ -136,8 +172,9 @@ def confirm_order(k: int) -> tuple[str, str]:
 
 
 class Driver:
-    def __init__(self, plan: planning.Plan, out: Path = LADDER_JSON):
+    def __init__(self, plan: planning.Plan, out: Path = LADDER_JSON, budget_min: float | None = None):
         self.plan, self.out = plan, out
+        self.budget_s = budget_min * 60 if budget_min else None
         self.profile, self.overrides = plan.profile, plan.overrides
         self.eff, self.objective = plan.params, plan.objective
         self.records: list[dict] = []
@@ -260,6 +297,9 @@ class Driver:
         exp = f"{self.profile}-{index}-{name}"
         sets = self.sets_of(cfg_flat, round_, remeasure, anchor)
         ref = replay and self.elsewhere(exp, sets)
+        if not ref and (why := budget_stop(self.budget_s, time.monotonic() - _STARTED,
+                                           self.records + ((self.confirm or {}).get("runs") or []))):
+            raise BudgetSpent(f"{why}; not started: {exp}")
         cmd = exp_command(exp, sets, yaml.safe_load((common.ROOT / "params.yaml").read_text()) or {})
         rec = {"index": index, "name": name, "exp": exp, "role": role, "change": change or {}, "note": note,
                "base": base["exp"] if base else None, "knobs": cfg_flat, "status": "running"}
@@ -581,6 +621,29 @@ class Driver:
                 pass
 
 
+def budget_minutes(text: str) -> float:
+    """--budget-min (make ladder BUDGET_MIN=): minutes, a number above 0; refused by name before anything runs."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"BUDGET_MIN (--budget-min) must be a number of minutes above 0, got "
+                                         f"{text!r}")
+    return v
+
+
+def stop_held(drv: Driver, why: str) -> None:
+    """Rungs held for their base's re-measure, and the experiment running, marked so: the report shows where the
+    ladder stopped, and `make ladder` resumes there (DVC's run-cache restores what finished)."""
+    held = [r for r in drv.records if r.get("verdict") is None]  # running, or held for its base's re-measure
+    for r in held + [r for r in (drv.confirm or {}).get("runs") or [] if r["status"] == "running"]:
+        r["status"], r["kept"] = decide.INTERRUPTED, False
+        r["verdict"] = decide.verdict(r)  # interrupted (a base's re-measure stays what it is: never a rung)
+        r["decision"] = f"{why}: re-run `make ladder` to resume here"
+    drv.save()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profile", default=os.environ.get("PROFILE") or None)
@@ -590,6 +653,9 @@ def main() -> int:
     ap.add_argument("--model", help="rung 0's model: a download.catalog name, a local folder or org/name@revision")
     ap.add_argument("--quant-model", help="the quantized variant the quantization rung tries (same forms as --model)")
     ap.add_argument("--workload", help="the traffic: random, shared-prefix, or a JSONL prompts file")
+    ap.add_argument("--budget-min", type=budget_minutes, default=None,
+                    help="stop between experiments before this many minutes run out (a lease that ends): what "
+                         "finished is kept, `make ladder` resumes")
     args = ap.parse_args()
     os.chdir(common.ROOT)
     gpu_list = fingerprint.gpus()
@@ -631,7 +697,7 @@ def main() -> int:
           f"checked when it starts")
     if args.check:
         return 0
-    drv = Driver(plan)
+    drv = Driver(plan, budget_min=args.budget_min)
     common.handle_signals()
     try:
         rc = drv.run()
@@ -639,14 +705,13 @@ def main() -> int:
             drv.confirm_step()
     except KeyboardInterrupt:
         drv.interrupt()
-        held = [r for r in drv.records if r.get("verdict") is None]  # running, or held for its base's re-measure
-        for r in held + [r for r in (drv.confirm or {}).get("runs") or [] if r["status"] == "running"]:
-            r["status"], r["kept"] = decide.INTERRUPTED, False
-            r["verdict"] = decide.verdict(r)  # interrupted (a base's re-measure stays what it is: never a rung)
-            r["decision"] = "interrupted: re-run `make ladder` to resume here"
-        drv.save()
+        stop_held(drv, "interrupted")
         print("\nladder: interrupted; finished rungs are kept (dvc exp show); `make ladder` resumes", file=sys.stderr)
         return 130
+    except BudgetSpent as e:
+        stop_held(drv, "stopped: BUDGET_MIN")
+        print(f"\nladder: {e}; finished rungs are kept (dvc exp show); `make ladder` resumes", file=sys.stderr)
+        return BUDGET_EXIT
     # leave the workspace at the final kept stack, then write the complete ladder and render it
     if drv.final_exp:
         subprocess.run(["dvc", "exp", "apply", drv.final_exp], cwd=common.ROOT, check=False)

@@ -494,3 +494,36 @@ def test_every_experiment_s_run_params_are_exactly_its_sets_whatever_the_one_bef
             section, key = k.split(".", 1)
             assert got[section][key] == v, k
         assert ("hf_overrides" in got["engine"]) == ("engine.hf_overrides" in sets)
+
+
+def test_a_budget_stops_the_ladder_between_experiments_at_the_longest_measured_cost():
+    import ladder
+    base = {"role": decide.BASELINE, "seconds": 600.0, "reused": [], "stage_seconds": {"eval": 50, "knee": 400}}
+    rung = {"role": "rung", "seconds": 200.0, "reused": ["eval"], "stage_seconds": {"eval": 40, "knee": 120}}
+    again = {"role": decide.RECHECK, "seconds": 90.0, "reused": [], "stage_seconds": {"bench": 60}}
+    # nothing run yet: no estimate, the first experiment starts whatever the budget
+    assert ladder.budget_estimate([]) is None and ladder.budget_stop(60.0, 3600.0, []) is None
+    assert ladder.budget_stop(None, 1e9, [base, rung]) is None  # no budget: never stops
+    # rung 0 alone pays the reference eval, the warm-up engine and a search from nothing: it counts only alone
+    assert ladder.budget_estimate([base]) == 600.0
+    # the longest later one, a restored stage at what it cost when measured (200 s run + 40 s eval restored)
+    assert ladder.budget_estimate([base, rung, again]) == 240.0
+    assert ladder.budget_stop(1200.0, 960.0, [base, rung, again]) is None       # 960 + 240 fits in 1,200
+    why = ladder.budget_stop(1200.0, 961.0, [base, rung, again])
+    assert why.startswith("stopped between experiments: 16.0 of BUDGET_MIN=20 min spent") and "4.0" in why
+    # a resumed ladder: every stage restored, each experiment costs what it did when it was measured
+    restored = {**base, "seconds": 20.0, "reused": ["eval", "eval_baseline", "bench", "knee", "gate"]}
+    assert ladder.budget_estimate([restored]) == 470.0
+    # a replayed experiment (measured on another machine) says nothing of this one's cost
+    assert ladder.budget_estimate([base, {**rung, "replayed": "other"}]) == 600.0
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "ten", "nan", "inf"])
+def test_a_bad_budget_is_refused_by_name_before_anything_runs(bad):
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "scripts/ladder.py", "--profile", "cpu", "--budget-min", bad], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and f"BUDGET_MIN (--budget-min) must be a number of minutes above 0, got '{bad}'" \
+        in p.stderr, p.stderr[-2000:]
+    assert "pre-flight" not in p.stdout
