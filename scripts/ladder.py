@@ -303,7 +303,11 @@ class Driver:
             raise BudgetSpent(why)
 
     def unit_done(self, kind: str, recs: list[dict]) -> None:
-        self.unit_costs[kind].append(sum(experiment_cost(r) for r in recs))
+        """A unit's cost, kept where one of its experiments searched or looked at a knee: a rung the gate failed, or
+        whose engine would not start, cost little and says nothing of what the next costs (it would shrink the
+        estimate: a full rung would then start with too little time left)."""
+        if any((r.get("knee") or {}).get("status") not in (None, "n/a") for r in recs):
+            self.unit_costs[kind].append(sum(experiment_cost(r) for r in recs))
 
     # -- one experiment
     def run_exp(self, index: int, name: str, cfg_flat: dict, role: str, change: dict | None, base: dict | None,

@@ -514,7 +514,8 @@ def test_a_budget_stops_the_ladder_only_between_units_at_the_longest_unit_s_meas
 
     drv = ladder.Driver.__new__(ladder.Driver)
     drv.budget_s, drv.unit_costs = 1200.0, {"rung 0": [], "rung": [], "pair": []}
-    rung0 = {"role": decide.BASELINE, "seconds": 600.0, "reused": [], "bench": {"warm_up_engine": {"wall_s": 30.0}}}
+    rung0 = {"role": decide.BASELINE, "seconds": 600.0, "reused": [], "bench": {"warm_up_engine": {"wall_s": 30.0}},
+             "knee": {"status": "inside"}}
     drv.records = [rung0]
     monkeypatch.setenv(ladder.bench.WARM_MARK, str(tmp_path / "warm.done"))  # this run's first bench: warmed
     (tmp_path / "warm.done").write_text("")
@@ -522,7 +523,10 @@ def test_a_budget_stops_the_ladder_only_between_units_at_the_longest_unit_s_meas
     drv.unit_done("rung 0", [rung0])
     with pytest.raises(ladder.BudgetSpent, match="rung 1 x is taken to need 10.0"):  # rung 0's 600 s, errs long
         drv.budget("rung", "rung 1 x")
-    drv.unit_done("rung", [{"seconds": 150.0}, {"seconds": 60.0}])  # a rung and its base's re-measure: one unit
+    drv.unit_done("rung", [{"seconds": 20.0, "knee": {"status": "n/a"}}])  # a rung the gate failed: no estimate
+    with pytest.raises(ladder.BudgetSpent, match="taken to need 10.0"):
+        drv.budget("rung", "rung 2 y")
+    drv.unit_done("rung", [{"seconds": 150.0, "knee": {"status": "inside"}}, {"seconds": 60.0}])  # + re-measure
     drv.budget("rung", "rung 2 y")  # 610 + 210 <= 1,200
     drv.budget("pair", "confirm pair 1")  # no pair yet: the longest rung's 210 s
     (tmp_path / "warm.done").unlink()  # a resumed run's first bench pays a warm-up engine again: 30 s more
