@@ -52,7 +52,7 @@ lint: setup ## ruff: style and common bugs in scripts/ and tests/ (CI runs it)
 	ruff check scripts tests
 
 test: setup ## the test suite: unit tests + the real-vLLM end-to-end ladder on the cpu profile
-	python -m pytest tests -v -rs --durations=12
+	python -m pytest tests -v -rs --durations=0 --durations-min=5
 
 test-unit: setup ## only the fast tests (no engine)
 	python -m pytest tests -v -m "not engine"

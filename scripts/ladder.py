@@ -125,36 +125,28 @@ def exp_command(exp: str, sets: dict, workspace: dict) -> list[str]:
 
 
 class BudgetSpent(Exception):
-    """The next experiment would not finish inside `make ladder BUDGET_MIN=`: the ladder stops between two
-    experiments, where everything finished is in DVC's run-cache and report/ladder.json."""
+    """The next unit of experiments would not finish inside `make ladder BUDGET_MIN=`: the ladder stops before it,
+    where everything finished is in DVC's run-cache and report/ladder.json."""
 
 
-def budget_estimate(records: list[dict]) -> float | None:
-    """Seconds the next experiment is taken to need: the longest of this run's experiments, each at what it cost
-    when measured (its wall time, plus the stage seconds of the stages DVC restored: a resumed ladder's restored
-    rungs cost what they did then); rung 0 only while no other was run (it alone pays the gate's reference eval,
-    the warm-up engine and a search from nothing). Errs long: a stop one experiment early loses minutes, one cut by
-    a lease that ends loses the experiment. None: nothing run yet."""
-    def cost(r: dict) -> float:
-        staged = r.get("stage_seconds") or {}
-        return r["seconds"] + sum(v or 0 for k, v in staged.items() if k in (r.get("reused") or []))
-    ran = [(r.get("role") == decide.BASELINE, cost(r)) for r in records
-           if r.get("seconds") is not None and not r.get("replayed")]
-    later = [c for base, c in ran if not base]
-    return max(later or [c for _, c in ran], default=None)
+def experiment_cost(r: dict) -> float:
+    """What an experiment cost when it was measured: its wall time, plus the stage seconds of the stages DVC restored
+    (a resumed ladder's restored rungs cost what they did then). 0: replayed (measured on another machine)."""
+    if r.get("seconds") is None or r.get("replayed"):
+        return 0.0
+    staged = r.get("stage_seconds") or {}
+    return r["seconds"] + sum(v or 0 for k, v in staged.items() if k in (r.get("reused") or []))
 
 
-def budget_stop(budget_s: float | None, elapsed_s: float, records: list[dict]) -> str | None:
-    """Why the ladder stops before its next experiment under a budget of `budget_s` (None: no budget); None: go on.
-    The first experiment always starts: with nothing measured there is no estimate, and a budget that does not hold
-    rung 0 holds no ladder."""
-    if budget_s is None:
+def budget_stop(budget_s: float | None, elapsed_s: float, est_s: float | None, what: str) -> str | None:
+    """Why the ladder stops before its next unit (`what`) under a budget of `budget_s` seconds (None: no budget),
+    `elapsed_s` spent and the unit taken to need `est_s` (None: nothing to estimate it from: it starts, unless the
+    budget is spent already); None: go on."""
+    if budget_s is None or (elapsed_s < budget_s and (est_s is None or elapsed_s + est_s <= budget_s)):
         return None
-    est = budget_estimate(records)
-    if est is None or elapsed_s + est <= budget_s:
-        return None
-    return (f"stopped between experiments: {elapsed_s / 60:.1f} of BUDGET_MIN={budget_s / 60:g} min spent, and the "
-            f"next experiment is taken to need {est / 60:.1f} (the longest of this run's, at its measured cost)")
+    need = f", and {what} is taken to need {est_s / 60:.1f} (the longest such unit this run, at its measured cost)" \
+        if est_s is not None else ""
+    return f"stopped before {what}: {elapsed_s / 60:.1f} of BUDGET_MIN={budget_s / 60:g} min spent{need}"
 
 
 def remeasure_key(held: list[dict]) -> int:
@@ -175,6 +167,10 @@ class Driver:
     def __init__(self, plan: planning.Plan, out: Path = LADDER_JSON, budget_min: float | None = None):
         self.plan, self.out = plan, out
         self.budget_s = budget_min * 60 if budget_min else None
+        # what each unit cost this run (experiment_cost summed): a rung (its tries, re-checks and base re-measure),
+        # a confirm pair. The budget is checked only between units: the experiments of one are measured back to
+        # back (a rung and its base's re-measure, a re-check pair, a confirm pair), never split by a stop
+        self.unit_costs: dict[str, list[float]] = {"rung 0": [], "rung": [], "pair": []}
         self.profile, self.overrides = plan.profile, plan.overrides
         self.eff, self.objective = plan.params, plan.objective
         self.records: list[dict] = []
@@ -290,6 +286,29 @@ class Driver:
         return record.floor_of(self.eff["bench"]["noise_floor"],
                                self.records + ((self.confirm or {}).get("runs") or []))
 
+    def budget(self, kind: str, what: str) -> None:
+        """Stop (BudgetSpent) before the next unit of `kind` where it would not fit BUDGET_MIN: its estimate is the
+        longest unit of that kind this run (a confirm pair's, while none ran: the longest rung's; a rung's, while
+        none ran: rung 0's, which alone pays the reference eval and a search from nothing: errs long), plus the
+        warm-up engine where this run's first bench is still to come (a resumed run pays one again)."""
+        if self.budget_s is None:
+            return
+        costs = self.unit_costs[kind] or (self.unit_costs["rung"] if kind == "pair" else []) \
+            or self.unit_costs["rung 0"]
+        est = max(costs) if costs and max(costs) > 0 else None
+        mark = os.environ.get(bench.WARM_MARK)
+        if est is not None and mark and not Path(mark).exists() and self.records:
+            est += ((self.records[0].get("bench") or {}).get("warm_up_engine") or {}).get("wall_s") or 0
+        if why := budget_stop(self.budget_s, time.monotonic() - _STARTED, est, what):
+            raise BudgetSpent(why)
+
+    def unit_done(self, kind: str, recs: list[dict]) -> None:
+        """A unit's cost, kept where one of its experiments searched or looked at a knee: a rung the gate failed, or
+        whose engine would not start, cost little and says nothing of what the next costs (it would shrink the
+        estimate: a full rung would then start with too little time left)."""
+        if any((r.get("knee") or {}).get("status") not in (None, "n/a") for r in recs):
+            self.unit_costs[kind].append(sum(experiment_cost(r) for r in recs))
+
     # -- one experiment
     def run_exp(self, index: int, name: str, cfg_flat: dict, role: str, change: dict | None, base: dict | None,
                 note: str = "", into: list | None = None, round_: int = 0, remeasure: int = 0,
@@ -297,9 +316,6 @@ class Driver:
         exp = f"{self.profile}-{index}-{name}"
         sets = self.sets_of(cfg_flat, round_, remeasure, anchor)
         ref = replay and self.elsewhere(exp, sets)
-        if not ref and (why := budget_stop(self.budget_s, time.monotonic() - _STARTED,
-                                           self.records + ((self.confirm or {}).get("runs") or []))):
-            raise BudgetSpent(f"{why}; not started: {exp}")
         cmd = exp_command(exp, sets, yaml.safe_load((common.ROOT / "params.yaml").read_text()) or {})
         rec = {"index": index, "name": name, "exp": exp, "role": role, "change": change or {}, "note": note,
                "base": base["exp"] if base else None, "knobs": cfg_flat, "status": "running"}
@@ -371,11 +387,14 @@ class Driver:
             return out
 
         for k in range(1, pairs + 1):
+            self.budget("pair", f"confirm pair {k}")
+            n = len(recs)
             got = pair(k, replay=True)
             if not record.same_machine(got):  # another machine measured half of it: both halves here
                 for r in got:
                     recs.remove(r)
                 pair(k, replay=False)
+            self.unit_done("pair", recs[n:])
         kept = [r for r in self.records if r.get("kept") and r.get("role") != decide.BASELINE]
         self.confirm.update(record.confirm_summary(recs, self.floor(), self.objective, kept,
                                                    self.eff["knee"].get("server_spread")))
@@ -407,6 +426,7 @@ class Driver:
         kept_flat = dict(self.plan.baseline)
         self.progress("rung 0 baseline")
         base = self.run_exp(0, "baseline", kept_flat, decide.BASELINE, None, None)
+        self.unit_done("rung 0", [base])
         if base["status"] != "ok":
             base["kept"], base["decision"] = False, "the baseline failed: nothing to compare against; ladder stopped"
             self.finish(base)
@@ -430,10 +450,16 @@ class Driver:
                                              f"skipped: needs {need} GPUs, this machine has {self.plan.gpus}",
                                              {**kept_flat, **change}))
                 continue
+            self.budget("rung", f"rung {i} {rung['name']}")
+            n = len(self.records)
             chosen = self.try_rung(i, rung, tries, kept_flat, base, last=i == last)
             if chosen is None and rung["fallback"]:
+                self.unit_done("rung", self.records[n:])
+                self.budget("rung", f"rung {i}'s fallback")
+                n = len(self.records)
                 chosen = self.try_rung(i, rung, [(f"{rung['name']}-fallback", rung["fallback"], "fallback")],
                                        kept_flat, base, last=i == last)
+            self.unit_done("rung", self.records[n:])
             if chosen is not None:
                 kept_flat = {**kept_flat, **chosen["change"]}
                 base, self.final_exp = chosen, chosen["exp"]

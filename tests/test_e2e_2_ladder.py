@@ -185,16 +185,17 @@ def test_make_ladder_resumes_keeps_reverts_and_reports(project):
     print(f"ladder wall time {time.monotonic() - t0:.0f} s")
 
 
-def test_a_budget_stops_the_ladder_between_experiments_and_the_next_run_resumes(project):
+def test_a_budget_stops_the_ladder_between_rungs_and_the_next_run_resumes(project):
     """`make ladder BUDGET_MIN=`: a lease about to end. Over the finished ladder above, rung 0 comes back from the
-    run-cache in seconds, but costs what it cost when measured: the next experiment would not fit half a minute, so
-    the ladder stops there, exit 75, the rest of it left to the next run (the test after this one)."""
+    run-cache in seconds, but costs what it cost when measured: the next rung would not fit half a minute, so the
+    ladder stops before it, exit 75, the rest of it left to the next run (the test after this one)."""
     ladder_cmd(project)  # writes ci-ladder.yaml
     p = project.run("make", "ladder", "SYSTEM_PYTHON=1", "PROFILE=cpu", "LADDER=ci-ladder.yaml", "BUDGET_MIN=0.5",
                     check=False, timeout=900)
     out = p.stdout + p.stderr
     assert p.returncode != 0 and "Error 75" in p.stderr, out[-3000:]
-    assert "ladder: stopped between experiments:" in p.stderr and "of BUDGET_MIN=0.5 min spent" in p.stderr, out[-3000:]
+    assert "ladder: stopped before rung 1 fp8-kv:" in p.stderr and "of BUDGET_MIN=0.5 min spent" in p.stderr, \
+        out[-3000:]
     assert "`make ladder` resumes" in p.stderr
     lad = ladder_json(project)
     assert lad["complete"] is False and lad["rungs"][0]["status"] == "ok" and len(lad["rungs"]) < 5, lad["rungs"]

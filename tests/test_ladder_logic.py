@@ -496,26 +496,45 @@ def test_every_experiment_s_run_params_are_exactly_its_sets_whatever_the_one_bef
         assert ("hf_overrides" in got["engine"]) == ("engine.hf_overrides" in sets)
 
 
-def test_a_budget_stops_the_ladder_between_experiments_at_the_longest_measured_cost():
+def test_a_budget_stops_the_ladder_only_between_units_at_the_longest_unit_s_measured_cost(monkeypatch, tmp_path):
+    """make ladder BUDGET_MIN=: checked before rung 0, each rung (its tries, its knee re-checks and its base's
+    re-measure: measured back to back, never split) and each confirm pair; each unit taken to cost the longest of
+    its kind this run, at what it cost when measured."""
     import ladder
-    base = {"role": decide.BASELINE, "seconds": 600.0, "reused": [], "stage_seconds": {"eval": 50, "knee": 400}}
-    rung = {"role": "rung", "seconds": 200.0, "reused": ["eval"], "stage_seconds": {"eval": 40, "knee": 120}}
-    again = {"role": decide.RECHECK, "seconds": 90.0, "reused": [], "stage_seconds": {"bench": 60}}
-    # nothing run yet: no estimate, the first experiment starts whatever the budget
-    assert ladder.budget_estimate([]) is None and ladder.budget_stop(60.0, 3600.0, []) is None
-    assert ladder.budget_stop(None, 1e9, [base, rung]) is None  # no budget: never stops
-    # rung 0 alone pays the reference eval, the warm-up engine and a search from nothing: it counts only alone
-    assert ladder.budget_estimate([base]) == 600.0
-    # the longest later one, a restored stage at what it cost when measured (200 s run + 40 s eval restored)
-    assert ladder.budget_estimate([base, rung, again]) == 240.0
-    assert ladder.budget_stop(1200.0, 960.0, [base, rung, again]) is None       # 960 + 240 fits in 1,200
-    why = ladder.budget_stop(1200.0, 961.0, [base, rung, again])
-    assert why.startswith("stopped between experiments: 16.0 of BUDGET_MIN=20 min spent") and "4.0" in why
-    # a resumed ladder: every stage restored, each experiment costs what it did when it was measured
-    restored = {**base, "seconds": 20.0, "reused": ["eval", "eval_baseline", "bench", "knee", "gate"]}
-    assert ladder.budget_estimate([restored]) == 470.0
-    # a replayed experiment (measured on another machine) says nothing of this one's cost
-    assert ladder.budget_estimate([base, {**rung, "replayed": "other"}]) == 600.0
+    # an experiment's cost: its wall time plus the stages DVC restored, at what they cost when measured
+    assert ladder.experiment_cost({"seconds": 200.0, "reused": ["eval"], "stage_seconds": {"eval": 40, "knee": 120}}) \
+        == 240.0
+    assert ladder.experiment_cost({"seconds": 0.0, "replayed": "other", "stage_seconds": {"knee": 99}}) == 0.0
+    assert ladder.budget_stop(None, 1e9, 1e9, "rung 1") is None                 # no budget: never stops
+    assert ladder.budget_stop(600.0, 10.0, None, "rung 0") is None               # nothing to estimate from: it starts
+    assert ladder.budget_stop(600.0, 600.0, None, "rung 1").startswith("stopped before rung 1: 10.0 of BUDGET_MIN=10")
+    assert ladder.budget_stop(1200.0, 960.0, 240.0, "rung 2") is None            # 960 + 240 fits in 1,200
+    why = ladder.budget_stop(1200.0, 961.0, 240.0, "rung 2")
+    assert why.startswith("stopped before rung 2: 16.0 of BUDGET_MIN=20 min spent, and rung 2 is taken to need 4.0")
+
+    drv = ladder.Driver.__new__(ladder.Driver)
+    drv.budget_s, drv.unit_costs = 1200.0, {"rung 0": [], "rung": [], "pair": []}
+    rung0 = {"role": decide.BASELINE, "seconds": 600.0, "reused": [], "bench": {"warm_up_engine": {"wall_s": 30.0}},
+             "knee": {"status": "inside"}}
+    drv.records = [rung0]
+    monkeypatch.setenv(ladder.bench.WARM_MARK, str(tmp_path / "warm.done"))  # this run's first bench: warmed
+    (tmp_path / "warm.done").write_text("")
+    monkeypatch.setattr(ladder, "_STARTED", ladder.time.monotonic() - 610.0)  # ~610 s spent
+    drv.unit_done("rung 0", [rung0])
+    with pytest.raises(ladder.BudgetSpent, match="rung 1 x is taken to need 10.0"):  # rung 0's 600 s, errs long
+        drv.budget("rung", "rung 1 x")
+    drv.unit_done("rung", [{"seconds": 20.0, "knee": {"status": "n/a"}}])  # a rung the gate failed: no estimate
+    with pytest.raises(ladder.BudgetSpent, match="taken to need 10.0"):
+        drv.budget("rung", "rung 2 y")
+    drv.unit_done("rung", [{"seconds": 150.0, "knee": {"status": "inside"}}, {"seconds": 60.0}])  # + re-measure
+    drv.budget("rung", "rung 2 y")  # 610 + 210 <= 1,200
+    drv.budget("pair", "confirm pair 1")  # no pair yet: the longest rung's 210 s
+    (tmp_path / "warm.done").unlink()  # a resumed run's first bench pays a warm-up engine again: 30 s more
+    monkeypatch.setattr(ladder, "_STARTED", ladder.time.monotonic() - 955.0)
+    drv.budget("rung", "rung 3 z")  # 955 + 210 + 30 fits
+    monkeypatch.setattr(ladder, "_STARTED", ladder.time.monotonic() - 965.0)
+    with pytest.raises(ladder.BudgetSpent, match="taken to need 4.0"):  # 210 + 30 s
+        drv.budget("rung", "rung 3 z")
 
 
 @pytest.mark.parametrize("bad", ["0", "-5", "ten", "nan", "inf"])
