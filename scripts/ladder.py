@@ -164,6 +164,8 @@ def confirm_order(k: int) -> tuple[str, str]:
 
 
 class Driver:
+    budget_s: float | None = None  # BUDGET_MIN in seconds (__init__); None: no budget, no unit costs kept
+
     def __init__(self, plan: planning.Plan, out: Path = LADDER_JSON, budget_min: float | None = None):
         self.plan, self.out = plan, out
         self.budget_s = budget_min * 60 if budget_min else None
@@ -306,7 +308,7 @@ class Driver:
         """A unit's cost, kept where one of its experiments searched or looked at a knee: a rung the gate failed, or
         whose engine would not start, cost little and says nothing of what the next costs (it would shrink the
         estimate: a full rung would then start with too little time left)."""
-        if any((r.get("knee") or {}).get("status") not in (None, "n/a") for r in recs):
+        if self.budget_s is not None and any((r.get("knee") or {}).get("status") not in (None, "n/a") for r in recs):
             self.unit_costs[kind].append(sum(experiment_cost(r) for r in recs))
 
     # -- one experiment
