@@ -66,7 +66,7 @@ def test_every_knee_an_older_version_wrote_reads_through_the_model(path):
     for name, k in knees_of(path):  # each as a rung of the ladder record holds it (with knee.noise_floor)
         rec = RungKnee.model_validate(k)
         assert rec.knee_rps == k["knee_rps"] and rec.status == k["status"] and len(rec.rows) == len(k["rows"]), name
-        assert rec.summary()["schema_version"] == KneeResult.SCHEMA
+        assert rec.as_rung()["schema_version"] == KneeResult.SCHEMA
 
 
 def test_a_p99_only_slo_of_version_1_is_read_as_the_slo_it_was():

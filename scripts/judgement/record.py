@@ -92,7 +92,7 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
     bench = bench_rec.as_rung()
     knee_rec = KneeResult.load_file(res / "knee.json")
     # a judgement threshold: the params judging now, not measuring (the stage never writes it)
-    knee = RungKnee(**dict(knee_rec), noise_floor=params["knee"]["noise_floor"]).summary()
+    knee = RungKnee(**dict(knee_rec), noise_floor=params["knee"]["noise_floor"]).as_rung()
     prov = bench_rec.provenance or {}
     env = prov.get("environment") or {}
     rec["measured"] = {"at": prov.get("measured_at"), "host_id": env.get("host_id"),

@@ -176,10 +176,6 @@ class KneeResult(Record):
         data["schema_version"] = 3
         return data
 
-    def summary(self) -> dict:
-        """The record as the ladder record holds it: whole, but for its provenance (stated there once)."""
-        return self.model_dump(mode="json", exclude={"provenance"})
-
 
 class RungKnee(KneeResult):
     """The knee as a rung of the ladder record holds it (record.fill): the stage's record, less its provenance, plus
