@@ -109,7 +109,7 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
         rec["stage_seconds"]["eval_baseline"] = ref_eval.wall_s or 0
         if ref_eval.time:
             rec["stage_time"]["eval_baseline"] = ref_eval.time.model_dump()
-    target = target_of(res)
+    target = target_of(knee_rec, bench_rec)
     # the serving engines' evidence first; the eval engine's is the fallback (a rung the gate failed runs no other)
     facts = {**(ev_rec.engine or {}), **(bench_rec.engine or {}), **(knee.get("applied") or {}),
              "target": target}
@@ -125,11 +125,10 @@ def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, 
     return {n: {k: m.get(k) for k in ("id", "revision", "sha256", "path")} for n, m in models.items()}
 
 
-def target_of(res: Path) -> dict | None:
+def target_of(knee: KneeResult, bench: BenchResult) -> dict | None:
     """The target card's conversion the engine stages ran with (common.engine_config), from their provenance:
     the knee's server, else the bench's engine."""
-    knee_prov = KneeResult.load_file(res / "knee.json").provenance
-    for prov in (knee_prov, BenchResult.load_file(res / "bench.json").provenance):
+    for prov in (knee.provenance, bench.provenance):
         knobs = (prov or {}).get("knobs") or {}
         if knobs.get("target"):
             return knobs["target"]
