@@ -32,7 +32,7 @@ $(VENV)/.ladder-setup: requirements.txt scripts/requirements-cpu.txt scripts/set
 CHOICES = $(if $(MODEL),--model '$(MODEL)') $(if $(QUANT_MODEL),--quant-model '$(QUANT_MODEL)') \
 	$(if $(WORKLOAD),--workload '$(WORKLOAD)')
 
-ladder: setup ## run the whole ladder as DVC experiments and write report/before_after.md (PROFILE=, RUNGS=N, LADDER=file, MODEL=, QUANT_MODEL=, WORKLOAD=, BUDGET_MIN=minutes: stop between experiments before they run out; `make ladder` resumes)
+ladder: setup ## run the whole ladder as DVC experiments and write report/before_after.md (PROFILE=, RUNGS=N, LADDER=file, MODEL=, QUANT_MODEL=, WORKLOAD=, BUDGET_MIN=minutes: stop between rungs before they run out; `make ladder` resumes)
 	python scripts/ladder.py --profile $(PROFILE) $(if $(RUNGS),--rungs $(RUNGS)) $(if $(LADDER),--ladder $(LADDER)) \
 		$(if $(BUDGET_MIN),--budget-min '$(BUDGET_MIN)') $(CHOICES)
 

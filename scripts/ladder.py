@@ -682,8 +682,8 @@ def main() -> int:
     ap.add_argument("--quant-model", help="the quantized variant the quantization rung tries (same forms as --model)")
     ap.add_argument("--workload", help="the traffic: random, shared-prefix, or a JSONL prompts file")
     ap.add_argument("--budget-min", type=budget_minutes, default=None,
-                    help="stop between experiments before this many minutes run out (a lease that ends): what "
-                         "finished is kept, `make ladder` resumes")
+                    help="stop between rungs (or confirm pairs) before this many minutes run out (a lease that "
+                         "ends): what finished is kept, `make ladder` resumes")
     args = ap.parse_args()
     os.chdir(common.ROOT)
     gpu_list = fingerprint.gpus()
