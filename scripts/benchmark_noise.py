@@ -278,7 +278,8 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
     probes = []
     for row in (r for srv in out["servers"] for r in srv["rows"]):
         reqs = sorted(row["requests"], key=lambda r: r["start"])
-        w = probing.counted_window(reqs, k["ramp_fraction"], k["settle_latencies"], k["tail_latencies"])
+        w = probing.counted_window(reqs, k["ramp_fraction"], k["settle_latencies"], k["tail_latencies"],
+                                   row["offered_rps"])  # the window row_from counted
         probes.append({**row, "window": reqs[w["lo"]:w["hi"]]})
     d = probing.dispersion_of(probes, slo)
     out["dispersion"] = d

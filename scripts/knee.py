@@ -178,7 +178,7 @@ def row_from(result: dict, reqs: list[dict], rate: float, n: int, k: dict, slo: 
         for p in PCTS:
             row[f"p{p}_{m}_ms"] = result.get(f"p{p}_{m}_ms")
     tail = probing.tail_stats(reqs, slo["percentile"], k["ramp_fraction"], k["backlog_ratio"], slo,
-                            k["settle_latencies"], k["tail_latencies"])
+                            k["settle_latencies"], k["tail_latencies"], rate)
     row.update({"slo_ttft_ms": tail["ttft_ms"], "slo_tpot_ms": tail["tpot_ms"],
                 **{x: tail[x] for x in ("counted", "needed", "over_slo", "ramp_skipped", "window_open_s",
                                         "window_close_s", "e2e_p50_s", "settled", "window_arrivals",

@@ -592,3 +592,27 @@ def test_the_power_at_the_true_floor_is_the_rate_a_planted_gain_is_called_better
         calls.append(stats.delta(b, n, stats.Floor(cv, 8))["verdict"] == "better")
     at_truth = stats.power({"ci": [0.0, 0.0], "df": 7, "engines": [2, 2], "floor_cv": 0.015}, gain=0.03)
     assert np.mean(calls) == pytest.approx(at_truth, abs=0.02), (np.mean(calls), at_truth)
+
+
+def test_a_look_counts_the_requests_it_was_sized_for_where_seconds_of_poisson_arrivals_left_it_short():
+    # planted looks: Poisson arrivals at the offered rate, every request the latency the look was sized by; the
+    # cpu's rung-0 look near its wall (9.514 req/s, e2e 1.389 s, p90 at dispersion 5.3: a pass needs 151 counted)
+    rng = np.random.default_rng(5)
+    rate, e2e, phi = 9.514, 1.389, 5.3
+    need = probing.pass_minimum(90, phi, 1)
+    n = probing.probe_prompts(rate, 10, 90, 0.1, 16, 4096, e2e, 3, 1, phi)
+    by_time, by_arrivals = [], []
+    for _ in range(2000):
+        starts = np.cumsum(rng.exponential(1 / rate, n))
+        reqs = [{"start": s, "end": s + e2e, "ok": True} for s in starts]
+        w, v = probing.counted_window(reqs, 0.1, 3, 1), probing.counted_window(reqs, 0.1, 3, 1, rate)
+        by_time.append(w["hi"] - w["lo"])
+        by_arrivals.append(v["hi"] - v["lo"])
+        lo = max(int(n * 0.1), int(np.sum(starts < starts[0] + 3 * e2e)))  # the window in seconds, counted by hand
+        assert by_time[-1] == int(np.sum(starts <= starts[-1] - e2e)) - lo
+    planned = n - math.ceil(rate * 3 * e2e) - math.ceil(rate * e2e)
+    assert set(by_arrivals) == {planned} and planned >= need
+    # in seconds the count swings by ~sqrt(rate x 4 x e2e) = 7.3
+    assert 6 < np.std(by_time) < 9 and abs(np.mean(by_time) - planned) < 2
+    short = np.mean(np.array(by_time) < need)
+    assert 0.005 < short < 0.05, short  # 10 % over a pass (COUNT_MARGIN) is ~2 SD: a look in 50 or so came short

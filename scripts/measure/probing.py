@@ -211,40 +211,55 @@ SETTLE_CAP = 0.5  # the window opens at the latest halfway through the arrivals:
                  # still counts its second half (a fail there stands: the fill phase reads low), but cannot pass
 
 
-def counted_window(reqs: list[dict], ramp_fraction: float, settle: float = 0.0, tail: float = 0.0) -> dict:
+def counted_window(reqs: list[dict], ramp_fraction: float, settle: float = 0.0, tail: float = 0.0,
+                   rate: float | None = None) -> dict:
     """Which of a probe's requests (sorted by arrival) are counted: those that arrived once the server had filled,
     and while it stayed full. A server offered a steady rate fills its batch over about one end-to-end latency (an
     H200 probe's TPOT rose 6.6 -> 9.9 ms over its first 2 s of arrivals, then held); the last arrivals meet a batch
-    that drains. So the window opens after the first `ramp_fraction` of arrivals and `settle` end-to-end latencies,
-    and closes `tail` of them before the last arrival; the latency is the median of the requests that arrived in
-    the second half (nearest the steady state). Where that leaves less than half the arrivals, the window is their
-    second half and `settled` is False: the server may still have been filling. Returns {lo, hi: indices; open_s,
-    close_s: seconds from the first arrival; e2e_s; settled}."""
+    that drains. So the window leaves out the first `ramp_fraction` of arrivals and `settle` end-to-end latencies of
+    them, and `tail` latencies of them before the last; the latency is the median of the requests that arrived in
+    the second half (nearest the steady state). With the offered `rate` those latencies are counted in arrivals
+    (rate x latency of them), as probe_prompts sized the look: the count is then what the sizing planned, less only
+    what the latency ran over its estimate. In seconds instead (no `rate`: how looks were counted before, and the
+    H200 study's were), the Poisson arrivals before and after the window swing the count by about
+    sqrt(rate x (settle + tail) x latency): on the cpu ~7 of a pass's ~150, enough to leave a look that met its
+    SLO one request short of a pass. Where that leaves less than half the arrivals, the window is their second half
+    and `settled` is False: the server may still have been filling. Returns {lo, hi: indices; open_s, close_s:
+    seconds from the first arrival; e2e_s; settled}."""
     n = len(reqs)
     if not n:
         return {"lo": 0, "hi": 0, "open_s": 0.0, "close_s": 0.0, "e2e_s": None, "settled": False}
     t0, t1 = reqs[0]["start"], reqs[-1]["start"]
     late = [r["end"] - r["start"] for r in reqs if r["ok"] and r["start"] >= (t0 + t1) / 2]
     e2e = _pct(late, 50) or 0.0
-    open_t, close_t = t0 + settle * e2e, t1 - tail * e2e
-    settled = open_t <= t0 + SETTLE_CAP * (close_t - t0) if close_t > t0 else not settle
-    if not settled:
-        open_t, close_t = t0 + SETTLE_CAP * (t1 - t0), t1
-    lo = int(n * ramp_fraction)
-    while lo < n and reqs[lo]["start"] < open_t:
-        lo += 1
-    hi = lo
-    while hi < n and reqs[hi]["start"] <= close_t:
-        hi += 1
+    if rate:
+        skip, drop = math.ceil(rate * settle * e2e - 1e-9), math.ceil(rate * tail * e2e - 1e-9)
+        lo, hi = max(int(n * ramp_fraction), skip), n - drop
+        settled = lo <= SETTLE_CAP * hi if hi > 0 else not settle
+        if not settled:
+            lo, hi = n // 2, n
+        close_t = reqs[hi - 1]["start"] if hi > lo else t1
+    else:
+        open_t, close_t = t0 + settle * e2e, t1 - tail * e2e
+        settled = open_t <= t0 + SETTLE_CAP * (close_t - t0) if close_t > t0 else not settle
+        if not settled:
+            open_t, close_t = t0 + SETTLE_CAP * (t1 - t0), t1
+        lo = int(n * ramp_fraction)
+        while lo < n and reqs[lo]["start"] < open_t:
+            lo += 1
+        hi = lo
+        while hi < n and reqs[hi]["start"] <= close_t:
+            hi += 1
     return {"lo": lo, "hi": hi, "open_s": round((reqs[lo]["start"] if lo < n else t1) - t0, 2),
             "close_s": round(close_t - t0, 2), "e2e_s": round(e2e, 3), "settled": settled}
 
 
 def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlog_ratio: float,
-               slo: dict | None = None, settle: float = 0.0, tail: float = 0.0) -> dict:
+               slo: dict | None = None, settle: float = 0.0, tail: float = 0.0, rate: float | None = None) -> dict:
     """A probe's SLO figures from its requests ({start, ttft, tpot, end, ok}, seconds; vllm_compat.serve_requests).
 
-    - Counted: the requests of counted_window (the server full and steady): `over_slo` of them broke `slo` (a
+    - Counted: the requests of counted_window (the server full and steady; the settle and tail in arrivals at the
+      offered `rate` where it is given): `over_slo` of them broke `slo` (a
       failed one breaks it), slo_evidence's count; the percentiles are theirs.
     - Backlog: a queue of requests waiting to be admitted. In the second half of the arrival window, a server that
       keeps up gives about as many first tokens as requests arrive; a growing queue gives fewer. Counted inside the
@@ -257,7 +272,7 @@ def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlo
       half-window) is kept: a knee whose passing probes are short against their own latency is flagged
       (short_probes), not trusted."""
     reqs = sorted(reqs, key=lambda r: r["start"])
-    w = counted_window(reqs, ramp_fraction, settle, tail)
+    w = counted_window(reqs, ramp_fraction, settle, tail, rate)
     window = reqs[w["lo"]:w["hi"]]
     kept = [r for r in window if r["ok"]]
     # `slo`: the requests of the counted window that broke it (a failed one breaks it): slo_evidence's count
