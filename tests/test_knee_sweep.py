@@ -287,3 +287,17 @@ def test_cut_requests_count_over_the_slo_but_owe_no_first_token():
     assert not b["backlog"] and b["window_arrivals"] == a["window_arrivals"] - n_cut
     failed = [{**r, "cut": False} for r in cut]  # the same requests failed, not cut: owed their first tokens
     assert probing.tail_stats(failed, 90, 0.1, 0.8, slo)["backlog"]
+
+
+def test_a_look_above_the_rates_probed_is_sized_on_its_latency_rising_toward_the_wall():
+    # the cpu's rung 0 (one search): 5.657 req/s ran 1.145 s, 8 ran 1.356, 11.31 failed with a backlog at 2.855
+    rows = [{"offered_rps": 5.657, "e2e_p50_s": 1.145}, {"offered_rps": 11.31, "e2e_p50_s": 2.855, "backlog": True},
+            {"offered_rps": 8.0, "e2e_p50_s": 1.356}]
+    assert knee.e2e_estimate(rows, 1.131, 9.514) == pytest.approx(1.356 + 0.211 / 2.343 * 1.514)  # 1.492: ran 1.389
+    assert knee.e2e_estimate(rows, 1.131, 8.0) == 1.356  # one rate below 8 draws no line: the longest at or below
+    assert knee.e2e_estimate(rows[:1], 1.131, 8.0) == 1.145  # one rate below: the longest seen, as before
+    assert knee.e2e_estimate([], 1.131, 11.31) == 1.131  # none: the warm-up's
+    # a queue's latency draws no line: only looks without a backlog do; latency that fell gives no slope below zero
+    assert knee.e2e_estimate(rows, 1.131, 13.45) == 2.855
+    assert knee.e2e_estimate([{"offered_rps": 4.0, "e2e_p50_s": 1.2}, {"offered_rps": 5.657, "e2e_p50_s": 1.1}],
+                             None, 8.0) == 1.2
