@@ -15,6 +15,7 @@ from tabulate import tabulate
 
 import common
 import report
+from records.ladder import LadderRecord
 
 METRICS = {"results/eval.json": ["overall"], "results/bench.json": ["output_tps"],
            "results/knee.json": ["knee_rps", "first_fail_rps"]}
@@ -49,7 +50,7 @@ def main() -> int:
     src = Path(sys.argv[1]) if len(sys.argv) > 1 else common.ROOT / "report" / "ladder.json"
     if not src.exists():
         common.die(f"{src.name}: no ladder has run here yet; run `make ladder` first")
-    lad = common.read_json(src)
+    lad = LadderRecord.load_file(src).as_dict()
     try:
         shown = dvc.api.exp_show(repo=str(common.ROOT))
     except DvcException as e:

@@ -13,6 +13,7 @@ from tabulate import tabulate
 import common
 from judgement import decide, stats
 from measure import disturbed, probing
+from records.ladder import LadderRecord
 
 
 def fmt(v, spec=".1f", none="—"):
@@ -1161,7 +1162,7 @@ def render(lad: dict, out: Path) -> str:
 
 
 def main(src: Path, out: Path):
-    lad = common.read_json(src)
+    lad = LadderRecord.load_file(src).as_dict()  # an older record upgraded, as the report reads it
     out.mkdir(parents=True, exist_ok=True)
     plots(lad, out)
     common.write_text(out / "before_after.md", render(lad, out))
