@@ -13,7 +13,7 @@ from tabulate import tabulate
 import common
 from judgement import decide, stats
 from measure import disturbed, probing
-from records.ladder import LadderRecord
+from records.ladder import LadderRecord, Measured, RungRecord
 
 
 def fmt(v, spec=".1f", none="—"):
@@ -37,14 +37,13 @@ def acc_cell(r):
     return fmt(ev.get("overall"), ".3f")
 
 
-def regress_cell(r):
-    g = r.get("gate") or {}
-    if not g:
+def regress_cell(r: RungRecord):
+    g = r.gate
+    if g is None:
         return "—"
-    if not g.get("gated"):
+    if not g.gated:
         return "not gated"
-    cats = g.get("by_category") or {}
-    bad = [f"{c} −{v['drop']:.2f} ({v['evidence']})" for c, v in cats.items() if v["drop"] > 0]
+    bad = [f"{c} −{v.drop:.2f} ({v.evidence})" for c, v in g.by_category.items() if v.drop > 0]
     return "; ".join(bad) if bad else "none"
 
 
@@ -66,17 +65,17 @@ def no_tps(b: dict) -> str | None:
     return "—" if b.get("output_tps") is None else None
 
 
-def tps_cell(r):
-    b = r.get("bench") or {}
-    if no_tps(b):
-        return no_tps(b)
-    ci = b.get("output_tps_ci95")
+def tps_cell(r: RungRecord):
+    b = r.bench
+    if b is None or b.status == "n/a" or b.output_tps is None:
+        return no_tps(b.model_dump() if b else {})
+    ci = b.output_tps_ci95
     tail = f" [{ci[0]:.0f}–{ci[1]:.0f}]" if ci else ""
-    return f"{b['output_tps']:.0f}{tail} (n={b.get('repeats', 1)})"
+    return f"{b.output_tps:.0f}{tail} (n={b.repeats})"
 
 
-def delta_cell(r):
-    d = (r.get("delta") or {}).get("output_tps")
+def delta_cell(r: RungRecord):
+    d = (r.delta or {}).get("output_tps")  # stats.delta's dict (its keys differ across the record's versions)
     if not d or d.get("rel") is None:
         return "—"
     if d.get("ci") or d.get("ci95"):  # ci95: records made before the interval's level was stated with it
@@ -150,20 +149,20 @@ def kept_cell(r):
 MEASURED_STAGES = {"eval", "bench", "knee"}
 
 
-def measured_cell(r):
+def measured_cell(r: RungRecord):
     """Where the row's numbers come from: this run, DVC's run-cache (an earlier run on this same machine: the
     fingerprint is a dependency, so another machine's numbers are never restored), or another machine's experiment
     (`dvc exp pull`, taken as it was: compared only with that machine's)."""
-    if r["status"] != "ok":
+    if r.status != "ok":
         return "—"
-    m = r.get("measured") or {}
-    on = f" on machine {m['machine']}" if m.get("machine") else ""
-    if r.get("replayed"):
-        return f"another machine's experiment{on} (measured {m.get('at') or '?'})"
-    where = f"host {m['host_id']}" if m.get("host_id") else "this machine"
-    restored = sorted(MEASURED_STAGES & set(r.get("reused") or []))
+    m = r.measured or Measured()
+    on = f" on machine {m.machine}" if m.machine else ""
+    if r.replayed:
+        return f"another machine's experiment{on} (measured {m.at or '?'})"
+    where = f"host {m.host_id}" if m.host_id else "this machine"
+    restored = sorted(MEASURED_STAGES & set(r.reused))
     if {"bench", "knee"} & set(restored):  # the speed figures: what the row is about (`at`: when bench measured)
-        return f"restored ({where}{on}, measured {m.get('at') or '?'})"
+        return f"restored ({where}{on}, measured {m.at or '?'})"
     return f"this run{on}" + (f" ({', '.join(restored)} restored)" if restored else "")
 
 
@@ -195,8 +194,8 @@ def applied_cell(r):
                      f"({c['observed']})" for c in checks)
 
 
-def roof_cell(r):
-    rf = r.get("roofline") or {}
+def roof_cell(r: RungRecord):
+    rf = r.roofline or {}  # record.roofline's dict
     if not rf.get("tpot_floor_ms") or not rf.get("tpot_low_load_ms"):
         return "—"
     at = "" if rf.get("tpot_measured_at", "batch 1") == "batch 1" else f" ({rf.get('tpot_measured_at') or 'low load'})"
@@ -211,15 +210,15 @@ def target_floor(rf: dict) -> str:
     return f"; {rf.get('target_gpu') or 'target'} floor {rf['target_tpot_floor_ms']:.1f} ms"
 
 
-def kv_cell(r):
+def kv_cell(r: RungRecord):
     """KV cache capacity and max concurrency the engine logged (the knee's server, else the bench's engine), and
     with a target card whether the engine ran inside its memory (decide.target_check)."""
-    k, b = r.get("knee") or {}, r.get("bench") or {}
-    tokens = k.get("kv_cache_tokens") or b.get("kv_cache_tokens")
-    conc = k.get("max_concurrency") or b.get("max_concurrency")
+    k, b = r.knee, r.bench
+    tokens = (k.kv_cache_tokens if k else None) or (b.kv_cache_tokens if b else None)
+    conc = (k.max_concurrency if k else None) or (b.max_concurrency if b else None)
     if tokens is None:
         return "—"
-    check = next((c for c in r.get("applied") or [] if c["knob"] == "target"), None)
+    check = next((c for c in r.applied if c["knob"] == "target"), None)
     return f"{tokens:,} tok · {fmt(conc, '.1f')}×" + ("" if check is None else f" · target {_mark(check)}")
 
 
@@ -250,8 +249,8 @@ def target_lines(lad: dict) -> list[str]:
     return lines
 
 
-def gpus_cell(r):
-    return "— (CPU)" if r.get("gpus") is None else str(r["gpus"])
+def gpus_cell(r: RungRecord):
+    return "— (CPU)" if r.gpus is None else str(r.gpus)
 
 
 def per_gpu_cell(r):
@@ -301,17 +300,19 @@ def kept_suffix(lad: dict) -> str:
     return " (not reproduced)" if conf.get("reproduced") is False else " (confirm: could not tell)"
 
 
-def table(lad: dict) -> str:
+def table(lad: dict, rec: LadderRecord) -> str:
+    """The appendix: a row a rung, read from the model (`rec`); the cells still reading the rung as a dict (the
+    first screen's too) get it from `lad`, the same record as the file holds it."""
     rows = []
     unconfirmed = kept_suffix(lad)
-    for r in lad["rungs"]:
-        rows.append({"stage": f"{r['index']} {r['name']}", "change": change_cell(r), "eval acc": acc_cell(r),
+    for d, r in zip(lad["rungs"], rec.rungs, strict=True):
+        rows.append({"stage": f"{r.index} {r.name}", "change": change_cell(d), "eval acc": acc_cell(d),
                      "per-category regressions": regress_cell(r), "output tok/s [95 % CI]": tps_cell(r),
                      "Δ vs base": delta_cell(r),
-                     "speedup vs baseline": fmt((r.get("speedup") or None), ".2f") + "×" if r.get("speedup") else "—",
-                     "knee req/s @ SLO": knee_cell(r), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(r),
+                     "speedup vs baseline": fmt(r.speedup, ".2f") + "×" if r.speedup else "—",
+                     "knee req/s @ SLO": knee_cell(d), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(d),
                      "KV cache · max concurrency": kv_cell(r), "roofline: TPOT floor / batch-1 TPOT": roof_cell(r),
-                     "kept?": kept_cell(r) + (unconfirmed if r.get("verdict") == "kept" else ""),
+                     "kept?": kept_cell(d) + (unconfirmed if r.verdict == "kept" else ""),
                      "measured": measured_cell(r)})
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
 
@@ -1139,9 +1140,12 @@ def time_lines(lad: dict) -> list[str]:
     return lines
 
 
-def render(lad: dict, out: Path) -> str:
+def render(lad: LadderRecord | dict, out: Path) -> str:
     """The first screen (headline, the seed's table, one line a rung: `first_screen`), then the evidence every line
-    rests on, the rule's words once, and the long table as an appendix."""
+    rests on, the rule's words once, and the long table as an appendix. `lad` the record, or a dict of its shape
+    (validated here: an older one upgraded, a key the record does not declare refused)."""
+    rec = lad if isinstance(lad, LadderRecord) else LadderRecord.model_validate(lad)
+    lad = rec.as_dict()
     md = [f"# Before → after: vLLM serving ladder ({lad['profile']} profile)", "",
           headline(lad), "", *first_screen(lad), "",
           "## Setup", *header(lad), "",
@@ -1155,17 +1159,17 @@ def render(lad: dict, out: Path) -> str:
           "## Plots", "![knee evidence per rung](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
           f"![{PARETO_ALT}](pareto.png)", "",
           "## Time", *time_lines(lad), "",
-          f"## Appendix: the full table ({len(lad['rungs'])} runs)", "", table(lad), "",
+          f"## Appendix: the full table ({len(lad['rungs'])} runs)", "", table(lad, rec), "",
           "Output tok/s: median of one engine's repeats with their 95 % t-interval. " + stats.DELTA_WORDS + ". Knee: "
           "highest offered rate meeting the SLO, with the first rate that broke it.", ""]
     return "\n".join(md)
 
 
 def main(src: Path, out: Path):
-    lad = LadderRecord.load_file(src).as_dict()  # an older record upgraded, as the report reads it
+    rec = LadderRecord.load_file(src)  # an older record upgraded, as the report reads it
     out.mkdir(parents=True, exist_ok=True)
-    plots(lad, out)
-    common.write_text(out / "before_after.md", render(lad, out))
+    plots(rec.as_dict(), out)
+    common.write_text(out / "before_after.md", render(rec, out))
     print(f"report: {out / 'before_after.md'}")
 
 

@@ -9,6 +9,7 @@ import report
 from conftest import FIXTURES
 from judgement import decide, stats
 from records.eval import EvalResult
+from records.ladder import RungRecord
 
 
 def render(name, tmp_path):
@@ -50,13 +51,15 @@ def test_dummy_weight_rungs_print_no_accuracy_and_are_not_gated(tmp_path):
 
 
 def test_restored_rows_say_so_and_where_they_were_measured():
+    def rung(**kw):
+        return RungRecord(index=1, name="r", role="rung", **kw)
     fresh = {"status": "ok", "reused": ["download"], "measured": {"host_id": "abc123", "at": "2026-11-30T12:00:00Z"}}
     restored = {**fresh, "reused": ["download", "eval", "bench", "knee"]}
-    assert report.measured_cell(fresh) == "this run"
-    assert report.measured_cell(restored) == "restored (host abc123, measured 2026-11-30T12:00:00Z)"
-    assert report.measured_cell({"status": "failed"}) == "—"
+    assert report.measured_cell(rung(**fresh)) == "this run"
+    assert report.measured_cell(rung(**restored)) == "restored (host abc123, measured 2026-11-30T12:00:00Z)"
+    assert report.measured_cell(rung(status="failed")) == "—"
     # a base measured again: its eval restored (deterministic, unchanged), its bench measured now
-    assert report.measured_cell({**fresh, "reused": ["eval", "gate"]}) == "this run (eval restored)"
+    assert report.measured_cell(rung(**{**fresh, "reused": ["eval", "gate"]})) == "this run (eval restored)"
 
 
 def test_the_report_says_what_drop_each_category_can_detect_and_lists_flips_per_category():
