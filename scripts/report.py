@@ -264,11 +264,11 @@ def per_gpu_cell(r):
     return f"{fmt(pg.get('output_tps'), '.0f')} tok/s · knee {knee} req/s"
 
 
-def change_cell(r) -> str:
+def change_cell(r: RungRecord) -> str:
     """What a row changed vs its base (a base's re-measure changes nothing: it says what it re-measures)."""
-    return ", ".join(f"{k}={v}" for k, v in (r.get("change") or {}).items()) or (
-        f"none: re-measures {r['base']}" if r.get("role") == "re-measure" else
-        f"none: {r['of']} on a fresh server" if r.get("role") == "knee re-check" else "stock")
+    return ", ".join(f"{k}={v}" for k, v in (r.change or {}).items()) or (
+        f"none: re-measures {r.base}" if r.role == decide.RECHECK else
+        f"none: {r.of} on a fresh server" if r.role == decide.KNEE_RECHECK else "stock")
 
 
 def not_reproduced(lad: dict, why: bool = False) -> str | None:
@@ -306,7 +306,7 @@ def table(lad: dict, rec: LadderRecord) -> str:
     rows = []
     unconfirmed = kept_suffix(lad)
     for d, r in zip(lad["rungs"], rec.rungs, strict=True):
-        rows.append({"stage": f"{r.index} {r.name}", "change": change_cell(d), "eval acc": acc_cell(d),
+        rows.append({"stage": f"{r.index} {r.name}", "change": change_cell(r), "eval acc": acc_cell(d),
                      "per-category regressions": regress_cell(r), "output tok/s [95 % CI]": tps_cell(r),
                      "Δ vs base": delta_cell(r),
                      "speedup vs baseline": fmt(r.speedup, ".2f") + "×" if r.speedup else "—",
