@@ -47,9 +47,9 @@ def regress_cell(r: RungRecord):
     return "; ".join(bad) if bad else "none"
 
 
-def na_cell(res: dict) -> str:
-    """A bench or knee result that measured nothing (status n/a), as its stage labelled why."""
-    label = res.get("label") or res.get("reason")
+def na_cell(label: str | None) -> str:
+    """A bench or knee result that measured nothing (status n/a), as its stage labelled why (its label, else its
+    reason)."""
     return f"not measured: {label}" if label == common.GATE_FAILED else f"n/a ({label})"
 
 
@@ -61,7 +61,7 @@ def gate_skipped(r) -> bool:
 def no_tps(b: dict) -> str | None:
     """A bench cell's words where it holds no output tok/s (not measured, or none read); None where it does."""
     if b.get("status") == "n/a":
-        return na_cell(b)
+        return na_cell(b.get("label") or b.get("reason"))
     return "—" if b.get("output_tps") is None else None
 
 
@@ -90,42 +90,43 @@ def delta_cell(r: RungRecord):
 FRONT_END_FLAG = "the front end's knee, not the engine's"  # knee.json frontend_words (measure/frontend.summary)
 
 
-def not_the_engine_s(k: dict) -> bool:
+def not_the_engine_s(frontend_words: str | None) -> bool:
     """Whether the knee's boundary look was bound outside the engine (the front end or the client): its
     frontend_words open with "this knee is the ..." (records before schema 3 say nothing)."""
-    return (k.get("frontend_words") or "").startswith("this knee is the")
+    return (frontend_words or "").startswith("this knee is the")
 
 
-def knee_cell(r):
+def knee_cell(r: RungRecord):
     """The knee as its bracket: midpoint ± half-width, the confirmed pass and failure, and any flag."""
-    k = r.get("knee") or {}
-    if not k:
+    k = r.knee
+    if k is None:
         return "—"
-    if k.get("status") == "n/a":
-        return na_cell(k)
-    if k.get("label") == common.KNEE_RECHECK:  # one visit of one rate on a fresh server, no search
-        rows = k.get("rows") or []
+    if k.status == "n/a":
+        return na_cell(k.label or k.reason)
+    if k.label == common.KNEE_RECHECK:  # one visit of one rate on a fresh server, no search
+        rows = [x.model_dump(exclude_unset=True) for x in k.rows]  # stats reads a look as the file holds it
         return "re-check: " + "; ".join(
             "{:g} req/s {} ({} of {} over the SLO)".format(rate, *stats.rate_verdict(rows, rate))
-            for rate in dict.fromkeys(x["offered_rps"] for x in rows))
-    if k.get("status") == "below":
-        return f"< {fmt(k.get('first_fail_rps'), 'g')} (SLO never met)"
-    if k.get("status") == "open":  # no pass, the lowest rate inconclusive (e.g. a search stopped at its verdict)
-        known = k.get("conclusive_fail_rps")
+            for rate in dict.fromkeys(x.offered_rps for x in k.rows))
+    if k.status == "below":
+        return f"< {fmt(k.first_fail_rps, 'g')} (SLO never met)"
+    if k.status == "open":  # no pass, the lowest rate inconclusive (e.g. a search stopped at its verdict)
+        known = k.conclusive_fail_rps
         return ((f"< {known:g} (fails there on evidence, " if known else "no pass or fail on evidence (")
-                + f"{fmt(k.get('first_fail_rps'), 'g')} inconclusive, no pass; {k.get('probes')} probes)")
-    if k.get("status") == "above":
-        return f"≥ {fmt(k.get('knee_rps'), 'g')} (SLO met at every rate probed)"
-    if k.get("mid_rps") is None:  # a record from before the bracket was reported as midpoint ± half-width
-        return f"{k['knee_rps']:g} (breaks at {k['first_fail_rps']:g})"
-    flags = [f for f, on in (("a repeat disagreed", k.get("non_monotonic")),
-                             ("wider than knee.rel_tol", not k.get("resolved")),
-                             (probing.SHORT_PROBE_FLAG, k.get("short_probes")),
-                             (FRONT_END_FLAG, not_the_engine_s(k))) if on]
-    known = k.get("conclusive_fail_rps", k["first_fail_rps"])  # a rate left inconclusive is no boundary
-    on_evidence = "" if known == k["first_fail_rps"] else f", on evidence {fmt(known, 'g', 'at no rate')}"
-    return (f"{k['mid_rps']:.3g} ± {k['half_width_rps']:.2g} (passes {k['knee_rps']:g}, breaks "
-            f"{k['first_fail_rps']:g}{on_evidence}; {k.get('probes')} probes)"
+                + f"{fmt(k.first_fail_rps, 'g')} inconclusive, no pass; {k.probes} probes)")
+    if k.status == "above":
+        return f"≥ {fmt(k.knee_rps, 'g')} (SLO met at every rate probed)"
+    if k.mid_rps is None:  # a record from before the bracket was reported as midpoint ± half-width
+        return f"{k.knee_rps:g} (breaks at {k.first_fail_rps:g})"
+    flags = [f for f, on in (("a repeat disagreed", k.non_monotonic),
+                             ("wider than knee.rel_tol", not k.resolved),
+                             (probing.SHORT_PROBE_FLAG, k.short_probes),
+                             (FRONT_END_FLAG, not_the_engine_s(k.frontend_words))) if on]
+    # a rate left inconclusive is no boundary; a record from before conclusive_fail_rps was written names none
+    known = k.conclusive_fail_rps if "conclusive_fail_rps" in k.model_fields_set else k.first_fail_rps
+    on_evidence = "" if known == k.first_fail_rps else f", on evidence {fmt(known, 'g', 'at no rate')}"
+    return (f"{k.mid_rps:.3g} ± {k.half_width_rps:.2g} (passes {k.knee_rps:g}, breaks "
+            f"{k.first_fail_rps:g}{on_evidence}; {k.probes} probes)"
             + (f" ⚠ {', '.join(flags)}" if flags else ""))
 
 
@@ -259,7 +260,7 @@ def per_gpu_cell(r):
     if not pg:
         return "—"
     if gate_skipped(r):
-        return na_cell(r["knee"])
+        return na_cell(r["knee"].get("label") or r["knee"].get("reason"))
     knee = "—" if pg.get("knee_rps") is None else f"{pg['knee_rps']:g}–{fmt(pg.get('first_fail_rps'), 'g', '∞')}"
     return f"{fmt(pg.get('output_tps'), '.0f')} tok/s · knee {knee} req/s"
 
@@ -310,7 +311,7 @@ def table(lad: dict, rec: LadderRecord) -> str:
                      "per-category regressions": regress_cell(r), "output tok/s [95 % CI]": tps_cell(r),
                      "Δ vs base": delta_cell(r),
                      "speedup vs baseline": fmt(r.speedup, ".2f") + "×" if r.speedup else "—",
-                     "knee req/s @ SLO": knee_cell(d), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(d),
+                     "knee req/s @ SLO": knee_cell(r), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(d),
                      "KV cache · max concurrency": kv_cell(r), "roofline: TPOT floor / batch-1 TPOT": roof_cell(r),
                      "kept?": kept_cell(d) + (unconfirmed if r.verdict == "kept" else ""),
                      "measured": measured_cell(r)})
@@ -355,7 +356,7 @@ def short_knee(k: dict) -> str:
     if not k:
         return "—"
     if k.get("status") == "n/a":
-        return na_cell(k)
+        return na_cell(k.get("label") or k.get("reason"))
     if k.get("label") == common.KNEE_RECHECK:
         rates = dict.fromkeys(x["offered_rps"] for x in k.get("rows") or [])
         return "re-check " + ", ".join(f"{rate:g} {stats.rate_verdict(k['rows'], rate)[0]}" for rate in rates)
@@ -366,8 +367,8 @@ def short_knee(k: dict) -> str:
         cell = f"< {fail:g}" if fail else "no pass"
     else:
         cell = f"{k['knee_rps']:g}–{fmt(fail, 'g', '?')}"
-    marks = ((MARKS["front end"] if not_the_engine_s(k) else "") + (MARKS["disturbed"] if was_disturbed(k) else "")
-             + (MARKS["knee flag"] if knee_flags(k) else ""))
+    marks = ((MARKS["front end"] if not_the_engine_s(k.get("frontend_words")) else "")
+             + (MARKS["disturbed"] if was_disturbed(k) else "") + (MARKS["knee flag"] if knee_flags(k) else ""))
     return cell + marks
 
 
@@ -418,7 +419,7 @@ def glance_notes(lad: dict) -> list[str]:
     named: dict[str, list[str]] = {key: [] for key in MARKS}
     for r in lad["rungs"]:
         k, who = r.get("knee") or {}, f"#{r['index']}"
-        named["front end"] += [who] if not_the_engine_s(k) else []
+        named["front end"] += [who] if not_the_engine_s(k.get("frontend_words")) else []
         named["disturbed"] += [who] if was_disturbed(r.get("bench") or {}) or was_disturbed(k) else []
         named["knee flag"] += [f"{who} {', '.join(knee_flags(k))}"] if knee_flags(k) else []
     words = {"front end": f"{FRONT_END_FLAG} (its looks' latency was added outside the engine: What I kept and why)",
