@@ -167,19 +167,19 @@ def measured_cell(r: RungRecord):
     return f"this run{on}" + (f" ({', '.join(restored)} restored)" if restored else "")
 
 
-def machine_lines(lad: dict) -> list[str]:
+def machine_lines(lad: LadderRecord) -> list[str]:
     """The machines that measured the ladder, and where it moved: each row's numbers are compared only with its own
     machine's (a base is measured again on the machine the ladder moved to)."""
     seen: dict[str, str] = {}
     moves, last = [], None  # last: (machine, experiment) of the row before
-    for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or []):
-        m = r.get("measured") or {}
-        if r.get("status") != "ok" or not m.get("machine"):
+    for r in lad.rungs + (lad.confirm.runs if lad.confirm else []):
+        m = r.measured
+        if r.status != "ok" or m is None or not m.machine:
             continue
-        seen.setdefault(m["machine"], m.get("machine_label") or m["machine"])
-        if last and m["machine"] != last[0]:
-            moves.append(f"moved after {last[1]} to machine {m['machine']} ({r['exp']})")
-        last = (m["machine"], r["exp"])
+        seen.setdefault(m.machine, m.machine_label or m.machine)
+        if last and m.machine != last[0]:
+            moves.append(f"moved after {last[1]} to machine {m.machine} ({r.exp})")
+        last = (m.machine, r.exp)
     if len(seen) < 2:
         return []
     return ["- **Machines**: " + "; ".join(f"{k}: {v}" for k, v in seen.items()) + ". The ladder " + ", ".join(moves)
@@ -227,13 +227,13 @@ def _mark(check: dict) -> str:
     return "✓" if check["applied"] else "✗" if check["applied"] is False else "?"
 
 
-def target_lines(lad: dict) -> list[str]:
+def target_lines(lad: LadderRecord) -> list[str]:
     """The setup lines of an emulated card: what is emulated and what is not, and each conversion the rungs ran."""
-    runs = [r for r in lad["rungs"] if r.get("target")]
+    runs = [r for r in lad.rungs if r.target]
     if not runs:
         return []
-    t = runs[0]["target"]
-    conv = {(r["target"]["gpu_memory_utilization"], r["target"]["fraction"], r["target"]["budget_gib"]) for r in runs}
+    t = runs[0].target  # common.target_engine's conversion, as recorded
+    conv = {(r.target["gpu_memory_utilization"], r.target["fraction"], r.target["budget_gib"]) for r in runs}
     lines = [f"- **Emulated card**: {t['name']}, {t['memory_gib']:g} GiB, on this {t['real_gpu']} "
              f"({t['real_total_gib']:g} GiB, nvidia-smi): gpu_memory_utilization keeps its meaning on the "
              f"{t['name']} and the engine gets u × {t['memory_gib']:g} / {t['real_total_gib']:g} of this card: "
@@ -243,8 +243,7 @@ def target_lines(lad: dict) -> list[str]:
              f"bandwidth, compute, PCIe: absolute tok/s and latencies are this {t['real_gpu']}'s; the roofline "
              f"column gives the {t['name']}'s floor beside this card's"
              + (f" ({t['bandwidth_gbs']:g} GB/s)." if t.get("bandwidth_gbs") else " (no target.bandwidth_gbs given).")]
-    base = next((c for r in runs if r.get("role") == "baseline" for c in r.get("applied") or []
-                 if c["knob"] == "target"), None)
+    base = next((c for r in runs if r.role == decide.BASELINE for c in r.applied if c["knob"] == "target"), None)
     if base:  # rung 0's check (the other rungs' are under "took effect?")
         lines.append(f"- **Inside the budget?** rung 0: {_mark(base)} ({base['observed']})")
     return lines
@@ -718,25 +717,26 @@ def gate_power_lines(lad: dict) -> list[str]:
     return lines + [""]
 
 
-def workload(lad: dict) -> dict:
+def workload(lad: LadderRecord) -> dict:
     """The workload as the stages recorded it (bench and knee send the same one): text and shared-prefix line."""
-    for r in lad["rungs"]:
-        for stage in ("bench", "knee"):
-            if (r.get(stage) or {}).get("workload"):
-                return r[stage]["workload"]
-    b, k = lad["settings"]["bench"], lad["settings"]["knee"]
+    for r in lad.rungs:
+        if r.bench and r.bench.workload:
+            return r.bench.workload.model_dump()
+        if r.knee and r.knee.workload:
+            return r.knee.workload
+    b, k = lad.settings["bench"], lad.settings["knee"]  # the params the ladder ran with
     if "input_len" in b:  # a ladder from before the stages described their workload: its lengths only
         return {"text": f"{b['input_len']} in / {b['output_len']} out tokens per request in bench, "
                         f"{k.get('input_len')} / {k.get('output_len')} in knee", "shared_prefix": "not recorded"}
     return {"text": "not recorded (no stage finished)", "shared_prefix": "not recorded"}
 
 
-def header(lad: dict) -> list[str]:
-    env = lad["environment"]
+def header(lad: LadderRecord) -> list[str]:
+    env = lad.environment  # fingerprint.fingerprint(): open (its keys are the machine's)
     hw = env.get("gpu") or f"CPU: {env['cpu']['model']} ({env['cpu']['cores']} cores, {env['cpu']['memory_gib']} GiB)"
-    slo, w = lad["slo"], workload(lad)
-    base = next((r for r in lad["rungs"] if r["status"] == "ok"), {})  # the stages say how they measured
-    ev, gate = base.get("eval") or {}, base.get("gate") or {}
+    slo, w = lad.slo, workload(lad)
+    base = next((r for r in lad.rungs if r.status == "ok"), None)  # the stages say how they measured
+    ev, gate = base and base.eval, base and base.gate
     lines = [
         f"- **Machine**: {hw}"
         + (f", driver {env['driver']}, CUDA {env.get('cuda_driver')}" if env.get("driver") else "")
@@ -744,18 +744,18 @@ def header(lad: dict) -> list[str]:
            if any(g.get("uuid") for g in env.get("gpus") or []) else "")
         + (f"; host id {env['host_id']}" if env.get("host_id") else ""),
         f"- **Software**: {env.get('vllm_package')} {env.get('vllm')}, torch {env.get('torch')}, "
-        f"transformers {env.get('transformers')}, Python {env.get('python')}; git {str(lad.get('git_commit'))[:12]}",
+        f"transformers {env.get('transformers')}, Python {env.get('python')}; git {str(lad.git_commit)[:12]}",
         "- **Models**: " + "; ".join(f"{n}: {m.get('id')} @ {str(m.get('revision'))[:12]}"
-                                     for n, m in lad.get("models", {}).items()),
+                                     for n, m in lad.models.items()),
         f"- **SLO**: {slo_text(slo)}, no failed request, no backlog",
         f"- **Workload** (bench and knee alike): {w['text']}",
         f"- **Shared prefix?** {w['shared_prefix']}",
-        f"- **Throughput**: {(base.get('bench') or {}).get('method') or 'not recorded'}",
+        f"- **Throughput**: {(base and base.bench and base.bench.method) or 'not recorded'}",
         *floor_lines(lad),
         *machine_lines(lad),
-        f"- **Latency**: {(base.get('knee') or {}).get('method') or 'not recorded'}",
-        f"- **Quality**: {ev['method']}; {gate.get('method') or 'gate not recorded'}" if ev.get("status") == "ok" else
-        f"- **Quality**: n/a: {ev.get('reason') or 'not recorded'}; every rung is \"not gated\"",
+        f"- **Latency**: {(base and base.knee and base.knee.method) or 'not recorded'}",
+        f"- **Quality**: {ev.method}; {(gate and gate.method) or 'gate not recorded'}" if ev and ev.status == "ok"
+        else f"- **Quality**: n/a: {(ev and ev.reason) or 'not recorded'}; every rung is \"not gated\"",
         "- **Metrics**: TTFT = time to first token (includes queueing); TPOT = (E2E − TTFT) / (output tokens − 1), "
         "i.e. excluding the first token; ITL = gap between streamed tokens; goodput = completed requests/s that met "
         "both SLO bounds (vLLM `--goodput`); knee = highest offered rate meeting the SLO; "
@@ -1063,27 +1063,28 @@ def disturbed_lines(lad: dict) -> list[str]:
             + (f"{busy:.0%}" if busy else "knee.busy_share") + " of the machine's cores"]
 
 
-def floor_lines(lad: dict) -> list[str]:
+def floor_lines(lad: LadderRecord) -> list[str]:
     """The start-to-start floor the ladder's Δs were drawn with, and the warm-up engine's reading beside the timed
     engine that followed it (the first engine on a machine reads slow)."""
     out = []
-    if lad.get("noise_floor"):
+    if lad.noise_floor:
         out.append("- **Start-to-start floor** (output tok/s, fresh engines of one config): "
-                   + lad["noise_floor"]["words"])
-    sp = ((lad.get("settings") or {}).get("knee") or {}).get("server_spread") or {}
-    again = ("in the rule's words (What I kept and why)" if stats.KNEE_AGAIN_WORDS in (lad.get("rule") or "")
+                   + lad.noise_floor["words"])
+    sp = (lad.settings.get("knee") or {}).get("server_spread") or {}  # params knee.server_spread, as it ran
+    again = ("in the rule's words (What I kept and why)" if stats.KNEE_AGAIN_WORDS in (lad.rule or "")
              else stats.KNEE_AGAIN_WORDS)  # printed once: a record whose rule predates them still states them here
     out.append("- **Knee verdicts**: " + again + "; fresh servers' spread at one rate: " + (
         f"the share over the SLO's between-server SD {sp['sigma']:g} [{sp['sigma_ci'][0]:g}, {sp['sigma_ci'][1]:g}] "
         f"(knees' CV {sp['knee_cv']:.1%}), within a look dispersion {sp['phi']:g}, from {sp['servers']} servers and "
         f"{sp['looks']} looks at {sp['rate']:g} req/s ({sp.get('measured_on')}, {sp.get('measured')})"
         if sp.get("servers") else "not measured for this profile (`make benchmark ARGS=\"--parts 4 --spread-at R\"`)"))
-    for r in lad["rungs"]:
-        warm, b = (r.get("bench") or {}).get("warm_up_engine"), r.get("bench") or {}
-        if warm and warm.get("output_tps") and b.get("output_tps"):
-            gap = warm["output_tps"] / b["output_tps"] - 1
-            out.append(f"- **Warm-up engine** (untimed, before {r['exp']}'s timed engine): {warm['output_tps']:.0f} "
-                       f"output tok/s vs the timed {b['output_tps']:.0f} ({gap:+.1%})")
+    for r in lad.rungs:
+        b = r.bench
+        warm = b and b.warm_up_engine
+        if warm and warm.output_tps and b.output_tps:
+            gap = warm.output_tps / b.output_tps - 1
+            out.append(f"- **Warm-up engine** (untimed, before {r.exp}'s timed engine): {warm.output_tps:.0f} "
+                       f"output tok/s vs the timed {b.output_tps:.0f} ({gap:+.1%})")
     return out
 
 
@@ -1149,7 +1150,7 @@ def render(lad: LadderRecord | dict, out: Path) -> str:
     lad = rec.as_dict()
     md = [f"# Before → after: vLLM serving ladder ({lad['profile']} profile)", "",
           headline(lad), "", *first_screen(lad), "",
-          "## Setup", *header(lad), "",
+          "## Setup", *header(rec), "",
           "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
           *gate_power_lines(lad),
           "## Disturbed measurements", "A bench repeat far off its engine's others is replaced by one more pass (up to "
