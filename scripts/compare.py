@@ -15,6 +15,7 @@ from tabulate import tabulate
 
 import common
 import report
+from records.ladder import LadderRecord
 
 METRICS = {"results/eval.json": ["overall"], "results/bench.json": ["output_tps"],
            "results/knee.json": ["knee_rps", "first_fail_rps"]}
@@ -31,16 +32,15 @@ def experiments(shown: list[dict]) -> dict[str, dict]:
             for row in shown if row.get("Experiment")}
 
 
-def rows(lad: dict, exps: dict[str, dict]) -> list[dict]:
+def rows(lad: LadderRecord, exps: dict[str, dict]) -> list[dict]:
     out = []
-    for r in lad["rungs"]:
-        e = exps.get(r.get("exp") or "")
-        row = {"rung": f"{r['index']} {r['name']}", "experiment": r.get("exp") or "—",
-               "change": report.change_cell(r)}
+    for r in lad.rungs:
+        e = exps.get(r.exp or "")
+        row = {"rung": f"{r.index} {r.name}", "experiment": r.exp or "—", "change": report.change_cell(r)}
         for path, keys in METRICS.items():
             for key in keys:
                 row[key] = (e["metrics"].get(path) or {}).get(key) if e else None
-        row["verdict"] = r.get("verdict") or r["status"]
+        row["verdict"] = r.verdict or r.status
         out.append(row)
     return out
 
@@ -49,7 +49,7 @@ def main() -> int:
     src = Path(sys.argv[1]) if len(sys.argv) > 1 else common.ROOT / "report" / "ladder.json"
     if not src.exists():
         common.die(f"{src.name}: no ladder has run here yet; run `make ladder` first")
-    lad = common.read_json(src)
+    lad = LadderRecord.load_file(src)
     try:
         shown = dvc.api.exp_show(repo=str(common.ROOT))
     except DvcException as e:

@@ -12,6 +12,7 @@ import sys
 import common
 import plan as planning
 from judgement import capacity
+from records.ladder import LadderRecord
 
 
 def main() -> int:
@@ -20,7 +21,7 @@ def main() -> int:
     ap.add_argument("--peak-rps", type=float, default=None)
     ap.add_argument("--headroom", type=float, default=None)
     args = ap.parse_args()
-    lad = common.read_json(args.ladder_json)
+    lad = LadderRecord.load_file(args.ladder_json).as_dict()
     params = common.load_params(check=False)
     eff = planning.effective_params(params, planning.load_ladder(), lad["profile"], planning.committed_params())
     cap = dict(eff["capacity"])
@@ -29,7 +30,7 @@ def main() -> int:
     lad["capacity"]["added"] = ("added after the run by scripts/fill_capacity.py from the knees this record holds; "
                                 "nothing was re-measured")
     lad.setdefault("settings", {})["capacity"] = cap
-    common.write_json(args.ladder_json, lad)
+    LadderRecord.model_validate(lad).save_file(args.ladder_json)
     print(f"capacity: plan filled into {args.ladder_json}")
     return 0
 

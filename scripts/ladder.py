@@ -36,6 +36,7 @@ import fingerprint
 import plan as planning
 from judgement import capacity, decide, record, stats
 from measure import score
+from records.ladder import LadderRecord
 from serving import engine
 
 LADDER_JSON = common.ROOT / "report" / "ladder.json"
@@ -633,7 +634,7 @@ class Driver:
         lad["cost_usd"] = round(lad["engine_seconds"] / 3600 * self.eff["cost"]["gpu_price_per_hour"], 4)
         capacity.annotate(lad, self.eff["capacity"])  # GPUs per instance, per-GPU figures, the capacity plan
         record.annotate_time(lad)  # per rung: start / measure / other / DVC overhead; GPU-minutes and cost
-        common.write_json(self.out, lad)
+        LadderRecord.model_validate(lad).save_file(self.out)  # a key the model does not declare is refused here
 
     def interrupt(self) -> None:
         """Ctrl-C: pass it to the running `dvc exp run` (and its stage), which stops its servers by PID; if that

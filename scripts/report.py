@@ -13,6 +13,7 @@ from tabulate import tabulate
 import common
 from judgement import decide, stats
 from measure import disturbed, probing
+from records.ladder import LadderRecord, Measured, RungRecord
 
 
 def fmt(v, spec=".1f", none="—"):
@@ -36,20 +37,19 @@ def acc_cell(r):
     return fmt(ev.get("overall"), ".3f")
 
 
-def regress_cell(r):
-    g = r.get("gate") or {}
-    if not g:
+def regress_cell(r: RungRecord):
+    g = r.gate
+    if g is None:
         return "—"
-    if not g.get("gated"):
+    if not g.gated:
         return "not gated"
-    cats = g.get("by_category") or {}
-    bad = [f"{c} −{v['drop']:.2f} ({v['evidence']})" for c, v in cats.items() if v["drop"] > 0]
+    bad = [f"{c} −{v.drop:.2f} ({v.evidence})" for c, v in g.by_category.items() if v.drop > 0]
     return "; ".join(bad) if bad else "none"
 
 
-def na_cell(res: dict) -> str:
-    """A bench or knee result that measured nothing (status n/a), as its stage labelled why."""
-    label = res.get("label") or res.get("reason")
+def na_cell(label: str | None) -> str:
+    """A bench or knee result that measured nothing (status n/a), as its stage labelled why (its label, else its
+    reason)."""
     return f"not measured: {label}" if label == common.GATE_FAILED else f"n/a ({label})"
 
 
@@ -61,21 +61,21 @@ def gate_skipped(r) -> bool:
 def no_tps(b: dict) -> str | None:
     """A bench cell's words where it holds no output tok/s (not measured, or none read); None where it does."""
     if b.get("status") == "n/a":
-        return na_cell(b)
+        return na_cell(b.get("label") or b.get("reason"))
     return "—" if b.get("output_tps") is None else None
 
 
-def tps_cell(r):
-    b = r.get("bench") or {}
-    if no_tps(b):
-        return no_tps(b)
-    ci = b.get("output_tps_ci95")
+def tps_cell(r: RungRecord):
+    b = r.bench
+    if b is None or b.status == "n/a" or b.output_tps is None:
+        return no_tps(b.model_dump() if b else {})
+    ci = b.output_tps_ci95
     tail = f" [{ci[0]:.0f}–{ci[1]:.0f}]" if ci else ""
-    return f"{b['output_tps']:.0f}{tail} (n={b.get('repeats', 1)})"
+    return f"{b.output_tps:.0f}{tail} (n={b.repeats})"
 
 
-def delta_cell(r):
-    d = (r.get("delta") or {}).get("output_tps")
+def delta_cell(r: RungRecord):
+    d = (r.delta or {}).get("output_tps")  # stats.delta's dict (its keys differ across the record's versions)
     if not d or d.get("rel") is None:
         return "—"
     if d.get("ci") or d.get("ci95"):  # ci95: records made before the interval's level was stated with it
@@ -90,42 +90,43 @@ def delta_cell(r):
 FRONT_END_FLAG = "the front end's knee, not the engine's"  # knee.json frontend_words (measure/frontend.summary)
 
 
-def not_the_engine_s(k: dict) -> bool:
+def not_the_engine_s(frontend_words: str | None) -> bool:
     """Whether the knee's boundary look was bound outside the engine (the front end or the client): its
     frontend_words open with "this knee is the ..." (records before schema 3 say nothing)."""
-    return (k.get("frontend_words") or "").startswith("this knee is the")
+    return (frontend_words or "").startswith("this knee is the")
 
 
-def knee_cell(r):
+def knee_cell(r: RungRecord):
     """The knee as its bracket: midpoint ± half-width, the confirmed pass and failure, and any flag."""
-    k = r.get("knee") or {}
-    if not k:
+    k = r.knee
+    if k is None:
         return "—"
-    if k.get("status") == "n/a":
-        return na_cell(k)
-    if k.get("label") == common.KNEE_RECHECK:  # one visit of one rate on a fresh server, no search
-        rows = k.get("rows") or []
+    if k.status == "n/a":
+        return na_cell(k.label or k.reason)
+    if k.label == common.KNEE_RECHECK:  # one visit of one rate on a fresh server, no search
+        rows = [x.model_dump(exclude_unset=True) for x in k.rows]  # stats reads a look as the file holds it
         return "re-check: " + "; ".join(
             "{:g} req/s {} ({} of {} over the SLO)".format(rate, *stats.rate_verdict(rows, rate))
-            for rate in dict.fromkeys(x["offered_rps"] for x in rows))
-    if k.get("status") == "below":
-        return f"< {fmt(k.get('first_fail_rps'), 'g')} (SLO never met)"
-    if k.get("status") == "open":  # no pass, the lowest rate inconclusive (e.g. a search stopped at its verdict)
-        known = k.get("conclusive_fail_rps")
+            for rate in dict.fromkeys(x.offered_rps for x in k.rows))
+    if k.status == "below":
+        return f"< {fmt(k.first_fail_rps, 'g')} (SLO never met)"
+    if k.status == "open":  # no pass, the lowest rate inconclusive (e.g. a search stopped at its verdict)
+        known = k.conclusive_fail_rps
         return ((f"< {known:g} (fails there on evidence, " if known else "no pass or fail on evidence (")
-                + f"{fmt(k.get('first_fail_rps'), 'g')} inconclusive, no pass; {k.get('probes')} probes)")
-    if k.get("status") == "above":
-        return f"≥ {fmt(k.get('knee_rps'), 'g')} (SLO met at every rate probed)"
-    if k.get("mid_rps") is None:  # a record from before the bracket was reported as midpoint ± half-width
-        return f"{k['knee_rps']:g} (breaks at {k['first_fail_rps']:g})"
-    flags = [f for f, on in (("a repeat disagreed", k.get("non_monotonic")),
-                             ("wider than knee.rel_tol", not k.get("resolved")),
-                             (probing.SHORT_PROBE_FLAG, k.get("short_probes")),
-                             (FRONT_END_FLAG, not_the_engine_s(k))) if on]
-    known = k.get("conclusive_fail_rps", k["first_fail_rps"])  # a rate left inconclusive is no boundary
-    on_evidence = "" if known == k["first_fail_rps"] else f", on evidence {fmt(known, 'g', 'at no rate')}"
-    return (f"{k['mid_rps']:.3g} ± {k['half_width_rps']:.2g} (passes {k['knee_rps']:g}, breaks "
-            f"{k['first_fail_rps']:g}{on_evidence}; {k.get('probes')} probes)"
+                + f"{fmt(k.first_fail_rps, 'g')} inconclusive, no pass; {k.probes} probes)")
+    if k.status == "above":
+        return f"≥ {fmt(k.knee_rps, 'g')} (SLO met at every rate probed)"
+    if k.mid_rps is None:  # a record from before the bracket was reported as midpoint ± half-width
+        return f"{k.knee_rps:g} (breaks at {k.first_fail_rps:g})"
+    flags = [f for f, on in (("a repeat disagreed", k.non_monotonic),
+                             ("wider than knee.rel_tol", not k.resolved),
+                             (probing.SHORT_PROBE_FLAG, k.short_probes),
+                             (FRONT_END_FLAG, not_the_engine_s(k.frontend_words))) if on]
+    # a rate left inconclusive is no boundary; a record from before conclusive_fail_rps was written names none
+    known = k.conclusive_fail_rps if "conclusive_fail_rps" in k.model_fields_set else k.first_fail_rps
+    on_evidence = "" if known == k.first_fail_rps else f", on evidence {fmt(known, 'g', 'at no rate')}"
+    return (f"{k.mid_rps:.3g} ± {k.half_width_rps:.2g} (passes {k.knee_rps:g}, breaks "
+            f"{k.first_fail_rps:g}{on_evidence}; {k.probes} probes)"
             + (f" ⚠ {', '.join(flags)}" if flags else ""))
 
 
@@ -149,36 +150,36 @@ def kept_cell(r):
 MEASURED_STAGES = {"eval", "bench", "knee"}
 
 
-def measured_cell(r):
+def measured_cell(r: RungRecord):
     """Where the row's numbers come from: this run, DVC's run-cache (an earlier run on this same machine: the
     fingerprint is a dependency, so another machine's numbers are never restored), or another machine's experiment
     (`dvc exp pull`, taken as it was: compared only with that machine's)."""
-    if r["status"] != "ok":
+    if r.status != "ok":
         return "—"
-    m = r.get("measured") or {}
-    on = f" on machine {m['machine']}" if m.get("machine") else ""
-    if r.get("replayed"):
-        return f"another machine's experiment{on} (measured {m.get('at') or '?'})"
-    where = f"host {m['host_id']}" if m.get("host_id") else "this machine"
-    restored = sorted(MEASURED_STAGES & set(r.get("reused") or []))
+    m = r.measured or Measured()
+    on = f" on machine {m.machine}" if m.machine else ""
+    if r.replayed:
+        return f"another machine's experiment{on} (measured {m.at or '?'})"
+    where = f"host {m.host_id}" if m.host_id else "this machine"
+    restored = sorted(MEASURED_STAGES & set(r.reused))
     if {"bench", "knee"} & set(restored):  # the speed figures: what the row is about (`at`: when bench measured)
-        return f"restored ({where}{on}, measured {m.get('at') or '?'})"
+        return f"restored ({where}{on}, measured {m.at or '?'})"
     return f"this run{on}" + (f" ({', '.join(restored)} restored)" if restored else "")
 
 
-def machine_lines(lad: dict) -> list[str]:
+def machine_lines(lad: LadderRecord) -> list[str]:
     """The machines that measured the ladder, and where it moved: each row's numbers are compared only with its own
     machine's (a base is measured again on the machine the ladder moved to)."""
     seen: dict[str, str] = {}
     moves, last = [], None  # last: (machine, experiment) of the row before
-    for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or []):
-        m = r.get("measured") or {}
-        if r.get("status") != "ok" or not m.get("machine"):
+    for r in lad.rungs + (lad.confirm.runs if lad.confirm else []):
+        m = r.measured
+        if r.status != "ok" or m is None or not m.machine:
             continue
-        seen.setdefault(m["machine"], m.get("machine_label") or m["machine"])
-        if last and m["machine"] != last[0]:
-            moves.append(f"moved after {last[1]} to machine {m['machine']} ({r['exp']})")
-        last = (m["machine"], r["exp"])
+        seen.setdefault(m.machine, m.machine_label or m.machine)
+        if last and m.machine != last[0]:
+            moves.append(f"moved after {last[1]} to machine {m.machine} ({r.exp})")
+        last = (m.machine, r.exp)
     if len(seen) < 2:
         return []
     return ["- **Machines**: " + "; ".join(f"{k}: {v}" for k, v in seen.items()) + ". The ladder " + ", ".join(moves)
@@ -194,8 +195,8 @@ def applied_cell(r):
                      f"({c['observed']})" for c in checks)
 
 
-def roof_cell(r):
-    rf = r.get("roofline") or {}
+def roof_cell(r: RungRecord):
+    rf = r.roofline or {}  # record.roofline's dict
     if not rf.get("tpot_floor_ms") or not rf.get("tpot_low_load_ms"):
         return "—"
     at = "" if rf.get("tpot_measured_at", "batch 1") == "batch 1" else f" ({rf.get('tpot_measured_at') or 'low load'})"
@@ -210,15 +211,15 @@ def target_floor(rf: dict) -> str:
     return f"; {rf.get('target_gpu') or 'target'} floor {rf['target_tpot_floor_ms']:.1f} ms"
 
 
-def kv_cell(r):
+def kv_cell(r: RungRecord):
     """KV cache capacity and max concurrency the engine logged (the knee's server, else the bench's engine), and
     with a target card whether the engine ran inside its memory (decide.target_check)."""
-    k, b = r.get("knee") or {}, r.get("bench") or {}
-    tokens = k.get("kv_cache_tokens") or b.get("kv_cache_tokens")
-    conc = k.get("max_concurrency") or b.get("max_concurrency")
+    k, b = r.knee, r.bench
+    tokens = (k.kv_cache_tokens if k else None) or (b.kv_cache_tokens if b else None)
+    conc = (k.max_concurrency if k else None) or (b.max_concurrency if b else None)
     if tokens is None:
         return "—"
-    check = next((c for c in r.get("applied") or [] if c["knob"] == "target"), None)
+    check = next((c for c in r.applied if c["knob"] == "target"), None)
     return f"{tokens:,} tok · {fmt(conc, '.1f')}×" + ("" if check is None else f" · target {_mark(check)}")
 
 
@@ -226,13 +227,13 @@ def _mark(check: dict) -> str:
     return "✓" if check["applied"] else "✗" if check["applied"] is False else "?"
 
 
-def target_lines(lad: dict) -> list[str]:
+def target_lines(lad: LadderRecord) -> list[str]:
     """The setup lines of an emulated card: what is emulated and what is not, and each conversion the rungs ran."""
-    runs = [r for r in lad["rungs"] if r.get("target")]
+    runs = [r for r in lad.rungs if r.target]
     if not runs:
         return []
-    t = runs[0]["target"]
-    conv = {(r["target"]["gpu_memory_utilization"], r["target"]["fraction"], r["target"]["budget_gib"]) for r in runs}
+    t = runs[0].target  # common.target_engine's conversion, as recorded
+    conv = {(r.target["gpu_memory_utilization"], r.target["fraction"], r.target["budget_gib"]) for r in runs}
     lines = [f"- **Emulated card**: {t['name']}, {t['memory_gib']:g} GiB, on this {t['real_gpu']} "
              f"({t['real_total_gib']:g} GiB, nvidia-smi): gpu_memory_utilization keeps its meaning on the "
              f"{t['name']} and the engine gets u × {t['memory_gib']:g} / {t['real_total_gib']:g} of this card: "
@@ -242,15 +243,14 @@ def target_lines(lad: dict) -> list[str]:
              f"bandwidth, compute, PCIe: absolute tok/s and latencies are this {t['real_gpu']}'s; the roofline "
              f"column gives the {t['name']}'s floor beside this card's"
              + (f" ({t['bandwidth_gbs']:g} GB/s)." if t.get("bandwidth_gbs") else " (no target.bandwidth_gbs given).")]
-    base = next((c for r in runs if r.get("role") == "baseline" for c in r.get("applied") or []
-                 if c["knob"] == "target"), None)
+    base = next((c for r in runs if r.role == decide.BASELINE for c in r.applied if c["knob"] == "target"), None)
     if base:  # rung 0's check (the other rungs' are under "took effect?")
         lines.append(f"- **Inside the budget?** rung 0: {_mark(base)} ({base['observed']})")
     return lines
 
 
-def gpus_cell(r):
-    return "— (CPU)" if r.get("gpus") is None else str(r["gpus"])
+def gpus_cell(r: RungRecord):
+    return "— (CPU)" if r.gpus is None else str(r.gpus)
 
 
 def per_gpu_cell(r):
@@ -259,16 +259,16 @@ def per_gpu_cell(r):
     if not pg:
         return "—"
     if gate_skipped(r):
-        return na_cell(r["knee"])
+        return na_cell(r["knee"].get("label") or r["knee"].get("reason"))
     knee = "—" if pg.get("knee_rps") is None else f"{pg['knee_rps']:g}–{fmt(pg.get('first_fail_rps'), 'g', '∞')}"
     return f"{fmt(pg.get('output_tps'), '.0f')} tok/s · knee {knee} req/s"
 
 
-def change_cell(r) -> str:
+def change_cell(r: RungRecord) -> str:
     """What a row changed vs its base (a base's re-measure changes nothing: it says what it re-measures)."""
-    return ", ".join(f"{k}={v}" for k, v in (r.get("change") or {}).items()) or (
-        f"none: re-measures {r['base']}" if r.get("role") == "re-measure" else
-        f"none: {r['of']} on a fresh server" if r.get("role") == "knee re-check" else "stock")
+    return ", ".join(f"{k}={v}" for k, v in (r.change or {}).items()) or (
+        f"none: re-measures {r.base}" if r.role == decide.RECHECK else
+        f"none: {r.of} on a fresh server" if r.role == decide.KNEE_RECHECK else "stock")
 
 
 def not_reproduced(lad: dict, why: bool = False) -> str | None:
@@ -300,17 +300,19 @@ def kept_suffix(lad: dict) -> str:
     return " (not reproduced)" if conf.get("reproduced") is False else " (confirm: could not tell)"
 
 
-def table(lad: dict) -> str:
+def table(lad: dict, rec: LadderRecord) -> str:
+    """The appendix: a row a rung, read from the model (`rec`); the cells still reading the rung as a dict (the
+    first screen's too) get it from `lad`, the same record as the file holds it."""
     rows = []
     unconfirmed = kept_suffix(lad)
-    for r in lad["rungs"]:
-        rows.append({"stage": f"{r['index']} {r['name']}", "change": change_cell(r), "eval acc": acc_cell(r),
+    for d, r in zip(lad["rungs"], rec.rungs, strict=True):
+        rows.append({"stage": f"{r.index} {r.name}", "change": change_cell(r), "eval acc": acc_cell(d),
                      "per-category regressions": regress_cell(r), "output tok/s [95 % CI]": tps_cell(r),
                      "Δ vs base": delta_cell(r),
-                     "speedup vs baseline": fmt((r.get("speedup") or None), ".2f") + "×" if r.get("speedup") else "—",
-                     "knee req/s @ SLO": knee_cell(r), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(r),
+                     "speedup vs baseline": fmt(r.speedup, ".2f") + "×" if r.speedup else "—",
+                     "knee req/s @ SLO": knee_cell(r), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(d),
                      "KV cache · max concurrency": kv_cell(r), "roofline: TPOT floor / batch-1 TPOT": roof_cell(r),
-                     "kept?": kept_cell(r) + (unconfirmed if r.get("verdict") == "kept" else ""),
+                     "kept?": kept_cell(d) + (unconfirmed if r.verdict == "kept" else ""),
                      "measured": measured_cell(r)})
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
 
@@ -353,7 +355,7 @@ def short_knee(k: dict) -> str:
     if not k:
         return "—"
     if k.get("status") == "n/a":
-        return na_cell(k)
+        return na_cell(k.get("label") or k.get("reason"))
     if k.get("label") == common.KNEE_RECHECK:
         rates = dict.fromkeys(x["offered_rps"] for x in k.get("rows") or [])
         return "re-check " + ", ".join(f"{rate:g} {stats.rate_verdict(k['rows'], rate)[0]}" for rate in rates)
@@ -364,8 +366,8 @@ def short_knee(k: dict) -> str:
         cell = f"< {fail:g}" if fail else "no pass"
     else:
         cell = f"{k['knee_rps']:g}–{fmt(fail, 'g', '?')}"
-    marks = ((MARKS["front end"] if not_the_engine_s(k) else "") + (MARKS["disturbed"] if was_disturbed(k) else "")
-             + (MARKS["knee flag"] if knee_flags(k) else ""))
+    marks = ((MARKS["front end"] if not_the_engine_s(k.get("frontend_words")) else "")
+             + (MARKS["disturbed"] if was_disturbed(k) else "") + (MARKS["knee flag"] if knee_flags(k) else ""))
     return cell + marks
 
 
@@ -416,7 +418,7 @@ def glance_notes(lad: dict) -> list[str]:
     named: dict[str, list[str]] = {key: [] for key in MARKS}
     for r in lad["rungs"]:
         k, who = r.get("knee") or {}, f"#{r['index']}"
-        named["front end"] += [who] if not_the_engine_s(k) else []
+        named["front end"] += [who] if not_the_engine_s(k.get("frontend_words")) else []
         named["disturbed"] += [who] if was_disturbed(r.get("bench") or {}) or was_disturbed(k) else []
         named["knee flag"] += [f"{who} {', '.join(knee_flags(k))}"] if knee_flags(k) else []
     words = {"front end": f"{FRONT_END_FLAG} (its looks' latency was added outside the engine: What I kept and why)",
@@ -715,25 +717,26 @@ def gate_power_lines(lad: dict) -> list[str]:
     return lines + [""]
 
 
-def workload(lad: dict) -> dict:
+def workload(lad: LadderRecord) -> dict:
     """The workload as the stages recorded it (bench and knee send the same one): text and shared-prefix line."""
-    for r in lad["rungs"]:
-        for stage in ("bench", "knee"):
-            if (r.get(stage) or {}).get("workload"):
-                return r[stage]["workload"]
-    b, k = lad["settings"]["bench"], lad["settings"]["knee"]
+    for r in lad.rungs:
+        if r.bench and r.bench.workload:
+            return r.bench.workload.model_dump()
+        if r.knee and r.knee.workload:
+            return r.knee.workload
+    b, k = lad.settings["bench"], lad.settings["knee"]  # the params the ladder ran with
     if "input_len" in b:  # a ladder from before the stages described their workload: its lengths only
         return {"text": f"{b['input_len']} in / {b['output_len']} out tokens per request in bench, "
                         f"{k.get('input_len')} / {k.get('output_len')} in knee", "shared_prefix": "not recorded"}
     return {"text": "not recorded (no stage finished)", "shared_prefix": "not recorded"}
 
 
-def header(lad: dict) -> list[str]:
-    env = lad["environment"]
+def header(lad: LadderRecord) -> list[str]:
+    env = lad.environment  # fingerprint.fingerprint(): open (its keys are the machine's)
     hw = env.get("gpu") or f"CPU: {env['cpu']['model']} ({env['cpu']['cores']} cores, {env['cpu']['memory_gib']} GiB)"
-    slo, w = lad["slo"], workload(lad)
-    base = next((r for r in lad["rungs"] if r["status"] == "ok"), {})  # the stages say how they measured
-    ev, gate = base.get("eval") or {}, base.get("gate") or {}
+    slo, w = lad.slo, workload(lad)
+    base = next((r for r in lad.rungs if r.status == "ok"), None)  # the stages say how they measured
+    ev, gate = base and base.eval, base and base.gate
     lines = [
         f"- **Machine**: {hw}"
         + (f", driver {env['driver']}, CUDA {env.get('cuda_driver')}" if env.get("driver") else "")
@@ -741,18 +744,18 @@ def header(lad: dict) -> list[str]:
            if any(g.get("uuid") for g in env.get("gpus") or []) else "")
         + (f"; host id {env['host_id']}" if env.get("host_id") else ""),
         f"- **Software**: {env.get('vllm_package')} {env.get('vllm')}, torch {env.get('torch')}, "
-        f"transformers {env.get('transformers')}, Python {env.get('python')}; git {str(lad.get('git_commit'))[:12]}",
+        f"transformers {env.get('transformers')}, Python {env.get('python')}; git {str(lad.git_commit)[:12]}",
         "- **Models**: " + "; ".join(f"{n}: {m.get('id')} @ {str(m.get('revision'))[:12]}"
-                                     for n, m in lad.get("models", {}).items()),
+                                     for n, m in lad.models.items()),
         f"- **SLO**: {slo_text(slo)}, no failed request, no backlog",
         f"- **Workload** (bench and knee alike): {w['text']}",
         f"- **Shared prefix?** {w['shared_prefix']}",
-        f"- **Throughput**: {(base.get('bench') or {}).get('method') or 'not recorded'}",
+        f"- **Throughput**: {(base and base.bench and base.bench.method) or 'not recorded'}",
         *floor_lines(lad),
         *machine_lines(lad),
-        f"- **Latency**: {(base.get('knee') or {}).get('method') or 'not recorded'}",
-        f"- **Quality**: {ev['method']}; {gate.get('method') or 'gate not recorded'}" if ev.get("status") == "ok" else
-        f"- **Quality**: n/a: {ev.get('reason') or 'not recorded'}; every rung is \"not gated\"",
+        f"- **Latency**: {(base and base.knee and base.knee.method) or 'not recorded'}",
+        f"- **Quality**: {ev.method}; {(gate and gate.method) or 'gate not recorded'}" if ev and ev.status == "ok"
+        else f"- **Quality**: n/a: {(ev and ev.reason) or 'not recorded'}; every rung is \"not gated\"",
         "- **Metrics**: TTFT = time to first token (includes queueing); TPOT = (E2E − TTFT) / (output tokens − 1), "
         "i.e. excluding the first token; ITL = gap between streamed tokens; goodput = completed requests/s that met "
         "both SLO bounds (vLLM `--goodput`); knee = highest offered rate meeting the SLO; "
@@ -1060,27 +1063,28 @@ def disturbed_lines(lad: dict) -> list[str]:
             + (f"{busy:.0%}" if busy else "knee.busy_share") + " of the machine's cores"]
 
 
-def floor_lines(lad: dict) -> list[str]:
+def floor_lines(lad: LadderRecord) -> list[str]:
     """The start-to-start floor the ladder's Δs were drawn with, and the warm-up engine's reading beside the timed
     engine that followed it (the first engine on a machine reads slow)."""
     out = []
-    if lad.get("noise_floor"):
+    if lad.noise_floor:
         out.append("- **Start-to-start floor** (output tok/s, fresh engines of one config): "
-                   + lad["noise_floor"]["words"])
-    sp = ((lad.get("settings") or {}).get("knee") or {}).get("server_spread") or {}
-    again = ("in the rule's words (What I kept and why)" if stats.KNEE_AGAIN_WORDS in (lad.get("rule") or "")
+                   + lad.noise_floor["words"])
+    sp = (lad.settings.get("knee") or {}).get("server_spread") or {}  # params knee.server_spread, as it ran
+    again = ("in the rule's words (What I kept and why)" if stats.KNEE_AGAIN_WORDS in (lad.rule or "")
              else stats.KNEE_AGAIN_WORDS)  # printed once: a record whose rule predates them still states them here
     out.append("- **Knee verdicts**: " + again + "; fresh servers' spread at one rate: " + (
         f"the share over the SLO's between-server SD {sp['sigma']:g} [{sp['sigma_ci'][0]:g}, {sp['sigma_ci'][1]:g}] "
         f"(knees' CV {sp['knee_cv']:.1%}), within a look dispersion {sp['phi']:g}, from {sp['servers']} servers and "
         f"{sp['looks']} looks at {sp['rate']:g} req/s ({sp.get('measured_on')}, {sp.get('measured')})"
         if sp.get("servers") else "not measured for this profile (`make benchmark ARGS=\"--parts 4 --spread-at R\"`)"))
-    for r in lad["rungs"]:
-        warm, b = (r.get("bench") or {}).get("warm_up_engine"), r.get("bench") or {}
-        if warm and warm.get("output_tps") and b.get("output_tps"):
-            gap = warm["output_tps"] / b["output_tps"] - 1
-            out.append(f"- **Warm-up engine** (untimed, before {r['exp']}'s timed engine): {warm['output_tps']:.0f} "
-                       f"output tok/s vs the timed {b['output_tps']:.0f} ({gap:+.1%})")
+    for r in lad.rungs:
+        b = r.bench
+        warm = b and b.warm_up_engine
+        if warm and warm.output_tps and b.output_tps:
+            gap = warm.output_tps / b.output_tps - 1
+            out.append(f"- **Warm-up engine** (untimed, before {r.exp}'s timed engine): {warm.output_tps:.0f} "
+                       f"output tok/s vs the timed {b.output_tps:.0f} ({gap:+.1%})")
     return out
 
 
@@ -1138,12 +1142,15 @@ def time_lines(lad: dict) -> list[str]:
     return lines
 
 
-def render(lad: dict, out: Path) -> str:
+def render(lad: LadderRecord | dict, out: Path) -> str:
     """The first screen (headline, the seed's table, one line a rung: `first_screen`), then the evidence every line
-    rests on, the rule's words once, and the long table as an appendix."""
+    rests on, the rule's words once, and the long table as an appendix. `lad` the record, or a dict of its shape
+    (validated here: an older one upgraded, a key the record does not declare refused)."""
+    rec = lad if isinstance(lad, LadderRecord) else LadderRecord.model_validate(lad)
+    lad = rec.as_dict()
     md = [f"# Before → after: vLLM serving ladder ({lad['profile']} profile)", "",
           headline(lad), "", *first_screen(lad), "",
-          "## Setup", *header(lad), "",
+          "## Setup", *header(rec), "",
           "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
           *gate_power_lines(lad),
           "## Disturbed measurements", "A bench repeat far off its engine's others is replaced by one more pass (up to "
@@ -1154,17 +1161,17 @@ def render(lad: dict, out: Path) -> str:
           "## Plots", "![knee evidence per rung](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
           f"![{PARETO_ALT}](pareto.png)", "",
           "## Time", *time_lines(lad), "",
-          f"## Appendix: the full table ({len(lad['rungs'])} runs)", "", table(lad), "",
+          f"## Appendix: the full table ({len(lad['rungs'])} runs)", "", table(lad, rec), "",
           "Output tok/s: median of one engine's repeats with their 95 % t-interval. " + stats.DELTA_WORDS + ". Knee: "
           "highest offered rate meeting the SLO, with the first rate that broke it.", ""]
     return "\n".join(md)
 
 
 def main(src: Path, out: Path):
-    lad = common.read_json(src)
+    rec = LadderRecord.load_file(src)  # an older record upgraded, as the report reads it
     out.mkdir(parents=True, exist_ok=True)
-    plots(lad, out)
-    common.write_text(out / "before_after.md", render(lad, out))
+    plots(rec.as_dict(), out)
+    common.write_text(out / "before_after.md", render(rec, out))
     print(f"report: {out / 'before_after.md'}")
 
 

@@ -171,7 +171,8 @@ def test_the_workload_flags_are_spelled_as_vllms_bench_parsers_take_them():
 
 def test_the_report_prints_the_workload_the_stages_recorded(tmp_path):
     lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
-    lad["rungs"][0]["bench"]["workload"] = {"text": "WORDS FROM THE STAGE", "shared_prefix": "yes: SAID BY IT"}
+    lad["rungs"][0]["bench"]["workload"] = {"kind": "random", "text": "WORDS FROM THE STAGE",
+                                            "shared_prefix": "yes: SAID BY IT"}
     md = report.render(lad, tmp_path)
     assert "- **Workload** (bench and knee alike): WORDS FROM THE STAGE" in md
     assert "- **Shared prefix?** yes: SAID BY IT" in md

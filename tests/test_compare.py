@@ -1,5 +1,6 @@
 """`make compare`: DVC's experiments joined with the ladder's verdicts (the gate's pass is not the verdict)."""
 import compare
+from records.ladder import LadderRecord
 
 SHOW = [  # the rows of `dvc.api.exp_show()` (DVC 3), trimmed: one per revision, metrics as `<file>:<key>` columns
     {"Experiment": None, "rev": "workspace", "typ": "baseline"},
@@ -10,12 +11,14 @@ SHOW = [  # the rows of `dvc.api.exp_show()` (DVC 3), trimmed: one per revision,
     {"Experiment": "cpu-5-batched-tokens-2048", "rev": "2", "typ": "branch_commit",
      "results/bench.json:output_tps": 400.0, "results/knee.json:knee_rps": "None", "results/gate.json:keep": True},
 ]
-LADDER = {"rungs": [
-    {"index": 0, "name": "baseline", "exp": "cpu-0-baseline", "change": {}, "status": "ok", "verdict": "baseline"},
-    {"index": 5, "name": "batched-tokens-2048", "exp": "cpu-5-batched-tokens-2048", "status": "ok",
-     "change": {"engine.max_num_batched_tokens": 2048}, "verdict": "not chosen"},
-    {"index": 6, "name": "tensor-parallel", "exp": None, "status": "skipped", "change": {}, "verdict": "skipped"},
-]}
+LADDER = LadderRecord.model_validate({"profile": "cpu", "rungs": [
+    {"index": 0, "name": "baseline", "exp": "cpu-0-baseline", "role": "baseline", "change": {}, "status": "ok",
+     "verdict": "baseline"},
+    {"index": 5, "name": "batched-tokens-2048", "exp": "cpu-5-batched-tokens-2048", "role": "candidate",
+     "status": "ok", "change": {"engine.max_num_batched_tokens": 2048}, "verdict": "not chosen"},
+    {"index": 6, "name": "tensor-parallel", "exp": None, "role": "rung", "status": "skipped", "change": {},
+     "verdict": "skipped"},
+]})
 
 
 def test_one_row_per_rung_with_the_ladders_verdict_not_the_gates_pass():

@@ -1,5 +1,5 @@
-"""The stage records (scripts/records/): each result file written and read through its model only; records an older
-version of the code wrote read through the model's validators."""
+"""The records (scripts/records/): each stage's result file and the ladder record, written and read through its model
+only; records an older version of the code wrote read through the model's validators."""
 import ast
 import json
 
@@ -17,6 +17,7 @@ from records.bench import BenchResult
 from records.eval import EvalResult
 from records.gate import GateResult, gate_failed
 from records.knee import KneeResult, RungKnee
+from records.ladder import LadderRecord
 
 # the two older ladders: records an older version of the code wrote (7ce1c08, c536b45), kept as fixtures
 LADDERS = ["tests/fixtures/ladder_cpu_7ce1c08.json", "tests/fixtures/ladder_h200x2_c536b45.json",
@@ -35,11 +36,14 @@ def knees_of(path):
     return stage_of(path, "knee")
 
 
-# each typed result file: the names its path goes by in the scripts, and its stage's script (which writes to `out`)
-TYPED = {"knee.json": (("knee.json",), "knee.py"),
-         "bench.json": (("bench.json", "bench_json"), "bench.py"),
-         "gate.json": (("gate.json", "gate_json"), "gate.py"),
-         "eval.json": (("eval.json",), "eval.py")}
+# each typed result file: the names its path goes by in the scripts, and the scripts that name it otherwise (the
+# stage's own writes to `out`)
+TYPED = {"knee.json": (("knee.json",), {"knee.py": "out"}),
+         "bench.json": (("bench.json", "bench_json"), {"bench.py": "out"}),
+         "gate.json": (("gate.json", "gate_json"), {"gate.py": "out"}),
+         "eval.json": (("eval.json",), {"eval.py": "out"}),
+         "ladder.json": (("ladder.json", "ladder_json", "LADDER_JSON"),
+                         {"ladder.py": "self.out", "report.py": "src", "compare.py": "src"})}
 
 
 @pytest.mark.parametrize("name", TYPED)
@@ -47,7 +51,7 @@ def test_each_typed_result_is_written_and_read_only_through_its_model(name):
     """No script outside records/ opens a typed result file as JSON itself: its stage writes it by the model's
     save_file, every reader reads it by the model's load_file. The path is the call's first argument (a later one
     is the text written, which may name the file in words)."""
-    names, stage = TYPED[name]
+    names, scripts = TYPED[name]
     found = []
     for f in sorted((ROOT / "scripts").rglob("*.py")):
         if f.parent.name == "records":
@@ -56,7 +60,7 @@ def test_each_typed_result_is_written_and_read_only_through_its_model(name):
         for node in ast.walk(ast.parse(src)):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in IO:
                 args = [ast.get_source_segment(src, a) or "" for a in node.args[:1]]
-                if any(n in a for a in args for n in names) or (f.name == stage and args == ["out"]):
+                if any(n in a for a in args for n in names) or args == [scripts.get(f.name)]:
                     found.append(f"{f.relative_to(ROOT)}:{node.lineno}")
     assert not found, found
 
@@ -343,3 +347,61 @@ def test_the_eval_stage_s_own_writer_round_trips_a_reused_result(tmp_path):
     assert eval_stage.reusable(base.inputs.model_dump(mode="json"), base) and rec.inputs == base.inputs
     rec.save_file(tmp_path / "again.json")
     assert json.loads((tmp_path / "again.json").read_text()) == raw
+
+
+# ---------------------------------------------------------------- report/ladder.json
+# every ladder record committed: the older ones (no schema_version) and one of today's schema, the 7ce1c08 record as
+# LadderRecord.save_file writes it (its stage records upgraded by their models)
+TODAY = "tests/fixtures/ladder_cpu_7ce1c08_v2.json"
+COMMITTED = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "fixtures").glob("ladder_*.json"))
+
+
+def test_the_committed_ladders_hold_one_of_today_s_schema_and_older_ones():
+    versions = {p: json.loads((ROOT / p).read_text()).get("schema_version", 1) for p in COMMITTED}
+    assert versions[TODAY] == LadderRecord.SCHEMA and set(LADDERS) <= set(COMMITTED)
+    assert all(versions[p] == 1 for p in LADDERS)
+
+
+@pytest.mark.parametrize("path", COMMITTED)
+def test_every_committed_ladder_reads_through_the_model_and_renders_as_it_did(path, tmp_path):
+    """An older record is rendered through the model as it was rendered from the file itself (the report reads the
+    upgraded stage records as it read the old keys), and `report.py` renders it from the file."""
+    import report
+    raw = json.loads((ROOT / path).read_text())
+    rec = LadderRecord.load_file(ROOT / path)
+    assert len(rec.rungs) == len(raw["rungs"]) and rec.profile == raw["profile"]
+    assert [r.name for r in rec.rungs] == [r["name"] for r in raw["rungs"]]
+    assert report.render(rec.as_dict(), tmp_path) == report.render(raw, tmp_path)
+    report.main(ROOT / path, tmp_path / "out")
+    assert (tmp_path / "out" / "before_after.md").read_text() == report.render(raw, tmp_path)
+
+
+def test_an_older_ladder_is_written_as_today_s_schema_with_the_keys_it_had(tmp_path):
+    """The writer keeps the keys the driver set (no null for a field a rung never reached); an older record read and
+    written again is today's committed one, which reads and writes as it is."""
+    LadderRecord.load_file(ROOT / LADDERS[0]).save_file(tmp_path / "ladder.json")
+    today = json.loads((ROOT / TODAY).read_text())
+    assert json.loads((tmp_path / "ladder.json").read_text()) == today
+    old = json.loads((ROOT / LADDERS[0]).read_text())
+    assert [sorted(r) for r in today["rungs"]] == [sorted(r) for r in old["rungs"]]
+    LadderRecord.load_file(ROOT / TODAY).save_file(tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text()) == today
+
+
+def test_a_rung_s_stage_records_are_the_stages_models():
+    rec = LadderRecord.load_file(ROOT / "tests/fixtures/ladder_h200x2_c536b45.json")
+    r = rec.rungs[0]
+    assert isinstance(r.bench, BenchResult) and isinstance(r.knee, RungKnee)
+    assert isinstance(r.eval, EvalResult) and isinstance(r.gate, GateResult)
+    assert r.knee.slo.percentile == 99 and r.bench.status == "ok"  # upgraded by their own validators
+
+
+def test_a_ladder_field_the_model_does_not_declare_is_refused_by_name():
+    raw = json.loads((ROOT / TODAY).read_text())
+    with pytest.raises(ValidationError, match="verdcit"):
+        LadderRecord.model_validate({**raw, "rungs": [{**raw["rungs"][0], "verdcit": "kept"}]})
+    with pytest.raises(ValidationError, match="knee_rsp"):  # a rung's stage records are closed too
+        LadderRecord.model_validate({**raw, "rungs": [{**raw["rungs"][0],
+                                                       "knee": {**raw["rungs"][0]["knee"], "knee_rsp": 1.0}}]})
+    with pytest.raises(ValidationError, match="finsihed"):
+        LadderRecord.model_validate({**raw, "finsihed": None})

@@ -9,6 +9,7 @@ import report
 from conftest import FIXTURES
 from judgement import decide, stats
 from records.eval import EvalResult
+from records.ladder import RungRecord
 
 
 def render(name, tmp_path):
@@ -49,14 +50,19 @@ def test_dummy_weight_rungs_print_no_accuracy_and_are_not_gated(tmp_path):
     assert "1x NVIDIA H200" in md and "vllm 0.26.0" in md
 
 
+def rung(**kw) -> RungRecord:
+    """A rung's record holding what a cell reads."""
+    return RungRecord.model_validate({"index": 1, "name": "r", "role": "rung", "status": "ok", **kw})
+
+
 def test_restored_rows_say_so_and_where_they_were_measured():
     fresh = {"status": "ok", "reused": ["download"], "measured": {"host_id": "abc123", "at": "2026-11-30T12:00:00Z"}}
     restored = {**fresh, "reused": ["download", "eval", "bench", "knee"]}
-    assert report.measured_cell(fresh) == "this run"
-    assert report.measured_cell(restored) == "restored (host abc123, measured 2026-11-30T12:00:00Z)"
-    assert report.measured_cell({"status": "failed"}) == "—"
+    assert report.measured_cell(rung(**fresh)) == "this run"
+    assert report.measured_cell(rung(**restored)) == "restored (host abc123, measured 2026-11-30T12:00:00Z)"
+    assert report.measured_cell(rung(status="failed")) == "—"
     # a base measured again: its eval restored (deterministic, unchanged), its bench measured now
-    assert report.measured_cell({**fresh, "reused": ["eval", "gate"]}) == "this run (eval restored)"
+    assert report.measured_cell(rung(**{**fresh, "reused": ["eval", "gate"]})) == "this run (eval restored)"
 
 
 def test_the_report_says_what_drop_each_category_can_detect_and_lists_flips_per_category():
@@ -125,25 +131,25 @@ def test_a_ladder_whose_rung_0_failed_still_renders_its_report_and_plots(tmp_pat
 def test_the_knee_cell_flags_a_knee_from_probes_short_against_their_latency():
     k = {"status": "inside", "knee_rps": 12.25, "first_fail_rps": 14.0, "mid_rps": 13.125, "half_width_rps": 0.875,
          "probes": 6, "resolved": True, "non_monotonic": False}
-    assert "⚠" not in report.knee_cell({"knee": {**k, "short_probes": False}})
-    assert "⚠ probes short against latency: may read high" in report.knee_cell({"knee": {**k, "short_probes": True}})
+    assert "⚠" not in report.knee_cell(rung(knee={**k, "short_probes": False}))
+    assert "⚠ probes short against latency: may read high" in report.knee_cell(rung(knee={**k, "short_probes": True}))
 
 
 def test_the_knee_cell_flags_a_knee_whose_boundary_look_was_the_front_end_s():
     k = {"status": "inside", "knee_rps": 2.0, "first_fail_rps": 2.378, "mid_rps": 2.19, "half_width_rps": 0.19,
          "resolved": True, "probes": 3}
-    assert "⚠" not in report.knee_cell({"knee": k})
+    assert "⚠" not in report.knee_cell(rung(knee=k))
     words = "this knee is the front end's, not the engine's (planted); 1 of 3 looks' latency was added outside"
-    assert f"⚠ {report.FRONT_END_FLAG}" in report.knee_cell({"knee": {**k, "frontend_words": words}})
-    assert "⚠" not in report.knee_cell({"knee": {**k, "frontend_words": "0 of 3 looks' latency was added outside"}})
+    assert f"⚠ {report.FRONT_END_FLAG}" in report.knee_cell(rung(knee={**k, "frontend_words": words}))
+    assert "⚠" not in report.knee_cell(rung(knee={**k, "frontend_words": "0 of 3 looks' latency was added outside"}))
 
 
 def test_a_knee_search_stopped_at_its_verdict_reads_as_open_not_as_an_slo_never_met():
     k = {"status": "open", "knee_rps": None, "first_fail_rps": 8.0, "conclusive_fail_rps": 9.514, "probes": 2}
-    cell = report.knee_cell({"knee": k})
+    cell = report.knee_cell(rung(knee=k))
     assert cell.startswith("< 9.514 (fails there on evidence, 8 inconclusive, no pass; 2 probes)") and \
         "never met" not in cell
-    assert report.knee_cell({"knee": {**k, "conclusive_fail_rps": None}}).startswith("no pass or fail on evidence")
+    assert report.knee_cell(rung(knee={**k, "conclusive_fail_rps": None})).startswith("no pass or fail on evidence")
 
 
 def confirmed(lad: dict, base_runs: list[float], final_runs: list[float], knees: tuple | None = None,

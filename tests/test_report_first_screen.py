@@ -10,6 +10,7 @@ import yaml
 import report
 from conftest import FIXTURES, ROOT
 from judgement import decide, stats
+from measure import disturbed
 
 LADDERS = ["ladder_cpu.json", "ladder_cpu_7ce1c08.json", "ladder_gpu_shape.json", "ladder_h200x2_c536b45.json"]
 SEED_HEADER = ["stage", "eval acc", "per-category regressions", "output tok/s", "speedup", "knee req/s @ SLO",
@@ -102,7 +103,7 @@ def test_a_front_end_bound_knee_and_a_disturbed_measurement_are_marked_in_the_ta
                                                              "(planted); 2 of 5 looks' latency was added outside")
     dist["bench"].update(far_share=0.15, disturbed=[
         {"repeat": 2, "output_tps": 300.0, "siblings": [409.0, 410.0], "off": -0.27, "median": 409.5,
-         "replaced_by": 4, "replacement": 408.0}])
+         "replaced_by": 4, "replacement": 408.0, "why": disturbed.far_words(300.0, 409.5, -0.27, 0.15)}])
     screen = first_screen(report.render(lad, tmp_path))
     row = {r[0]: r for r in seed_table(screen)}
     assert row["#3 spend-memory"][5] == "7–8†" and row["#2 fp8-kv"][3] == "409 [393–424]‡"

@@ -18,6 +18,7 @@ import report
 from conftest import FIXTURES, ROOT
 from judgement import capacity, decide
 from records.eval import EvalResult
+from records.ladder import LadderRecord
 from serving import vllm_compat
 
 PARAMS = common.load_params(ROOT / "params.yaml", check=False)
@@ -101,6 +102,10 @@ def test_a_one_gpu_machine_skips_each_candidate_with_its_reason_not_a_failure(tm
     saved = common.read_json(tmp_path / "ladder.json")
     assert saved["capacity"]["before"]["knee"]["rung"] == "0 baseline"
     assert saved["final_exp"] == "gpu-0-baseline"
+    # the driver saves through the ladder record's model: today's schema, the rungs' keys as the driver set them
+    assert saved["schema_version"] == LadderRecord.SCHEMA
+    assert [sorted(r) for r in saved["rungs"]] == [sorted(r) for r in drv.records]
+    assert LadderRecord.load_file(tmp_path / "ladder.json").rungs[1].verdict == decide.SKIPPED
 
 
 def test_offline_stages_say_n_a_for_data_parallelism_and_the_gate_does_not_gate_it():

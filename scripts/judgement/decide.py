@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from judgement import capacity, stats
 
-# The verdicts a rung record can carry (record.RungRecord.verdict); the report prints them as they are.
+# The verdicts a rung record can carry (records.ladder.RungRecord.verdict); the report prints them as they are.
 BASELINE, KEPT, REVERTED, NOT_CHOSEN, FAILED, INTERRUPTED, SKIPPED, CONFIRM, RECHECK = (
     "baseline", "kept", "reverted", "not chosen", "failed", "interrupted", "skipped", "confirm", "re-measure")
 KNEE_RECHECK = "knee re-check"  # a fresh server of a base or a rung, one visit at the rate its knee verdict was read at

@@ -1,5 +1,7 @@
-"""The ladder record (report/ladder.json): its declared shape, and how a finished rung's record is filled
-from the stages' own result files (each stage's summary copied whole, its provenance left in results/).
+"""How a finished rung's record is filled from the stages' own result files (each stage's summary copied whole, its
+provenance left in results/), and the judgement and time figures drawn from the rungs. The record's declared shape,
+and its one writer and reader, are records/ladder.py's RungRecord and LadderRecord: the driver builds a rung as a
+dict of that shape while it climbs (the functions here fill it in place), and the file is validated by the model.
 
 The report stage reads nothing else: every number, method string and verdict it prints is in this record.
 """
@@ -7,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TypedDict
 
 import numpy as np
 
@@ -20,69 +21,8 @@ from records.gate import GateResult
 from records.knee import KneeResult, RungKnee
 
 
-class RungRecord(TypedDict, total=False):
-    index: int
-    name: str
-    exp: str | None          # the DVC experiment (`dvc exp show`), None when the rung did not run
-    role: str                # baseline | rung | candidate | fallback | re-measure (a base measured again, bench only)
-    change: dict             # the one knob (or declared group) it changes vs `base`
-    note: str
-    base: str | None         # the experiment it is compared with: the last kept rung
-    knobs: dict              # every knob in force, flattened
-    status: str              # running | ok | failed | interrupted | skipped
-    error: str
-    log: str
-    seconds: float           # wall time of its `dvc exp run`
-    reused: list[str]        # stages DVC restored instead of measuring again
-    measured: dict           # when and on which machine (host id, GPU UUIDs) its bench was measured
-    model: str
-    eval: dict               # results/eval.json, whole (EvalResult.as_rung)
-    gate: dict               # results/gate.json, whole (GateResult.as_rung)
-    bench: dict              # results/bench.json, whole (BenchResult.as_rung)
-    knee: dict               # results/knee.json, whole
-    stage_seconds: dict
-    stage_time: dict         # per engine stage that ran: its result's `time` (common.stage_time)
-    time: dict               # time_split: start / measure / other / DVC overhead of `seconds`
-    applied: list[dict]      # decide.applied_check (+ decide.target_check with a target card)
-    target: dict             # the target card's conversion the engine ran with (common.target_engine), if any
-    roofline: dict | None
-    delta: dict              # output_tps: stats.delta, knee_rps: stats.knee_delta, vs `base` (per GPU: `compare`);
-                             # decide.AGAIN: whether `base` was measured again right after it (decide.needs_again)
-    gpus: int | None         # GPUs per instance (capacity.gpus_per_instance); None on a CPU box
-    per_gpu: dict | None     # capacity.per_gpu: output tok/s and knee per GPU, beside the totals
-    speedup: float
-    kept: bool
-    verdict: str             # decide.verdict: baseline | kept | reverted | not chosen | failed | interrupted | skipped
-    decision: str            # why, in words
-
-
-class LadderRecord(TypedDict, total=False):
-    profile: str
-    started: str
-    finished: str | None
-    complete: bool
-    environment: dict        # results/fingerprint.json
-    git_commit: str | None
-    models: dict
-    slo: dict
-    objective: str
-    rule: str                # decide.rule: the keep/revert rule in words
-    settings: dict           # the bench, knee, eval, gate and cost params the ladder ran with
-    eval_file: str
-    eval_sha256: str
-    eval_n: int
-    final_exp: str | None
-    rungs: list[RungRecord]
-    noise_floor: dict        # stats.Floor every Δ was drawn with (the card's, pooled with this ladder's own engines)
-    engine_seconds: float
-    wall_seconds: float
-    cost_usd: float
-    capacity: dict           # capacity.plan: fleets for `capacity.peak_rps`, cost per 1 M tokens, GPUs saved
-    time: dict               # time_totals: GPU-minutes, the share spent starting engines, cost
-
-
-def fill(rec: RungRecord, base: RungRecord | None, baseline: RungRecord | None, params: dict, floor=None,
-         before: RungRecord | None = None) -> dict:
+def fill(rec: dict, base: dict | None, baseline: dict | None, params: dict, floor=None,
+         before: dict | None = None) -> dict:
     """Fill a rung that ran to the end from results/; returns the download manifest's models."""
     res = common.RESULTS
     ev_rec = EvalResult.load_file(res / "eval.json")
@@ -135,7 +75,7 @@ def target_of(knee: KneeResult, bench: BenchResult) -> dict | None:
     return None
 
 
-def model_config(rec: RungRecord, models: dict) -> dict | None:
+def model_config(rec: dict, models: dict) -> dict | None:
     """The rung's model's config.json (its shapes), from the download stage's folder; None if there is none."""
     path = (models.get(rec.get("model")) or {}).get("path")
     if not path or not Path(path, "config.json").exists():
@@ -143,12 +83,12 @@ def model_config(rec: RungRecord, models: dict) -> dict | None:
     return json.loads(Path(path, "config.json").read_text())
 
 
-def kv_bytes(rec: RungRecord) -> int:
+def kv_bytes(rec: dict) -> int:
     """Bytes per KV element the rung's engine stores: 1 for an fp8 KV cache, else 2 (16-bit)."""
     return 1 if str(rec["knobs"].get("engine.kv_cache_dtype", "auto")).startswith("fp8") else 2
 
 
-def kv_bytes_per_token(rec: RungRecord, models: dict) -> float | None:
+def kv_bytes_per_token(rec: dict, models: dict) -> float | None:
     """KV cache bytes per token on one GPU, from the model's shapes and the rung's KV dtype (None if unknown)."""
     cfg = model_config(rec, models)
     if cfg is None:
@@ -159,14 +99,14 @@ def kv_bytes_per_token(rec: RungRecord, models: dict) -> float | None:
         return None
 
 
-def engine_means(rec: RungRecord) -> list[float]:
+def engine_means(rec: dict) -> list[float]:
     """The rung's fresh engines' mean output tok/s (one engine a bench stage today); [] when its bench measured
     nothing."""
     runs = (rec.get("bench") or {}).get("output_tps_runs") or []
     return [sum(runs) / len(runs)] if runs and (rec.get("bench") or {}).get("status", "ok") == "ok" else []
 
 
-def same_config_groups(recs: list[RungRecord]) -> list[list[float]]:
+def same_config_groups(recs: list[dict]) -> list[list[float]]:
     """The engine means of every config this ladder measured more than once (a base and its re-measures, the
     confirm pairs): what the ladder's own start-to-start spread is estimated from (stats.pool)."""
     groups: dict[str, list[float]] = {}
@@ -178,7 +118,7 @@ def same_config_groups(recs: list[RungRecord]) -> list[list[float]]:
     return [g for g in groups.values() if len(g) >= 2]
 
 
-def floor_of(prior, recs: list[RungRecord]) -> stats.Floor:
+def floor_of(prior, recs: list[dict]) -> stats.Floor:
     """The floor every Δ is drawn with: the measured one (params bench.noise_floor) pooled with this ladder's own
     same-config engines."""
     return stats.pool(stats.Floor.of(prior), same_config_groups(recs))
@@ -188,17 +128,17 @@ class CrossMachine(ValueError):
     """A Δ asked for between measurements from two machines: never formed (their GPUs, driver or software differ)."""
 
 
-def machine_of(rec: RungRecord) -> str | None:
+def machine_of(rec: dict) -> str | None:
     return (rec.get("measured") or {}).get("machine")
 
 
-def same_machine(recs: list[RungRecord]) -> bool:
+def same_machine(recs: list[dict]) -> bool:
     """Whether the records were measured on one machine (records from before machines were named: assumed so)."""
     return len({m for m in map(machine_of, recs) if m}) <= 1
 
 
-def compare(base: RungRecord, rec: RungRecord, floor=None, again: RungRecord | None = None,
-            before: RungRecord | None = None) -> dict:
+def compare(base: dict, rec: dict, floor=None, again: dict | None = None,
+            before: dict | None = None) -> dict:
     """Deltas of rec vs base: tok/s against the base's engine measured last before rec (`before`: its latest
     re-measure, else the base's own bench) and `again`, the base measured right after rec (their mean: a machine
     drifting linearly under the rung cancels); the knee vs the base's own search."""
@@ -207,8 +147,8 @@ def compare(base: RungRecord, rec: RungRecord, floor=None, again: RungRecord | N
     return compare_sides(flanks, [rec], floor, knee_of=searched)
 
 
-def compare_sides(bases: list[RungRecord], recs: list[RungRecord], floor=None,
-                  knee_of: RungRecord | None = None) -> dict:
+def compare_sides(bases: list[dict], recs: list[dict], floor=None,
+                  knee_of: dict | None = None) -> dict:
     """Deltas of one config's engines (`recs`) vs another's (`bases`), each engine a unit, in like units: per GPU
     when their instances hold different numbers of GPUs, so a 2-GPU instance is never compared with a 1-GPU one as
     if they were one (the floor is relative: unchanged). The knees: the last engine of each side."""
@@ -218,7 +158,7 @@ def compare_sides(bases: list[RungRecord], recs: list[RungRecord], floor=None,
             f"{r.get('exp')} on {(r.get('measured') or {}).get('machine_label')}" for r in [*bases, *recs]))
     gb, g = (capacity.gpus_per_instance(r["knobs"]) for r in (base, rec))
 
-    def engines(side: list[RungRecord], gpus: int) -> list[list[float]]:
+    def engines(side: list[dict], gpus: int) -> list[list[float]]:
         return [e for e in (capacity.per_gpu_runs((r.get("bench") or {}).get("output_tps_runs") or [], gpus)
                             for r in side) if e]
     searched = [r for r in bases if (r.get("knee") or {}).get("label") != common.BENCH_ONLY]  # a re-measure has no knee
@@ -248,7 +188,7 @@ def drift_words(d: dict) -> str:
             + f" ({d['verdict']})")
 
 
-def roofline(params: dict, rec: RungRecord, models: dict) -> dict | None:
+def roofline(params: dict, rec: dict, models: dict) -> dict | None:
     """Batch-1 decode floor from the model's shapes and the GPU's bandwidth, vs the knee stage's batch-1 TPOT."""
     fp = common.read_json(common.RESULTS / "fingerprint.json")
     gpu = (fp.get("gpus") or [{}])[0].get("name")
@@ -348,7 +288,7 @@ def _knee(k: dict) -> dict:
 SPLIT = ("start_s", "measure_s", "other_s", "dvc_s")
 
 
-def _estimate(stage: str, rec: RungRecord, wall: float, num_prompts: int | None = None) -> dict:
+def _estimate(stage: str, rec: dict, wall: float, num_prompts: int | None = None) -> dict:
     """A stage's split from the fields records had before stages wrote `time`: the knee's server start, eval's
     generation, bench's passes (output tokens ÷ tok/s of each timed repeat and warm-up pass; `num_prompts` from the
     settings where the record has no runs); the rest of its wall counted as start (imports and engine construction
@@ -373,7 +313,7 @@ def _estimate(stage: str, rec: RungRecord, wall: float, num_prompts: int | None 
     return {"wall_s": wall, "start_s": wall - measure, "measure_s": measure, "other_s": 0.0}
 
 
-def time_split(rec: RungRecord, num_prompts: int | None = None) -> dict:
+def time_split(rec: dict, num_prompts: int | None = None) -> dict:
     """Where a rung's experiment wall time (`seconds`, its `dvc exp run`) went: summed over the engine stages
     that ran (not those DVC restored), `start_s` starting engines, `measure_s` timed traffic and generation,
     `other_s` the stages' imports and teardown; `dvc_s` the rest: DVC itself and the small stages (fingerprint,
@@ -402,7 +342,7 @@ def time_split(rec: RungRecord, num_prompts: int | None = None) -> dict:
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
 
 
-def time_totals(rungs: list[RungRecord], price_per_hour: float, unit: str = "GPU") -> dict:
+def time_totals(rungs: list[dict], price_per_hour: float, unit: str = "GPU") -> dict:
     """The ladder's time, each rung's weighted by the GPUs it held (`gpus`, 1 on a CPU box): device-minutes, the
     share of them each part of time_split took (`start` is the time spent starting engines), and their cost."""
     splits = [r["time"] for r in rungs if r.get("time")]
@@ -427,7 +367,7 @@ def confirm_time(runs: list[dict]) -> dict:
             "per_stack": {"stock": minutes("baseline"), "final": minutes("final")}}
 
 
-def annotate_time(lad: LadderRecord) -> LadderRecord:
+def annotate_time(lad: dict) -> dict:
     """Fill time_split into every rung and confirm run that ran, and time_totals into the record (after
     capacity.annotate, which sets each rung's GPUs; a confirm run's are its knobs'), with the confirm step's own
     minutes (confirm_time). The ladder driver calls it on every save."""

@@ -1,0 +1,165 @@
+"""report/ladder.json: the ladder record, one rung record a run the ladder made (rungs, re-measures, knee re-checks,
+the confirm step's runs), each holding its stages' records whole.
+
+Written by scripts/ladder.py (Driver.save) and scripts/fill_capacity.py through `LadderRecord.save_file` only, read
+by the report, `make compare` and fill_capacity through `load_file` only (tests/test_records.py holds both). The
+driver builds each rung as a dict while it climbs (record.fill, capacity.annotate, record.annotate_time fill it in
+place); the file is the model's: a key the model does not declare is refused by name when the driver saves it. The
+keys on disk are the ones the driver set (`exclude_unset`): a field a rung never reached is absent, as it was before
+the record was typed, and the report reads absent and null alike.
+
+Version 1: written before the record was typed (no schema_version); its rungs' stage records are upgraded by their
+own models' validators (records/bench.py, eval.py, gate.py, knee.py); fields added over time read as None.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+import common
+from records.base import Record, StageTime
+from records.bench import BenchResult
+from records.eval import EvalResult
+from records.gate import GateResult
+from records.knee import RungKnee
+
+
+class Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Measured(Closed):
+    """When and on which machine a rung's bench was measured (record.fill, from the bench's provenance); a record
+    from before machines were named has no machine."""
+    at: str | None = None
+    host_id: str | None = None
+    gpu_uuids: list[str | None] = []
+    machine: str | None = None
+    machine_label: str | None = None
+
+
+class RungTime(Closed):
+    """record.time_split: where a rung's `seconds` went, summed over the engine stages that ran."""
+    seconds: float
+    gpus: int
+    start_s: float
+    measure_s: float
+    other_s: float
+    dvc_s: float
+    estimated: bool
+    starts: int = 0
+
+
+class RungRecord(Closed):
+    """One experiment the ladder ran (or skipped), as ladder.Driver builds it and record.fill fills it."""
+    index: int
+    name: str
+    exp: str | None = None             # the DVC experiment (`dvc exp show`), None when the rung did not run
+    role: str                          # decide.BASELINE, "rung", "candidate", "fallback", decide.RECHECK (a base
+                                       # measured again), decide.KNEE_RECHECK, decide.CONFIRM
+    change: dict[str, Any] | None = {}  # the one knob (or declared group) it changes vs `base`
+    note: str | None = None
+    base: str | None = None            # the experiment it is compared with: the last kept rung
+    knobs: dict[str, Any] | None = None  # every knob in force, flattened (None: a skipped rung that names none)
+    status: Literal["running", "ok", "failed", "interrupted", "skipped"]
+    error: str | None = None
+    log: str | None = None
+    seconds: float | None = None       # wall time of its `dvc exp run`
+    reused: list[str] = []             # stages DVC restored instead of measuring again
+    measured: Measured | None = None
+    model: str | None = None
+    eval: EvalResult | None = None     # results/eval.json, whole but for its provenance (EvalResult.as_rung)
+    gate: GateResult | None = None     # results/gate.json, whole (GateResult.as_rung)
+    bench: BenchResult | None = None   # results/bench.json, whole but for its provenance (BenchResult.as_rung)
+    knee: RungKnee | None = None       # results/knee.json, whole but for its provenance, with knee.noise_floor
+    stage_seconds: dict[str, float] = {}
+    stage_time: dict[str, StageTime] = {}  # per engine stage that ran: its result's `time` (common.stage_time)
+    applied: list[dict[str, Any]] = []  # decide.applied_check (+ decide.target_check with a target card)
+    target: dict[str, Any] | None = None  # the target card's conversion the engine ran with (common.target_engine)
+    roofline: dict[str, Any] | None = None  # record.roofline
+    # output_tps: stats.delta, knee_rps: stats.knee_delta, vs `base` (per GPU: record.compare); decide.AGAIN: whether
+    # `base` was measured again right after it (decide.needs_again)
+    delta: dict[str, Any] | None = None
+    replayed: str | None = None        # measured on another machine (its label), taken as it was (Driver.replay)
+    of: str | None = None              # a confirm run's or knee re-check's: the experiment it measures again
+    kept: bool | None = None
+    verdict: str | None = None         # decide.verdict: baseline | kept | reverted | not chosen | failed | ...
+    decision: str | None = None        # why, in words
+    gpus: int | None = None            # GPUs per instance (capacity.gpus_per_instance); None on a CPU box
+    per_gpu: dict[str, Any] | None = None  # capacity.per_gpu: output tok/s and knee per GPU, beside the totals
+    speedup: float | None = None
+    time: RungTime | None = None
+
+
+class Confirm(Closed):
+    """The confirm step (Driver.confirm_step): its pairs' runs, and record.confirm_summary of them (or why there is
+    no step: `why`)."""
+    pairs: int
+    why: str | None = None
+    runs: list[RungRecord] = []
+    summary: str | None = None
+    delta: dict[str, Any] | None = None
+    baseline: dict[str, Any] | None = None
+    final: dict[str, Any] | None = None
+    speedup: float | None = None
+    verdict: str | None = None
+    reproduced: bool | None = None
+    reproduced_why: str | None = None
+    kept_gain: dict[str, float] | None = None
+    power: float | None = None
+    words: str | None = None
+    power_by: dict[str, float | None] | None = None
+    rested_on: list[dict[str, Any]] | None = None
+
+
+class LadderRecord(Record):
+    """report/ladder.json: the ladder's settings, its rungs and confirm step, and what it cost. The report reads
+    nothing else."""
+    SCHEMA: ClassVar[int] = 2
+    profile: str
+    started: str | None = None
+    finished: str | None = None
+    complete: bool = False
+    environment: dict[str, Any] = {}   # fingerprint.fingerprint(): the machine and software
+    git_commit: str | None = None
+    models: dict[str, Any] = {}        # the download manifest's models (record.fill)
+    slo: dict[str, Any] = {}
+    objective: str | None = None
+    rule: str | None = None            # decide.rule: the keep/revert rule in words
+    settings: dict[str, Any] = {}      # the workload, bench, knee, serve, eval, gate, cost, capacity params it ran with
+    eval_file: str | None = None
+    eval_sha256: str | None = None
+    eval_n: int | None = None
+    final_exp: str | None = None
+    rungs: list[RungRecord] = []
+    confirm: Confirm | None = None
+    noise_floor: dict[str, Any] | None = None  # stats.Floor every Δ was drawn with, its df and words
+    engine_seconds: float | None = None
+    wall_seconds: float | None = None
+    cost_usd: float | None = None
+    capacity: dict[str, Any] | None = None  # capacity.plan: fleets for `capacity.peak_rps`, cost per 1 M tokens
+    time: dict[str, Any] | None = None      # record.time_totals: device-minutes, the share spent starting engines
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        """Version 1 (untyped, written before this model): the same keys; its rungs' stage records are upgraded by
+        their own validators, and fields added over time (rule, confirm, noise_floor, capacity, time; a rung's
+        measured, gpus, per_gpu, stage_time, time) are absent."""
+        if not isinstance(data, dict) or data.get("schema_version", 1) >= 2:
+            return data
+        return {**data, "schema_version": 2}
+
+    def save_file(self, path: Path | str) -> None:
+        """The one writer: atomic (common.write_json), the keys the driver set (a field no code path reached is not
+        written as null), the current schema version. The open parts (a Δ, the capacity plan, the settings) are
+        written by common.write_json as before the record was typed: a value JSON has no type for (a numpy scalar
+        a statistic returned) as its string, never a failed save that would lose the rungs measured so far."""
+        common.write_json(path, self.as_dict(mode="python"))
+
+    def as_dict(self, mode: str = "json") -> dict:
+        """The record as its file holds it (an older one upgraded, the current schema version): what the report
+        renders."""
+        return self.model_dump(mode=mode, exclude_unset=True) | {"schema_version": self.SCHEMA}
