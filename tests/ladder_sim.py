@@ -33,6 +33,12 @@ import ladder
 import simulate as sim
 from judgement import decide, stats
 
+# Where a profile's rung 0 knee sits against its bench's offline req/s, measured: the cpu's at 9.514-11.31 req/s (its
+# bracket's middle 10.4) of 12.0 (383-386 output tok/s of 32-token answers; docs/measurements.md, 2026-12-05). Rung 0's
+# search starts at knee.start_fraction of the bench's req/s, so at start_fraction / this of its knee. A profile not
+# here starts at sim.knee_search's 0.7 of its knee (a GPU's knee sat at 0.31 to ~1.0 of its bench: unsettled).
+KNEE_OF_BENCH = {"cpu": 10.4 / 12.0}
+
 OBJECTIVE = "knee_rps"  # ladder.yaml's objective: a rung is kept on its knee, or on tok/s with its knee not worse
 
 
@@ -51,6 +57,7 @@ class Noise:
     true_phi: float = 0.0  # the looks' true dispersion (0: the model's, knee.dispersion)
     upper_gamma: float = sim.GAMMA  # the wall at the upper end (see upper)
     upper_phi: float = 0.0
+    start: float = 0.7     # rung 0's search starts at this multiple of its knee (sim.knee_search's default)
 
     @classmethod
     def of(cls, profile: str, knee: float, spread_from: str = "gpu-shape-4090") -> Noise:
@@ -66,9 +73,10 @@ class Noise:
         fl = p["bench"]["noise_floor"]
         model = sim.KneeModel.of(profile)
         gamma_up = min(model.gamma_lo, sim.GAMMA)
+        start = p["knee"]["start_fraction"] / KNEE_OF_BENCH[profile] if profile in KNEE_OF_BENCH else 0.7
         return cls(profile, knee, model, spread["knee_cv"], spread["sigma_ci"][1] / gamma_up,
                    p["knee"].get("noise_floor") or 0.0, fl["cv"], fl["engines"], p["bench"]["repeats"],
-                   model.phi, gamma_up, max(model.phi, spread["phi"]))
+                   model.phi, gamma_up, max(model.phi, spread["phi"]), start)
 
     def upper(self) -> Noise:
         """Every floor at the upper end of its 95 % interval: the servers' knee spread and the engines'
@@ -81,9 +89,10 @@ class Noise:
         return sim.Machine(rng, True, self.repeats, self.floor_cv)
 
     def search(self, rng, knee: float, anchor: dict | None = None) -> dict:
-        """A knee search on a fresh server of a config whose knee is `knee` (the knee stage's search)."""
+        """A knee search on a fresh server of a config whose knee is `knee` (the knee stage's search; without an
+        anchor, rung 0's, from `start` x its knee)."""
         return sim.knee_search(rng, knee, anchor, self.server_cv, self.knee_floor, self.true_phi or self.model.phi,
-                               model=self.model)
+                               start=self.start, model=self.model)
 
     def recheck(self, rng, knee: float, rate: float, side: str | None) -> list[dict]:
         return sim.recheck(rng, knee, rate, side, self.server_cv, self.true_phi or self.model.phi, self.model)
