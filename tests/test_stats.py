@@ -616,3 +616,8 @@ def test_a_look_counts_the_requests_it_was_sized_for_where_seconds_of_poisson_ar
     assert 6 < np.std(by_time) < 9 and abs(np.mean(by_time) - planned) < 2
     short = np.mean(np.array(by_time) < need)
     assert 0.005 < short < 0.05, short  # 10 % over a pass (COUNT_MARGIN) is ~2 SD: a look in 50 or so came short
+    # a tail longer than the look leaves nothing to count, in arrivals as in seconds
+    reqs = [{"start": i / rate, "end": i / rate + 7.0, "ok": True} for i in range(50)]  # 67 arrivals of tail
+    for r in (None, rate):
+        w = probing.counted_window(reqs, 0.0, 0, 1, r)
+        assert w["hi"] - w["lo"] <= 0 and reqs[w["lo"]:w["hi"]] == [], (r, w)

@@ -234,7 +234,7 @@ def counted_window(reqs: list[dict], ramp_fraction: float, settle: float = 0.0, 
     e2e = _pct(late, 50) or 0.0
     if rate:
         skip, drop = math.ceil(rate * settle * e2e - 1e-9), math.ceil(rate * tail * e2e - 1e-9)
-        lo, hi = max(int(n * ramp_fraction), skip), n - drop
+        lo, hi = max(int(n * ramp_fraction), skip), max(n - drop, 0)  # a negative end would slice from the back
         settled = lo <= SETTLE_CAP * hi if hi > 0 else not settle
         if not settled:
             lo, hi = n // 2, n
