@@ -32,6 +32,11 @@ class Record(BaseModel):
         return self.model_dump(mode="json", exclude={"provenance"})
 
 
+class Closed(BaseModel):
+    """A part of a record whose keys one function of the code fixes: an undeclared key is refused by name."""
+    model_config = ConfigDict(extra="forbid")
+
+
 class StageTime(BaseModel):
     """common.stage_time: a stage's wall time (process start to its result file), split."""
     model_config = ConfigDict(extra="forbid")

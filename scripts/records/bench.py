@@ -10,14 +10,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import model_validator
 
-from records.base import Record, StageTime
-
-
-class Closed(BaseModel):
-    """A part of the record whose keys one function of the code fixes: an undeclared key is refused by name."""
-    model_config = ConfigDict(extra="forbid")
+from records.base import Closed, Record, StageTime
 
 
 class AppliedShape(Closed):

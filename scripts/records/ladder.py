@@ -16,18 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import model_validator
 
 import common
-from records.base import Record, StageTime
+from records.base import Closed, Record, StageTime
 from records.bench import BenchResult
 from records.eval import EvalResult
 from records.gate import GateResult
 from records.knee import RungKnee
-
-
-class Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class Measured(Closed):
