@@ -10,22 +10,20 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import model_validator
 
-from records.base import Record, StageTime
+from records.base import Closed, Record, StageTime
 
 
-class CategoryScore(BaseModel):
+class CategoryScore(Closed):
     """measure/score.summarize for one category."""
-    model_config = ConfigDict(extra="forbid")
     n: int
     correct: int
     acc: float
 
 
-class Inputs(BaseModel):
+class Inputs(Closed):
     """What decides an eval's answers (eval.inputs): rung 0's result is reused where a rung's are the same."""
-    model_config = ConfigDict(extra="forbid")
     knobs: dict[str, Any]              # common.engine_config: the engine's knobs are vLLM's (open), the target card's
     model_sha256: str | None = None
     eval_sha256: str
@@ -34,10 +32,9 @@ class Inputs(BaseModel):
     max_tokens: int
 
 
-class Nondeterminism(BaseModel):
+class Nondeterminism(Closed):
     """Rung 0 evaluated twice in one engine, the second time in reverse order (eval.RECHECK): the items whose
     correctness differed (measure/score.flips), the floor the gate discounts."""
-    model_config = ConfigDict(extra="forbid")
     flips: int
     items: list[str]
     by_category: dict[str, int]        # keyed by the eval set's categories, as `by_category` is

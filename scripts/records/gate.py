@@ -10,24 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import model_validator
 
 import config
-from records.base import Record
+from records.base import Closed, Record
 
 
-class Flipped(BaseModel):
+class Flipped(Closed):
     """The item ids whose correctness changed against rung 0, each way (empty where nothing was gated)."""
-    model_config = ConfigDict(extra="forbid")
     right_to_wrong: list[str] = []
     wrong_to_right: list[str] = []
 
 
-class Block(BaseModel):
+class Block(Closed):
     """gate.compare's verdict on one category or overall: accuracies, flips, the floor, McNemar's evidence, and the
     flips it would need to call a regression (stats.detectable_flips). A version-1 block from before the
     nondeterminism floor and the power check lacks those fields (they read None)."""
-    model_config = ConfigDict(extra="forbid")
     n: int
     baseline: float
     rung: float

@@ -12,17 +12,16 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 import config
-from records.base import Record, StageTime
+from records.base import Closed, Record, StageTime
 
 Status = Literal["inside", "below", "open", "above", "ok", "n/a"]
 
 
-class FrontEndLook(BaseModel):
+class FrontEndLook(Closed):
     """Where a look's latency came from (measure/frontend.py; issue 50): the client's and the server's counts of the
     look's completed requests over the SLO's TTFT (like with like: TTFT only, every completed request, each by its
     own clock), the engine's queue peaks, the busiest thread's share of a core in the API servers and the client,
     and the flag: `bound` "front end" / "client" (the latency was added outside the engine), "engine", or None."""
-    model_config = ConfigDict(extra="forbid")
     counted: int                              # the look's completed requests (the client's population)
     client_over_ttft: int
     server_counted: int | None = None         # the server's TTFT histogram count over the look (+1: the test request)
@@ -88,19 +87,17 @@ class Look(BaseModel):
     frontend: FrontEndLook | None = None  # None: a look from before schema 3, or not watched
 
 
-class Recheck(BaseModel):
+class Recheck(Closed):
     """A knee verdict re-checked on a fresh server (run.anchor.look): the rate, the side it re-checks, each rate's
     verdict as visited."""
-    model_config = ConfigDict(extra="forbid")
     rate: float
     side: Literal["better", "worse"] | None = None
     verdicts: dict[str, str]
 
 
-class ApiServers(BaseModel):
+class ApiServers(Closed):
     """The `vllm serve` API-server processes asked for (serve.api_server_count; None: vLLM's default) and found
     running after the warm-up (engine.Server.api_servers)."""
-    model_config = ConfigDict(extra="forbid")
     asked: int | None = None
     found: int
 
