@@ -48,7 +48,7 @@ import fingerprint
 import knee
 import plan as planning
 from judgement import stats
-from measure import frontend, probing, summary, workload
+from measure import evidence, frontend, probing, summary, workload
 from measure import spread as server_spread_fit
 from serving import engine, vllm_compat
 
@@ -329,7 +329,7 @@ def judge_look(row: dict, k: dict, slo: dict) -> tuple[dict, str | None, str]:
     "front end" or "client" where it was added outside the engine): (evidence, bound, why)."""
     phi = probing.Dispersion.of(k["dispersion"]).phi
     ev = probing.slo_evidence(row["counted"], row["over_slo"], slo["percentile"],
-                              probing.look_confidence(k["max_repeats"]), phi)
+                              evidence.look_confidence(k["max_repeats"]), phi)
     if not row.get("frontend"):
         return ev, None, "not instrumented"
     passed = ev["verdict"] == "pass" and not row.get("failed") and not row.get("backlog")

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from config import (  # noqa: F401 -- re-exported
     PARAMS,
-    PROBE_CONFIDENCE,
     ROOT,
     SECRET_WORDS,
     ParamsError,
@@ -27,8 +26,6 @@ from config import (  # noqa: F401 -- re-exported
     knob_error,
     load_params,
     local_model_problem,
-    look_confidence,
-    pass_minimum,
     validate,
 )
 

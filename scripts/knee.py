@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import common
-from measure import disturbed, frontend, probing, workload
+from measure import disturbed, evidence, frontend, probing, workload
 from records.bench import BenchResult
 from records.gate import gate_failed
 from records.knee import KneeResult
@@ -373,8 +373,8 @@ def method(k: dict, slo: dict, started: str) -> str:
     return (f"`vllm serve` + `vllm bench serve`, Poisson arrivals; each probe counts ~{k['probe_seconds']} s of "
             f"arrivals once the server has filled ({k['settle_latencies']:g} end-to-end latencies after the first, "
             f"{k['tail_latencies']:g} before the last), at least what a {p} pass needs; a rate passes when the count "
-            f"of counted requests over the SLO shows at {probing.PROBE_CONFIDENCE:.0%} confidence (each of its up to "
-            f"{k['max_repeats']} looks at {probing.look_confidence(k['max_repeats']):.1%}) that at most "
+            f"of counted requests over the SLO shows at {evidence.PROBE_CONFIDENCE:.0%} confidence (each of its up to "
+            f"{k['max_repeats']} looks at {evidence.look_confidence(k['max_repeats']):.1%}) that at most "
             f"{100 - slo['percentile']:g} % break it (an exact binomial bound, as MLPerf LoadGen's early stopping, on "
             f"the counts divided by the requests' {d.words()}: they break it in bursts), fails when it shows more "
             f"do, and is probed again while neither holds (its counts pooled, at most {k['max_repeats']} probes in a "

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from conftest import wait_no_vllm
-from measure import probing
+from measure import evidence, probing
 
 pytestmark = pytest.mark.engine
 STAGES = ("download", "eval_baseline", "eval", "gate", "bench", "knee")
@@ -52,8 +52,8 @@ def test_repro_runs_every_stage_and_writes_the_results(project):
     assert all(float(r["e2e_over_window"]) > 0 for r in rows) and isinstance(knee["short_probes"], bool)
     # each probe counts a steady state (its first arrivals left out while the server fills), and a rate that passed
     # rests on the requests one look's pass needs at the measured dispersion
-    need = probing.pass_minimum(params["slo"]["percentile"], params["knee"]["dispersion"]["phi"],
-                              params["knee"]["max_repeats"])
+    need = evidence.pass_minimum(params["slo"]["percentile"], params["knee"]["dispersion"]["phi"],
+                               params["knee"]["max_repeats"])
     assert all(int(r["ramp_skipped"]) > 0 and int(r["counted"]) > 0 for r in rows)
     assert all(int(r["pooled_counted"]) >= need for r in rows if r["passed"] == "True")
     assert knee["start_rate"] > 0 and "the bench's" in knee["method"]  # the search started from the bench

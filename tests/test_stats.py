@@ -9,7 +9,7 @@ import pytest
 
 from conftest import FIXTURES
 from judgement import stats
-from measure import probing, summary
+from measure import evidence, probing, summary
 
 
 def test_summary_interval_matches_students_t():
@@ -239,14 +239,14 @@ def test_a_percentile_rests_on_enough_requests():
     assert [probing.tail_requests(p) for p in (99, 95, 90)] == [300, 60, 30]
     # 10 s at 5 req/s is 50 requests, but a p99 pass needs 299 counted (329 with the sizing margin) after the 10 %
     # ramp-up: 0.99^299 = 0.0495
-    assert probing.pass_minimum(99) == 299 and probing.pass_minimum(95) == 59 and probing.pass_minimum(90) == 29
+    assert evidence.pass_minimum(99) == 299 and evidence.pass_minimum(95) == 59 and evidence.pass_minimum(90) == 29
     assert probing.probe_prompts(5, 10, 99, 0.1, 16, 1000) == 366
     assert probing.probe_prompts(50, 10, 90, 0.1, 16, 1000) == 556  # 10 s counted after the ramp-up
     assert probing.probe_prompts(5, 10, 99, 0.1, 16, 200) == 200  # capped (config refuses such a cap up front)
     # settle 3 and tail 1 end-to-end latencies of 2 s at 10 req/s: 80 more arrivals around the 329 counted
     assert probing.probe_prompts(10, 10, 99, 0.0, 16, 1000, e2e_s=2.0, settle=3, tail=1) == 409
     # three pooled looks share the 5 % (each at 1.67 %: 408 counted, 449 with the margin), and bursts count phi-fold
-    assert probing.pass_minimum(99, looks=3) == 408 and probing.pass_minimum(95, phi=6.9, looks=3) == 551
+    assert evidence.pass_minimum(99, looks=3) == 408 and evidence.pass_minimum(95, phi=6.9, looks=3) == 551
     assert probing.probe_prompts(10, 10, 99, 0.0, 16, 1000, e2e_s=2.0, settle=3, tail=1, looks=3) == 529
 
 
@@ -599,7 +599,7 @@ def test_a_look_counts_the_requests_it_was_sized_for_where_seconds_of_poisson_ar
     # cpu's rung-0 look near its wall (9.514 req/s, e2e 1.389 s, p90 at dispersion 5.3: a pass needs 151 counted)
     rng = np.random.default_rng(5)
     rate, e2e, phi = 9.514, 1.389, 5.3
-    need = probing.pass_minimum(90, phi, 1)
+    need = evidence.pass_minimum(90, phi, 1)
     n = probing.probe_prompts(rate, 10, 90, 0.1, 16, 4096, e2e, 3, 1, phi)
     by_time, by_arrivals = [], []
     for _ in range(2000):

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import math
 
-from common import look_confidence
 from measure import probing
+from measure.evidence import look_confidence
 
 BUSY_SHARE = 0.9  # a thread at this share of one core is saturated: asyncio and the GIL give it no more
 STALL_S = 1.0  # a /metrics GET this slow (or failing) during a look: the API server's event loop stalled

@@ -1,8 +1,8 @@
 """The knee search's maths, pure functions only (unit-tested on fixture numbers): a knee probe's size and its counted
 evidence (a binomial bound on the share of requests over the SLO, as MLPerf LoadGen's early stopping), the knee
 search on its grid (next rate, bracket, result). Only the knee stage stands on it (the bench's summary of its
-repeats is measure/summary.py; the pass minimum that params.yaml is checked by is config's); what judges their
-numbers (stats.py) imports it, never the other way round."""
+repeats is measure/summary.py; the pass minimum that params.yaml is checked by is measure/evidence.py's, a leaf
+config imports); what judges their numbers (stats.py) imports it, never the other way round."""
 from __future__ import annotations
 
 import math
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from common import PROBE_CONFIDENCE, look_confidence, pass_minimum  # config's: it checks knee.max_prompts by them
+from measure.evidence import PROBE_CONFIDENCE, look_confidence, pass_minimum
 from measure.summary import fmt_g
 
 GRID_ROUNDING = 1e-3  # relative: grid_rate keeps 4 significant figures (at most 5e-4 off)
