@@ -8,8 +8,9 @@ tests/simulate.py's (the rule's own):
 - tok/s: fresh engines START_TO_START (1.5 %) apart, IN_ENGINE (0.5 %) within; the floor every Δ is drawn with is
   the card's (8 fresh engines, simulated on the same machine model) pooled with the ladder's own same-config engines
   (record.floor_of: rung 0 and the final rung as the ladder measured them, and the confirm's own);
-- the knee: gpu-shape-4090's search on the H200 probe model (p95, phi 6.9, two looks a rate), each fresh server's
-  knee x exp(N(0, 12.9 %)) (its knee.server_spread, which the rule pools: 12 servers); the cpu profile's search (p90,
+- the knee: gpu-shape-4090's search on the H200 probe model (p95, phi 6.9, two looks a rate) on its own wall (gamma
+  61, measured with 4 API servers), each fresh server's knee x exp(N(0, its knee CV)) (its knee.server_spread, which
+  the rule pools: 9 servers, CV 0); the cpu profile's search (p90,
   phi 5.3, one look a rate) on its own wall (gamma 65.6) and spread (knee CV 0.4 %, 8 servers), both as params.yaml
   stores them and the rule pools them;
 - rung 0's search starts at 0.7 K; each confirm run's search starts from the knee before it (a baseline from rung
@@ -17,8 +18,9 @@ tests/simulate.py's (the rule's own):
 - the ladder kept a x1.3 gain (a kept rung that read +30 % on tok/s, or on its knee): where the confirm step does
   not call the stack better, it says "did not reproduce" where its interval excludes that gain, else "could not tell";
 - "at the upper end": the truth at the upper end of each floor's 95 % interval, the rule's floors as stored: the
-  servers' knee CV at knee.server_spread's knee_cv_ci upper (16.5 %; cpu 9.9 %: its sigma's upper end over a wall
-  of GAMMA, the gentler of that and its own's lower end, its looks' dispersion the spread fit's 15.8),
+  servers' knee CV at its sigma's upper end over a wall of GAMMA, the gentler of that and its own's lower end
+  (gpu-shape-4090 2.9 %, cpu 9.9 %), its looks' dispersion the larger of knee.dispersion and the spread fit's (cpu
+  15.8),
   fresh engines at START_TO_START x sqrt(df / chi2_0.025(df)) with the profile's bench.noise_floor df (7: 3.05 %).
 
 A stack is "called better" where confirm_summary's `reproduced` is True. What must hold (issue 53): an A/A stack is
@@ -181,8 +183,8 @@ def test_an_a_a_stack_is_called_better_in_at_most_2_5_percent(profile, upper):
     assert r["better"] <= 0.025, r
     # the A/A stack the ladder read x1.3 on tok/s: the confirm's interval excludes that gain
     assert r["not reproduced"] >= 0.95, r
-    if profile == "gpu-shape-4090":  # the knee on one server a side, as the confirm step judged it before
-        assert r["one server better"] > 0.08, r
+    # the knee on one server a side, as the confirm step judged it before, called an A/A stack better in > 8 % at
+    # the stock front end's spread (knees' CV 12.9 %); at the spread measured with 4 API servers in ~0 % (printed)
 
 
 @pytest.mark.parametrize(("profile", "upper"), CASES, ids=IDS)
@@ -192,10 +194,10 @@ def test_a_true_1_3x_stack_is_called_better_in_at_least_80_percent(profile, uppe
     assert r["better"] >= 0.80 and r["power"] >= 0.80, r
 
 
-@pytest.mark.xfail(strict=True, reason="a stack kept on its knee alone (x1.3, tok/s unchanged) is confirmed in 11.9 % "
-                   "at two pairs (its stated power 17 %: the servers' spread, 12.9 %, is most of a grid step of "
-                   "2^(1/4), over two servers a side): 80 % takes ~8 pairs (81 % in 500 trials); the step says it "
-                   "could not tell, with its power")
+@pytest.mark.xfail(strict=True, reason="a stack kept on its knee alone (x1.3, tok/s unchanged) is confirmed in 99.95 % "
+                   "at two pairs at the spread measured with 4 API servers, but the step states its power as 65 %: "
+                   "stats.power's plug-in pools the spread's upper end over few degrees of freedom and errs low here "
+                   "(at the stock front end's spread, 12.9 %, it was found in 11.9 % at a stated 17 %)")
 def test_a_stack_kept_on_its_knee_alone_is_called_better_in_at_least_80_percent():
     r = confirm_rates("gpu-shape-4090", 1.0, 1.3, seed=43, on="knee_rps")
     print(r)

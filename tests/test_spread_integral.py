@@ -1,5 +1,6 @@
 """measure.spread's integral over a server's effect, against a brute-force one, and the fit it gives: on planted
-looks (its interval covers the planted spread) and on gpu-shape-4090's stored looks (no longer snapped to a node)."""
+looks (its interval covers the planted spread) and on the one-API-server spread's stored looks (no longer snapped to a
+node)."""
 import math
 
 import numpy as np
@@ -83,11 +84,12 @@ def test_a_full_fit_of_planted_looks_holds_its_spread_and_dispersion():
 
 
 def stored_spread() -> dict:
-    """gpu-shape-4090's knee.server_spread as the repo's config loader settles it (tests/test_rule_simulation.py)."""
+    """The stock front end's spread (one API server, 12 servers on H200s: the gpu profile's knee.server_spread; it was
+    gpu-shape-4090's until 4 API servers were measured) as the repo's config loader settles it."""
     import config
     import plan
     eff = plan.effective_params(config.load_params(check=False), plan.load_ladder(plan.LADDER_YAML),
-                                "gpu-shape-4090", plan.committed_params())
+                                "gpu", plan.committed_params())
     return config.validate(eff)["knee"]["server_spread"]
 
 
