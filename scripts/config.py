@@ -264,8 +264,8 @@ class Workload(Section):
 
 class NoiseFloor(Section):
     """The start-to-start SD of output tok/s on this card: `make benchmark` measures it (fresh engines after a
-    discarded first one) and prints this block; every Δ's interval carries it (stats.Floor), pooled with the
-    ladder's own re-measures of its bases."""
+    discarded first one) and prints this block; every Δ's interval carries it (read as stats.Floor by stats.Floor.of
+    alone), pooled with the ladder's own re-measures of its bases."""
     cv: Annotated[StrictFloat | StrictInt, at.Ge(0), at.Lt(1)] = F("a fraction in [0, 1)", 0.0)
     engines: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0: the fresh engines it was measured on (0: none)", 0)
     measured_on: StrictStr | None = F("the machine it was measured on (GPU name and driver, or CPU), or null", None)

@@ -42,7 +42,10 @@ class Floor:
 
     @classmethod
     def of(cls, spec) -> Floor:
-        """From params `bench.noise_floor` ({cv, engines, measured_on, ...}; `make benchmark` writes it)."""
+        """From params `bench.noise_floor` (config.NoiseFloor as load_params dumps it; `make benchmark` writes it):
+        the one place that block becomes a Floor; the code reaches it only through delta and pool. The block stays
+        its own type: config stands on nothing above measure.evidence (tests/test_dvc_deps.py), and a Floor is also
+        a pooled estimate (groups, a composed source) that no one types into params.yaml."""
         if isinstance(spec, Floor):
             return spec
         if not spec:
@@ -56,9 +59,11 @@ class Floor:
         return f"start-to-start CV {self.cv:.1%} from {self.engines} engines (df {self.df}; {self.source})"
 
 
-def pool(prior: Floor, groups: list[list[float]], source: str = "") -> Floor:
-    """The prior floor pooled with the ladder's own same-config engines (each group: the means of fresh engines of
-    one config, e.g. a base and its re-measures): pooled relative variance, weighted by degrees of freedom."""
+def pool(prior: Floor | dict | None, groups: list[list[float]], source: str = "") -> Floor:
+    """The prior floor (a Floor, or params `bench.noise_floor`) pooled with the ladder's own same-config engines
+    (each group: the means of fresh engines of one config, e.g. a base and its re-measures): pooled relative
+    variance, weighted by degrees of freedom."""
+    prior = Floor.of(prior)
     ss, df = prior.cv ** 2 * prior.df, prior.df
     engines, n_groups = (prior.engines, prior.groups) if prior.df else (0, 0)  # a prior of df 0 adds nothing
     for g in groups:
