@@ -321,7 +321,8 @@ def table(lad: dict, rec: LadderRecord) -> str:
 # What a reviewer pastes into a design review: the seed's 7 columns and one line a rung naming the figure that
 # decided it. Every figure here is also in the sections below (the appendix holds the long table), so a cell may be
 # short: a doubted line is opened there, never re-derived here.
-MARKS = {"front end": "†", "disturbed": "‡", "knee flag": "§"}
+MARKS = {"front end": "†", "disturbed": "‡", "knee flag": "§", "cold KV": "¶"}
+KV_SHORT = 0.01  # a bench engine's KV tokens this far under its own server's: not the start the server had
 REGRESS_WIDTH = 24  # the regressions cell: as wide as its header, so the seed table fits a screen
 
 
@@ -347,7 +348,7 @@ def short_tps(r) -> str:
         return no_tps(b)
     ci = b.get("output_tps_ci95")
     return (f"{b['output_tps']:.0f}" + (f" {short_ci(*ci)}" if ci else "")
-            + (MARKS["disturbed"] if was_disturbed(b) else ""))
+            + (MARKS["disturbed"] if was_disturbed(b) else "") + (MARKS["cold KV"] if short_kv(r) else ""))
 
 
 def short_knee(k: dict) -> str:
@@ -402,6 +403,18 @@ def glance_table(lad: dict) -> str:
     return pipe_table(rows)
 
 
+def short_kv(r: dict) -> tuple[int, int] | None:
+    """(the bench engine's KV tokens, its knee server's) where the bench's are more than KV_SHORT fewer, else None.
+    The two are one config on one card, so vLLM sizes their KV caches alike, except after a start that compiled cold:
+    its torch.compile scratch is charged to the profiled activation peak and the KV cache comes out smaller until a
+    warm restart (vLLM issue 54122; an H100 server read 104,064 tokens cold against 118,160, docs/measurements.md
+    2026-12-06). A rung's bench engine is the first start of its config, its server a later one: where KV binds,
+    that tok/s reads low."""
+    b, k = r.get("bench") or {}, r.get("knee") or {}
+    tb, tk = b.get("kv_cache_tokens"), k.get("kv_cache_tokens")
+    return (tb, tk) if tb and tk and tb < tk * (1 - KV_SHORT) else None
+
+
 def pipe_table(rows: list[dict]) -> str:
     """A markdown table as narrow as its cells: tabulate pads every column by two more, 14 characters of 7 columns."""
     cols = list(rows[0]) if rows else []
@@ -421,9 +434,12 @@ def glance_notes(lad: dict) -> list[str]:
         named["front end"] += [who] if not_the_engine_s(k.get("frontend_words")) else []
         named["disturbed"] += [who] if was_disturbed(r.get("bench") or {}) or was_disturbed(k) else []
         named["knee flag"] += [f"{who} {', '.join(knee_flags(k))}"] if knee_flags(k) else []
+        named["cold KV"] += [f"{who} ({kv[0]:,} against {kv[1]:,})"] if (kv := short_kv(r)) else []
     words = {"front end": f"{FRONT_END_FLAG} (its looks' latency was added outside the engine: What I kept and why)",
              "disturbed": "a measurement flagged disturbed and measured again (Disturbed measurements)",
-             "knee flag": "a knee with a warning"}
+             "knee flag": "a knee with a warning",
+             "cold KV": ("the bench engine held fewer KV tokens than its own server (a start with no compile cache, "
+                         "vLLM issue 54122): where KV binds its tok/s reads low")}
     notes = [f"{MARKS[key]} {words[key]}: {', '.join(who)}" for key, who in named.items() if who]
     return [f"Output tok/s: median [95 % CI]; speedup vs rung 0; knee: last pass–first fail on evidence at the SLO "
             f"({slo_text(lad['slo'])}); regressions: accuracy lost per category vs rung 0 (✗ failed the gate). "

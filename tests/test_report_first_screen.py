@@ -112,6 +112,21 @@ def test_a_front_end_bound_knee_and_a_disturbed_measurement_are_marked_in_the_ta
     assert "- ‡ a measurement flagged disturbed and measured again (Disturbed measurements): #2" in screen
 
 
+def test_a_bench_engine_that_held_fewer_kv_tokens_than_its_server_is_marked_with_a_footnote(tmp_path):
+    # one config, one card: a bench engine's KV cache smaller than its server's came from a cold compile (vLLM issue
+    # 54122), and where KV binds its tok/s reads low; equal counts (every committed fixture) are not marked
+    lad = load("ladder_cpu.json")
+    assert not any(report.short_kv(r) for r in lad["rungs"])
+    cold, warm = lad["rungs"][2], lad["rungs"][3]
+    cold["bench"]["kv_cache_tokens"], cold["knee"]["kv_cache_tokens"] = 104064, 118160
+    warm["bench"]["kv_cache_tokens"], warm["knee"]["kv_cache_tokens"] = 117500, 118160  # within KV_SHORT
+    screen = first_screen(report.render(lad, tmp_path))
+    row = {r[0]: r for r in seed_table(screen)}
+    assert row["#2 fp8-kv"][3].endswith("¶") and not row["#3 spend-memory"][3].endswith("¶")
+    assert ("- ¶ the bench engine held fewer KV tokens than its own server (a start with no compile cache, vLLM issue "
+            "54122): where KV binds its tok/s reads low: #2 (104,064 against 118,160)") in screen
+
+
 def kept_on_knee(lad: dict, pairs_held: bool) -> dict:
     """ladder_cpu with spend-memory kept on its knee, read better and re-checked on one pair of fresh servers."""
     lad = copy.deepcopy(lad)
