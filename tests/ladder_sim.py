@@ -74,7 +74,7 @@ class Noise:
         model = sim.KneeModel.of(profile)
         gamma_up = min(model.gamma_lo, sim.GAMMA)
         start = p["knee"]["start_fraction"] / KNEE_OF_BENCH[profile] if profile in KNEE_OF_BENCH else 0.7
-        return cls(profile, knee, model, spread["knee_cv"], spread["sigma_ci"][1] / gamma_up,
+        return cls(profile, knee, model, spread["knee_cv"], sim.upper_knee_cv(spread),
                    p["knee"].get("noise_floor") or 0.0, fl["cv"], fl["engines"], p["bench"]["repeats"],
                    model.phi, gamma_up, max(model.phi, spread["phi"]), start)
 

@@ -92,10 +92,17 @@ def card_floor(rng, cold: bool, engines: int = 8, repeats: int = 1,
 P4090 = profile_settings("gpu-shape-4090")
 SPREAD = P4090["knee"]["server_spread"]
 GAMMA, PHI, SERVER_CV = 13.0, P4090["knee"]["dispersion"]["phi"], SPREAD["knee_cv"]
-# The upper end: the log share's between-server SD at its interval's upper end over the gentler of the spread's own
-# wall (its lower end, where looks at two or more rates fitted it) and GAMMA, at which the model runs: the spread
-# measured with 4 API servers reads knees' CV 0 [0, 0.61 %] at its own wall of 61 [45, 81], 2.9 % at GAMMA's.
-SERVER_CV_HI = SPREAD["sigma_ci"][1] / min((SPREAD.get("gamma_ci") or [GAMMA])[0], GAMMA)
+
+
+def upper_knee_cv(spread: dict) -> float:
+    """Fresh servers' knee CV at the upper end, as every simulation takes it: the log share's between-server SD at its
+    interval's upper end over the gentler of the spread's own wall (its lower end, where looks at two or more rates
+    fitted it) and GAMMA, at which the rule's model runs. The spread measured with 4 API servers reads knees' CV 0
+    [0, 0.61 %] at its own wall of 61 [45, 81]: 2.9 % at GAMMA's; a one-rate block gives its own knee_cv_ci end."""
+    return spread["sigma_ci"][1] / min((spread.get("gamma_ci") or [GAMMA])[0], GAMMA)
+
+
+SERVER_CV_HI = upper_knee_cv(SPREAD)
 # The spread the stock front end (one API-server process) gave on H200s, 12 servers: knees' CV 12.9 % [5.9, 16.5]
 # (the gpu profile's, a user's own card with the stock server): the front end's limit, not the engine's.
 ONE_API = profile_settings("gpu")["knee"]["server_spread"]

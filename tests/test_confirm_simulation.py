@@ -44,6 +44,7 @@ from simulate import (
     knee_search,
     profile_settings,
     upper_cv,
+    upper_knee_cv,
 )
 
 PROFILES = {p: profile_settings(p) for p in ("gpu-shape-4090", "cpu")}
@@ -59,7 +60,7 @@ def server_cv(profile: str, upper: bool) -> float:
     sp = PROFILES[profile]["knee"]["server_spread"]
     if not sp.get("servers"):
         return SERVER_CV_HI if upper else SERVER_CV
-    return sp["sigma_ci"][1] / min(MODELS[profile].gamma_lo, GAMMA) if upper else sp["knee_cv"]
+    return upper_knee_cv(sp) if upper else sp["knee_cv"]
 
 
 def looks_phi(profile: str, upper: bool) -> float:
