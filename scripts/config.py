@@ -455,6 +455,10 @@ class Anchor(Section):
         "count, one more visit a grid rate beyond (up for better, down for worse)", None)
     after: Annotated[int, at.Ge(0)] = F("an integer >= 0: when the re-checked rung's bench ran (Unix s), so that a "
                                         "rung and its re-check are restored or measured together", 0)
+    latency: list[tuple[PosNum, PosNum]] | None = F(
+        "a list of [req/s, s] pairs or null: the median end-to-end latency the base (for a re-check, the base and the "
+        "rung) measured at rates where its looks passed; a look at such a rate is sized by it (knee.e2e_estimate)",
+        None)
 
 
 class Run(Section):

@@ -48,15 +48,20 @@ def prompts_for(rate: float, k: dict, slo: dict, e2e_s: float) -> int:
                                probing.Dispersion.of(k["dispersion"]).phi, k["max_repeats"])
 
 
-def e2e_estimate(rows: list[dict], warm: float | None, rate: float) -> float:
+def e2e_estimate(rows: list[dict], warm: float | None, rate: float,
+                 known: list | None = None) -> float:
     """The end-to-end latency a probe at `rate` is sized by (its settle and tail), before it runs: the longest median
     of the probes at or below `rate` so far (latency rises with the rate; one above may have been overloaded), else
     the warm-up's; above the two highest rates probed below it (with no backlog: a queue's latency is not the
     server's), where the line through their medians reaches `rate` longer, that. Latency rises faster toward the
     wall, where a look must count what a pass needs: on the cpu's rung 0, 1.145 s at 5.657 req/s and 1.356 at 8
     sized 9.514 by 1.356, where it ran 1.389 (the line: 1.492). A window sized short only counts fewer requests, and
-    the row says how many."""
+    the row says how many. `known` (run.anchor.latency: [[req/s, s], ...]): what the base measured at its passing
+    rates; at `rate` it is the least the estimate takes. A rung's first look at its base's pass, sized by its warm-up
+    (1.9 s) where the base had met 3.4-3.8 s there, counted 344-402 of the ~547 requests planned, short of a pass, on
+    each of three H100 rungs (docs/measurements.md, 2026-12-06): a second look of ~30 s each."""
     seen = [r["e2e_p50_s"] for r in rows if r.get("e2e_p50_s") and r["offered_rps"] <= rate]
+    seen += [e for at, e in known or () if abs(at / rate - 1) <= probing.GRID_ROUNDING]
     longest = max(seen, default=warm or 0.0)
     below: dict[float, float] = {}
     for r in rows:
@@ -288,7 +293,7 @@ def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
     (disturbed.CpuWatch); a look while it held more than knee.busy_share of the cores is kept in the row that replaces
     it (`disturbed_look`, its file renamed *-disturbed.json) and looked at again once, on the same trace: the search
     judges the second (flagged `busy_again` where it was busy too)."""
-    e2e = e2e_estimate(rows, k.get("e2e_warm_s"), rate)
+    e2e = e2e_estimate(rows, k.get("e2e_warm_s"), rate, (k.get("anchor") or {}).get("latency"))
     n = prompts_for(rate, k, slo, e2e)
     if seed is None:
         at_rate = [(x["offered_rps"], x["passed"]) for x in rows]

@@ -103,9 +103,23 @@ def knee_anchor(base: dict, knobs: dict, bracket: bool = False, floor: float = 0
         return None
     scale = capacity.gpus_per_instance(knobs) / capacity.gpus_per_instance(base.get("knobs") or {})
     worse = lo and floor and float(f"{lo * scale / (1 + floor):.4g}")
+    seen = latencies((base, scale))
     return {"pass": lo and float(f"{lo * scale:.4g}"), "fail": hi and float(f"{hi * scale:.4g}"),
             **({"worse": worse} if worse else {}), **({"bracket": True} if bracket else {}),
-            **({"last": True} if last and not bracket and not floor else {})}
+            **({"last": True} if last and not bracket and not floor else {}), **({"latency": seen} if seen else {})}
+
+
+def latencies(*recs: tuple[dict, float]) -> list[list[float]]:
+    """run.anchor.latency: the median end-to-end latency of each (record, rate scale)'s looks that passed, their
+    window opened on a filled server and with no backlog (a queue's latency is not the server's), the longest per
+    rate, in the units of the rung the anchor is for: a look at such a rate is sized by it (knee.e2e_estimate)."""
+    at: dict[float, float] = {}
+    for rec, scale in recs:
+        for r in (rec.get("knee") or {}).get("rows") or []:
+            if r.get("passed") and r.get("settled", True) and not r.get("backlog") and r.get("e2e_p50_s"):
+                rate = float(f"{r['offered_rps'] * scale:.4g}")
+                at[rate] = max(at.get(rate, 0.0), round(r["e2e_p50_s"], 3))
+    return [[rate, e] for rate, e in sorted(at.items())]
 
 
 def set_args(sets: dict, workspace: dict) -> list[str]:
@@ -592,12 +606,15 @@ class Driver:
         for n in range(1, stats.recheck_rounds(d) + 1):
             if not rate:
                 break
-            fresh_base = look("base", base, {"look": rate, "side": side}, n)
+            seen = latencies((self.searched(base), 1.0), (rec, gb / g))  # what either measured sizes the look
+            fresh_base = look("base", base, {"look": rate, "side": side, **({"latency": seen} if seen else {})}, n)
             if fresh_base["status"] != "ok":
                 break
             base_rows = fresh_base["knee"]["rows"]
             # the rung is looked at where the fresh base was judged, in its own units
-            fresh_rung = look("rung", rec, {"look": float(f"{stats.recheck_rate(base_rows) * g / gb:.4g}")}, n)
+            seen = latencies((rec, 1.0), (self.searched(base), g / gb))
+            fresh_rung = look("rung", rec, {"look": float(f"{stats.recheck_rate(base_rows) * g / gb:.4g}"),
+                                            **({"latency": seen} if seen else {})}, n)
             rounds.append((base_rows, fresh_rung["knee"]["rows"] if fresh_rung["status"] == "ok" else None))
             if not stats.pair_holds(side, *rounds[-1]):  # this pair did not hold: no pair after it
                 break

@@ -301,3 +301,16 @@ def test_a_look_above_the_rates_probed_is_sized_on_its_latency_rising_toward_the
     assert knee.e2e_estimate(rows, 1.131, 13.45) == 2.855
     assert knee.e2e_estimate([{"offered_rps": 4.0, "e2e_p50_s": 1.2}, {"offered_rps": 5.657, "e2e_p50_s": 1.1}],
                              None, 8.0) == 1.2
+    # the base's latency at a rate (run.anchor.latency) sizes a rung's look there: the H100 rungs' first look at
+    # their base's pass, sized by the warm-up's 1.9 s where the base met 3.4-3.8 s, counted too few to pass
+    known = [[26.91, 3.775], [13.45, 2.074]]
+    assert knee.e2e_estimate([], 1.9, 26.91, known) == 3.775
+    assert knee.e2e_estimate([], 1.9, 26.9100001, known) == 3.775  # the grid's rounding
+    assert knee.e2e_estimate([], 1.9, 32.0, known) == 1.9  # no latency known there: as before
+    assert knee.e2e_estimate([{"offered_rps": 26.91, "e2e_p50_s": 4.1}], 1.9, 26.91, known) == 4.1  # the longest
+    # sized on the known latency, the first look plans the ~547 counted a pass needs (it counted 344-402 on 1.9 s)
+    k = {"probe_seconds": 20, "ramp_fraction": 0.1, "min_prompts": 16, "max_prompts": 2000, "settle_latencies": 3,
+         "tail_latencies": 1, "dispersion": {"phi": 6.9}, "max_repeats": 2}
+    short, right = (knee.prompts_for(26.91, k, {"percentile": 95}, e) for e in (1.9, 3.775))
+    assert right - short == pytest.approx(26.91 * 4 * (3.775 - 1.9), abs=1.5)
+    assert (right - 26.91 * 4 * 3.4) >= 497  # met at 3.4 s, the window still counts what a pass needs (phi 6.9)

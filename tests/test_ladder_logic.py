@@ -396,11 +396,30 @@ def test_only_the_last_rung_the_ladder_measures_stops_its_knee_search_at_a_gain(
                                             last=True)
     assert "last" not in ladder.knee_anchor({"knee": {"knee_rps": 7.0, "conclusive_fail_rps": 8.0}}, {}, bracket=True,
                                             last=True)
+    # the base's looks that passed on a filled server without a backlog carry their latency to the rung's anchor
+    # (run.anchor.latency, in the rung's units: twice the GPUs, twice the rate), the longest per rate
+    rows = [{"offered_rps": 3.5, "e2e_p50_s": 1.1, "passed": True, "settled": True},
+            {"offered_rps": 7.0, "e2e_p50_s": 2.0, "passed": True, "settled": True},
+            {"offered_rps": 7.0, "e2e_p50_s": 2.4, "passed": True, "settled": True},
+            {"offered_rps": 8.0, "e2e_p50_s": 5.0, "passed": False, "settled": False},
+            {"offered_rps": 5.0, "e2e_p50_s": 3.0, "passed": True, "backlog": True},
+            {"offered_rps": 6.0, "e2e_p50_s": 3.0, "passed": True, "settled": False}]
+    base = {"knee": {"knee_rps": 7.0, "conclusive_fail_rps": 8.0, "rows": rows}}
+    assert ladder.knee_anchor(base, {})["latency"] == [[3.5, 1.1], [7.0, 2.4]]
+    assert ladder.knee_anchor(base, {"engine.tensor_parallel_size": 2})["latency"] == [[7.0, 1.1], [14.0, 2.4]]
+    assert ladder.latencies((base, 1.0), ({"knee": {"rows": [{**rows[0], "e2e_p50_s": 1.5}]}}, 1.0)) == \
+        [[3.5, 1.5], [7.0, 2.4]]
     # run.anchor as the stages read it (params.yaml): `last` is one of its keys
     import config
     params = config.load_params(check=False)
     params["run"]["anchor"] = {"pass": 7.0, "fail": 8.0, "last": True}
     assert config.validate(params)["run"]["anchor"]["last"] is True
+    params["run"]["anchor"] = {"pass": 7.0, "fail": 8.0, "latency": [[7.0, 2.4]]}
+    assert list(config.validate(params)["run"]["anchor"]["latency"][0]) == [7.0, 2.4]
+    params["run"]["anchor"] = {"pass": 7.0, "fail": 8.0, "latency": [[7.0, -2.4]]}
+    with pytest.raises(config.ParamsError, match=r"run\.anchor\.latency.*-2\.4"):
+        config.validate(params)
+    assert ladder.hydra({"pass": 7.0, "latency": [[7.0, 2.4]]}) == "{pass:7.0,latency:[[7.0,2.4]]}"
 
 
 def test_a_failed_stage_s_error_keeps_the_lines_that_name_the_field():
