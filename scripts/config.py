@@ -371,6 +371,8 @@ class Knee(Section):
     backlog_ratio: Annotated[Num, at.Gt(0), at.Le(1)] = F("a number in (0, 1]")
     noise_floor: Annotated[Num, at.Ge(0), at.Lt(4)] = F(
         "a number in [0, 4): knees of one config on fresh servers differ by this fraction", 0.0)
+    better_pairs: Annotated[int, at.Ge(1), at.Le(4)] = F(
+        "an integer in [1, 4]: pairs of fresh servers a better knee is re-checked on (stats.recheck_rounds)", 2)
     dispersion: Dispersion = F("{phi, probes, measured_on, vllm, measured}: `make benchmark` part 6 prints it",
                                Dispersion())
     server_spread: ServerSpread = F("{sigma, knee_cv, phi, servers, looks, ...}: `make benchmark` part 4 with "

@@ -298,6 +298,11 @@ class Driver:
         """knee.noise_floor: how far past its base's boundary a rung's knee must move (its search's `worse` rate)."""
         return (self.eff.get("knee") or {}).get("noise_floor") or 0.0
 
+    @property
+    def better_pairs(self) -> int:
+        """knee.better_pairs: the pairs of fresh servers a better knee is re-checked on (stats.recheck_rounds)."""
+        return (self.eff.get("knee") or {}).get("better_pairs") or stats.KNEE_BETTER_ROUNDS
+
     def floor(self):
         """The start-to-start floor of every Δ now: the card's, pooled with this ladder's own same-config engines."""
         return record.floor_of(self.eff["bench"]["noise_floor"],
@@ -581,7 +586,8 @@ class Driver:
         base's search and the rung's is measured beside the rung. Better is re-checked on stats.recheck_rounds pairs,
         one after another, each only where the pair before held (the ladder's error budget). Knee only: their bench
         and eval are restored."""
-        d = rec["delta"]["knee_rps"]
+        # how many pairs a better knee needs is the profile's (knee.better_pairs): the delta carries it to its record
+        d = rec["delta"]["knee_rps"] = {**rec["delta"]["knee_rps"], "pairs": self.better_pairs}
         side = d["verdict"]
         gb, g = (capacity.gpus_per_instance(r.get("knobs") or {}) for r in (base, rec))
         rate = stats.verdict_rate(self.searched(base)["knee"], rec["knee"], side, g / gb)
@@ -639,7 +645,8 @@ class Driver:
             "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z") if final else None,
             "complete": final, "environment": self.environment,
             "git_commit": common.git_commit(), "models": self.models,
-            "slo": self.eff["slo"], "objective": self.objective, "rule": decide.rule(self.objective),
+            "slo": self.eff["slo"], "objective": self.objective,
+            "rule": decide.rule(self.objective, self.better_pairs),
             "settings": {k: self.eff[k] for k in ("workload", "bench", "knee", "serve", "eval", "gate", "cost",
                                                   "capacity")},
             "eval_file": self.eff["eval"]["file"], "eval_sha256": common.sha256_file(ev_file),
@@ -737,7 +744,7 @@ def main() -> int:
           f"rungs: " + ", ".join(r["name"] + (" (skipped)" if r.get("skip") else "") for r in plan.rungs))
     w = plan.params["workload"]
     print(f"ladder: workload {w['kind']}" + (f" ({w['file']})" if w["kind"] == "file" else ""))
-    print(f"ladder: decision rule: {decide.rule(plan.objective)}")
+    print(f"ladder: decision rule: {decide.rule(plan.objective, plan.params['knee']['better_pairs'])}")
     print(f"ladder: pre-flight: {pre['configs']} engine configs built by {pre['version']}'s own code, none refused "
           f"({pre['seconds']:.0f} s); what only a started engine knows (the memory its profile run measures) is "
           f"checked when it starts")

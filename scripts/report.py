@@ -1087,8 +1087,10 @@ def floor_lines(lad: LadderRecord) -> list[str]:
         out.append("- **Start-to-start floor** (output tok/s, fresh engines of one config): "
                    + lad.noise_floor["words"])
     sp = (lad.settings.get("knee") or {}).get("server_spread") or {}  # params knee.server_spread, as it ran
-    again = ("in the rule's words (What I kept and why)" if stats.KNEE_AGAIN_WORDS in (lad.rule or "")
-             else stats.KNEE_AGAIN_WORDS)  # printed once: a record whose rule predates them still states them here
+    again = ("in the rule's words (What I kept and why)" if stats.KNEE_AGAIN_OPENING in (lad.rule or "")
+             else stats.knee_again_words((lad.settings.get("knee") or {}).get("better_pairs") or
+                                         stats.KNEE_BETTER_ROUNDS))  # printed once: a record whose rule predates
+    #                                                                   them still states them here
     out.append("- **Knee verdicts**: " + again + "; fresh servers' spread at one rate: " + (
         f"the share over the SLO's between-server SD {sp['sigma']:g} [{sp['sigma_ci'][0]:g}, {sp['sigma_ci'][1]:g}] "
         f"(knees' CV {sp['knee_cv']:.1%}), within a look dispersion {sp['phi']:g}, from {sp['servers']} servers and "

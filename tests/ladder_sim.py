@@ -58,6 +58,7 @@ class Noise:
     upper_gamma: float = sim.GAMMA  # the wall at the upper end (see upper)
     upper_phi: float = 0.0
     start: float = 0.7     # rung 0's search starts at this multiple of its knee (sim.knee_search's default)
+    pairs: int = stats.KNEE_BETTER_ROUNDS  # knee.better_pairs: pairs of fresh servers a better knee is re-checked on
 
     @classmethod
     def of(cls, profile: str, knee: float, spread_from: str = "gpu-shape-4090") -> Noise:
@@ -76,7 +77,8 @@ class Noise:
         start = p["knee"]["start_fraction"] / KNEE_OF_BENCH[profile] if profile in KNEE_OF_BENCH else 0.7
         return cls(profile, knee, model, spread["knee_cv"], sim.upper_knee_cv(spread),
                    p["knee"].get("noise_floor") or 0.0, fl["cv"], fl["engines"], p["bench"]["repeats"],
-                   model.phi, gamma_up, max(model.phi, spread["phi"]), start)
+                   model.phi, gamma_up, max(model.phi, spread["phi"]), start,
+                   p["knee"].get("better_pairs") or stats.KNEE_BETTER_ROUNDS)
 
     def upper(self) -> Noise:
         """Every floor at the upper end of its 95 % interval: the servers' knee spread and the engines'
@@ -130,7 +132,7 @@ def ladder_run(rng, nm: Noise, rungs: list[list[tuple[float, float]]]) -> list[l
             rec = {"status": "ok", "delta": {"output_tps": stats.delta([latest], new.engines, floor()),
                                              "knee_rps": stats.knee_delta(base.search, new.search)}}
             if decide.needs_knee_again(rec, OBJECTIVE):  # ladder.Driver.knee_again
-                d = rec["delta"]["knee_rps"]
+                d = {**rec["delta"]["knee_rps"], "pairs": nm.pairs}
                 rate = stats.verdict_rate(base.search, new.search, d["verdict"])
                 b, n = base.knee, new.knee
                 rec["delta"]["knee_rps"] = stats.knee_recheck(d, []) if not rate else sim.rechecked(

@@ -83,7 +83,8 @@ def card_floor(rng, cold: bool, engines: int = 8, repeats: int = 1,
 #   PHI, up to knee.max_repeats (2) probes of a rate pooled while inconclusive; the base's search starts at 0.7 K
 #   (the H200s' searches started at 1.0-1.2 K), the rung's at the base's knee (run.anchor); a verdict it reads
 #   better or worse is re-checked on a fresh server of the base, then of the rung (probing.recheck,
-#   stats.knee_recheck), better on stats.KNEE_BETTER_ROUNDS such pairs, as ladder.Driver.knee_again does.
+#   stats.knee_recheck), better on the profile's knee.better_pairs such pairs (PAIRS: gpu-shape-4090's), as
+#   ladder.Driver.knee_again does.
 # - another profile's search (KneeModel.of: the cpu's p90, one look a rate, its own dispersion) on its own wall and
 #   server spread where they are measured (the cpu's: 8 fresh servers at two rates, params.yaml knee.server_spread),
 #   else the H200's.
@@ -92,6 +93,7 @@ def card_floor(rng, cold: bool, engines: int = 8, repeats: int = 1,
 P4090 = profile_settings("gpu-shape-4090")
 SPREAD = P4090["knee"]["server_spread"]
 GAMMA, PHI, SERVER_CV = 13.0, P4090["knee"]["dispersion"]["phi"], SPREAD["knee_cv"]
+PAIRS = P4090["knee"].get("better_pairs") or stats.KNEE_BETTER_ROUNDS
 
 
 def upper_knee_cv(spread: dict) -> float:

@@ -28,6 +28,7 @@ from simulate import (
     GPU_REPEATS,
     KNEE,
     ONE_API_CV,
+    PAIRS,
     PHI,
     SERVER_CV,
     SERVER_CV_HI,
@@ -111,7 +112,7 @@ def test_a_cpu_placebo_is_falsely_kept_in_at_most_1_percent():
 
 def knee_rates(factor: float, seed: int, server_cv: float = SERVER_CV, floor: float = 0.0, knee: float = KNEE,
                true_phi: float = PHI, again: bool = True, base_drift: float = 1.0, trials: int = TRIALS,
-               **search) -> dict:
+               pairs: int = PAIRS, **search) -> dict:
     """A base's knee search on its own server, then a rung's (the base's knee times `factor`) on another, started
     from the base's knee as the ladder starts it (ladder.knee_anchor), judged by stats.knee_delta; where that reads
     better or worse (and `again`), re-checked on a fresh server of the base and then of the rung (stats.knee_recheck).
@@ -123,7 +124,7 @@ def knee_rates(factor: float, seed: int, server_cv: float = SERVER_CV, floor: fl
         anchor = ladder.knee_anchor({"knee": base}, {}, floor=floor)
         new = knee_search(rng, knee * factor, anchor, server_cv, floor, true_phi,
                           **{key: v for key, v in search.items() if key != "start"})
-        d = stats.knee_delta(base, new)
+        d = {**stats.knee_delta(base, new), "pairs": pairs}
         if again and d["verdict"] in ("better", "worse"):
             rechecks += 1
             d = rechecked(d, lambda rate, side: recheck(rng, knee, rate, side, server_cv, true_phi),

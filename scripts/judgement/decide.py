@@ -36,27 +36,25 @@ COULD_NOT_TELL_WORDS = "the confirm step could not tell (power {power} for a ×{
 REPRODUCED_WORDS = "the kept gains reproduced (the confirm step's power {power} for a ×{stack:g} stack)"
 
 
-RULE = ("a rung is kept only when it is significantly better than the last kept rung: " + _KNEE + ", or its knee is "
-        "not worse (it did not fail on evidence where the base passed) and " + _TPS + ". Anything else is reverted (no "
-        "measurable gain: the simpler config stays); a lost knee is worse; " + stats.KNEE_AGAIN_WORDS + ". "
-        + stats.BUDGET_WORDS + ". The quality "
-        "gate and 'did the change take effect' come first; candidates of one rung are ranked against each other by "
-        "the same rule. An instance with "
-        "more GPUs is compared per GPU (knee and tok/s divided by its GPUs). " + CONFIRM_WORDS + ".").format(
-            level=f"{stats.CONFIDENCE:.1%}")
-RULE_TPS = ("a rung is kept only when " + _TPS + " and the knee is not worse (it did not fail on evidence at a rate "
-            "where the last kept rung's passed, beyond knee.noise_floor; a lost knee is worse). Anything else is "
-            "reverted (no measurable gain: the simpler config stays); " + stats.KNEE_AGAIN_WORDS + ". "
-            + stats.BUDGET_WORDS + ". The quality gate "
-            "and 'did the change take effect' come first; candidates of one rung are ranked against each other by the "
-            "same rule. An instance "
-            "with more GPUs is compared per GPU (knee and tok/s divided by its GPUs). " + CONFIRM_WORDS + ".").format(
+def rule(objective: str, pairs: int = stats.KNEE_BETTER_ROUNDS) -> str:
+    """The decision rule in words, as the ladder prints it and the report states it: a better knee re-checked on
+    `pairs` pairs of fresh servers (the profile's knee.better_pairs)."""
+    again = stats.knee_again_words(pairs)
+    if objective == "knee_rps":
+        words = ("a rung is kept only when it is significantly better than the last kept rung: " + _KNEE + ", or its "
+                 "knee is not worse (it did not fail on evidence where the base passed) and " + _TPS + ". Anything "
+                 "else is reverted (no measurable gain: the simpler config stays); a lost knee is worse; " + again)
+    else:
+        words = ("a rung is kept only when " + _TPS + " and the knee is not worse (it did not fail on evidence at a "
+                 "rate where the last kept rung's passed, beyond knee.noise_floor; a lost knee is worse). Anything "
+                 "else is reverted (no measurable gain: the simpler config stays); " + again)
+    return (words + ". " + stats.BUDGET_WORDS + ". The quality gate and 'did the change take effect' come first; "
+            "candidates of one rung are ranked against each other by the same rule. An instance with more GPUs is "
+            "compared per GPU (knee and tok/s divided by its GPUs). " + CONFIRM_WORDS + ".").format(
                 level=f"{stats.CONFIDENCE:.1%}")
 
 
-def rule(objective: str) -> str:
-    """The decision rule in words, as the ladder prints it and the report states it."""
-    return RULE if objective == "knee_rps" else RULE_TPS
+RULE, RULE_TPS = rule("knee_rps"), rule("output_tps")
 
 
 def _says(d: dict, name: str) -> str:

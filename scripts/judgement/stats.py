@@ -252,26 +252,36 @@ def rate_verdict(rows: list[dict], rate: float) -> tuple[str | None, int, int]:
 # pass is re-checked on one pair: no placebo ladder simulated reached that far, and a second pair cost a knee moved
 # 2x a finding in 20 (88.7 % found with one pair there, 84.1 % with two everywhere). Worse keeps nothing (it reverts,
 # or bars a tok/s gain): one pair.
-KNEE_BETTER_ROUNDS, WELL_PAST = 2, 2 ** 0.75
-KNEE_AGAIN_WORDS = ("a knee verdict (better or worse) is re-checked on a fresh server of the base and then one of the "
-                    "rung, started after the rung, at the rate it was read at (the same arrival traces): better "
-                    "stands only where the rung passes there again and the fresh base fails there on evidence (where "
-                    "it does not, both are judged one grid rate higher), worse only where the rung fails there on "
-                    "evidence again and the fresh base passes there (one grid rate lower where it does not); better, "
-                    f"which keeps a rung, is re-checked so on {KNEE_BETTER_ROUNDS} such pairs of fresh servers, one "
-                    "after the other, and stands only where each holds (on one pair where the rung's own search passed "
-                    f"×{WELL_PAST:.2f} or more beyond where better needs it to): a machine that drifts between the "
-                    "base's search and the rung's is measured beside the rung")
+KNEE_BETTER_ROUNDS, WELL_PAST = 2, 2 ** 0.75  # the rounds: a profile's knee.better_pairs, 2 unless it says
+KNEE_AGAIN_OPENING = "a knee verdict (better or worse) is re-checked on a fresh server of the base"
+
+
+def knee_again_words(pairs: int = KNEE_BETTER_ROUNDS) -> str:
+    """The knee re-check in the rule's words: better re-checked on `pairs` pairs of fresh servers."""
+    return (KNEE_AGAIN_OPENING + " and then one of the rung, started after the rung, at the rate it was read at (the "
+            "same arrival traces): better stands only where the rung passes there again and the fresh base fails there "
+            "on evidence (where it does not, both are judged one grid rate higher), worse only where the rung fails "
+            "there on evidence again and the fresh base passes there (one grid rate lower where it does not); "
+            + (f"better, which keeps a rung, is re-checked so on {pairs} such pairs of fresh servers, one after the "
+               "other, and stands only where each holds (on one pair where the rung's own search passed "
+               f"×{WELL_PAST:.2f} or more beyond where better needs it to)" if pairs > 1 else
+               "better, which keeps a rung, is re-checked so on one such pair (knee.better_pairs 1: the servers' "
+               "spread measured on the card holds the error budget with one)")
+            + ": a machine that drifts between the base's search and the rung's is measured beside the rung")
+
+
+KNEE_AGAIN_WORDS = knee_again_words()
 BUDGET_WORDS = (f"Both ways to keep share one error budget: of ladders of {LADDER_RUNGS} rungs that change nothing, at "
                 f"most {LADDER_FALSE_KEEP:.0%} keep anything (simulated on each profile's measured noise, whole "
                 "ladders as they are climbed)")
 
 
 def recheck_rounds(d: dict) -> int:
-    """How many pairs of fresh servers a knee verdict (knee_delta) is re-checked on: KNEE_BETTER_ROUNDS for better,
-    one where its search passed WELL_PAST beyond what better needs, or where it read worse."""
+    """How many pairs of fresh servers a knee verdict (knee_delta) is re-checked on: for better, its `pairs` (the
+    profile's knee.better_pairs, which the ladder sets on it; else KNEE_BETTER_ROUNDS), one where its search passed
+    WELL_PAST beyond what better needs; one where it read worse."""
     if d["verdict"] == "better":
-        return 1 if (d.get("past") or 0) >= WELL_PAST * (1 - GRID_ROUNDING) else KNEE_BETTER_ROUNDS
+        return 1 if (d.get("past") or 0) >= WELL_PAST * (1 - GRID_ROUNDING) else d.get("pairs") or KNEE_BETTER_ROUNDS
     return 1 if d["verdict"] == "worse" else 0
 
 
