@@ -492,17 +492,15 @@ def engine_config_errors(p: Plan, gpus: list[dict], paths: dict, refuse) -> tupl
 def as_it_stands_errors(here: dict, gpus: list[dict], paths: dict, refuse) -> tuple[list[str], list[str]]:
     """params.yaml's rung 0 and rung in force as they stand (what `dvc repro` starts) built as engine_config_errors
     builds the ladder's, in the words each engine stage refuses them with (engine.check_start). A model this plan
-    does not provide is not fetched for it: its stage checks it before its engine starts. Returns (errors,
-    configs not checked)."""
+    does not provide is not fetched for it, nor named: its stage checks it before its engine starts. Returns
+    (errors, configs not checked)."""
     from serving import vllm_compat
     errors, unchecked = [], []
     for which, prefix in (("baseline", "baseline."), ("rung", "")):
         cfg, where = common.rung_config(here, which), f"{prefix}engine"
         name = cfg["model"]["name"]
-        if name not in paths:
-            unchecked.append(f"params.yaml {where}: not checked before its engine starts: its model {name!r} is not "
-                             f"one this profile provides (its stage checks it before its engine starts)")
-            continue
+        if name not in paths:  # no warning: its stage checks it before its engine starts, and on a ladder whose
+            continue           # profile replaces it (params.yaml's cpu model on a gpu profile) it warned of nothing
         eng, _ = common.target_engine(cfg["engine"], here["target"], gpus, where)
         try:
             why = refuse(paths[name], eng, cfg["env"])
