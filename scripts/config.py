@@ -57,9 +57,8 @@ SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY")
 
 # Thresholds the ladder judges with, never measures with: no measuring stage (bench, knee) lists them in dvc.yaml, so
 # editing one re-judges every rung from the run-cache instead of measuring it again (tests/test_dvc_deps.py).
-JUDGEMENT = ("bench.noise_floor", "knee.noise_floor", "knee.server_spread", "gate.max_overall_drop",
-             "gate.max_category_drop", "gate.alpha",
-             "gate.min_items")
+JUDGEMENT = ("bench.noise_floor", "knee.noise_floor", "knee.server_spread", "knee.better_pairs",
+             "gate.max_overall_drop", "gate.max_category_drop", "gate.alpha", "gate.min_items")
 
 
 def knob_error(field: str, value, allowed: str) -> str:

@@ -203,17 +203,19 @@ def unit_rates(paths: list, prior_cv: float, prior_df: int, rule: UnitRule) -> C
     return tally([g[0] for g in got], [g[1] for g in got], [g[2] for g in got])
 
 
-def today_rates(factor: float, seed: int, server_cv: float, trials: int, knee: float = sim.KNEE) -> Calls:
+def today_rates(factor: float, seed: int, server_cv: float, trials: int, knee: float = sim.KNEE,
+                pairs: int = stats.KNEE_BETTER_ROUNDS) -> Calls:
     """Today's rule (tests/test_rule_simulation.py's knee_rates, the same random stream): the base's search on one
     server, the rung's from its knee, stats.knee_delta; better or worse re-checked on pairs of fresh servers
-    (sim.rechecked). Charged: the rung's search and the re-check servers; the base's search apart (extra)."""
+    (sim.rechecked; better on `pairs`, knee.better_pairs). Charged: the rung's search and the re-check servers; the
+    base's search apart (extra)."""
     rng = np.random.default_rng(seed)
     verdicts, gpu_s, servers, base_s = [], [], [], []
     for _ in range(trials):
         base = sim.knee_search(rng, knee, server_cv=server_cv)
         anchor = ladder.knee_anchor({"knee": base}, {}, floor=0.0)
         new = sim.knee_search(rng, knee * factor, anchor, server_cv)
-        d = stats.knee_delta(base, new)
+        d = {**stats.knee_delta(base, new), "pairs": pairs}  # the profile's knee.better_pairs
         spent = [SERVER_START_S + new["seconds"]]
 
         def looked(rows, spent=spent):
