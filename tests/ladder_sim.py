@@ -36,8 +36,9 @@ from judgement import decide, stats
 # Where a profile's rung 0 knee sits against its bench's offline req/s, measured: the cpu's at 9.514-11.31 req/s (its
 # bracket's middle 10.4) of 12.0 (383-386 output tok/s of 32-token answers; docs/measurements.md, 2026-12-05). Rung 0's
 # search starts at knee.start_fraction of the bench's req/s, so at start_fraction / this of its knee. A profile not
-# here starts at sim.knee_search's 0.7 of its knee (a GPU's knee sat at 0.31 to ~1.0 of its bench: unsettled).
-KNEE_OF_BENCH = {"cpu": 10.4 / 12.0}
+# here starts at sim.knee_search's 0.7 of its knee. gpu-shape-4090 with 4 API servers: 26.91-32 req/s (its middle
+# 29.455) of the bench's 26.82 on an H100 (docs/measurements.md, 2026-12-06; on an H200 ~0.97 of ~30.5, 2026-12-04).
+KNEE_OF_BENCH = {"cpu": 10.4 / 12.0, "gpu-shape-4090": 29.455 / 26.82}
 
 OBJECTIVE = "knee_rps"  # ladder.yaml's objective: a rung is kept on its knee, or on tok/s with its knee not worse
 
