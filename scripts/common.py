@@ -26,6 +26,7 @@ from config import (  # noqa: F401 -- re-exported
     knob_error,
     load_params,
     local_model_problem,
+    read_params,
     validate,
 )
 
@@ -277,11 +278,16 @@ def paths(description: str, **defaults: str) -> argparse.Namespace:
     return argparse.Namespace(**{k: Path(v) if k != "which" else v for k, v in vars(args).items()})
 
 
-def stage_start(check: bool = True) -> dict:
-    """Common start of a stage script: run from the repo root, turn SIGTERM into an exception, load params."""
+def stage_setup() -> None:
+    """Common start of a stage script: run from the repo root, turn SIGTERM into an exception."""
     os.chdir(ROOT)
     handle_signals()
-    return load_params(check=check)
+
+
+def stage_start() -> dict:
+    """`stage_setup`, then params.yaml loaded and validated as a whole."""
+    stage_setup()
+    return load_params()
 
 
 # ---------------------------------------------------------------- a rung the gate already reverted

@@ -691,7 +691,7 @@ def main() -> int:
     gpus = len(gpu_list)
     profile = args.profile or ("gpu" if gpus else "cpu")
     try:  # every bad input is reported here, before any engine starts
-        params, lad = common.load_params(check=False), planning.load_ladder(args.ladder)
+        params, lad = common.read_params(), planning.load_ladder(args.ladder)
         # params.yaml as it stands, as `dvc repro` would run it, whatever the profile replaces: a bad value is bad input
         here = planning.as_it_stands(params, gpu_list)
         score.load_items(here["eval"]["file"])

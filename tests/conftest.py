@@ -203,7 +203,7 @@ def engine_speed() -> tuple[float | None, str]:
     import bench
     import common
     import config
-    params = config.validate(config.load_params(check=False))
+    params = config.validate(config.read_params())
     cfg = common.engine_config(params)
     engine_knobs = {**cfg["engine"], "dtype": DTYPE.get("engine__dtype", cfg["engine"]["dtype"])}
     env = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",

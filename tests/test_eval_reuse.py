@@ -14,7 +14,7 @@ import eval as ev_stage
 from conftest import ROOT
 from records.eval import EvalResult
 
-PARAMS = common.load_params(ROOT / "params.yaml", check=False)
+PARAMS = common.read_params(ROOT / "params.yaml")
 ENTRY = {"id": "smollm2", "sha256": "a" * 64}
 H200 = [{"name": "NVIDIA H200", "memory_mib": 143771}]
 

@@ -90,7 +90,7 @@ def test_a_field_the_model_does_not_declare_is_refused_by_name(tmp_path):
 
 
 def test_the_stage_s_own_writer_round_trips(tmp_path):
-    params = common.load_params(ROOT / "params.yaml", check=False)
+    params = common.read_params(ROOT / "params.yaml")
     out = tmp_path / "knee.json"
     knee_stage.write_na(out, tmp_path / "knee.csv", tmp_path / "logs", "why not", common.BENCH_ONLY, params,
                         common.engine_config(params))
@@ -117,7 +117,7 @@ def keeps(old, new) -> bool:
 
 # ---------------------------------------------------------------- results/bench.json
 def params_():
-    return common.load_params(ROOT / "params.yaml", check=False)
+    return common.read_params(ROOT / "params.yaml")
 
 
 def bench_v1_ok():

@@ -22,7 +22,7 @@ from records.bench import BenchResult
 from records.knee import KneeResult
 from serving import engine, vllm_compat
 
-RAW = config.load_params(ROOT / "params.yaml", check=False)
+RAW = config.read_params(ROOT / "params.yaml")
 LADDER = config.load_ladder(ROOT / "ladder.yaml")
 H200 = [{"name": "NVIDIA H200", "memory_mib": 143771, "driver": "580.159.04", "uuid": "GPU-0"}]
 BUDGET = 23.6 * 0.9  # the profile's RTX 4090 at rung 0's gpu_memory_utilization
