@@ -1,7 +1,7 @@
 """The typed config: params.yaml and ladder.yaml as pydantic models, every default stated once, here.
 
-`load_params()` validates the whole file and returns it as a plain dict with the defaults filled, so that
-`params["bench"]["timeout_s"]` works in every stage. Our own sections refuse unknown keys (a typo such as
+`load_params()` validates the whole file and returns it typed (`Params`) with the defaults filled, so that
+`params.bench.timeout_s` works in every stage. Our own sections refuse unknown keys (a typo such as
 `bench.nmu_prompts` is an error, not a silently ignored key). `engine` and `env` hold vLLM's own names
 (engine args, VLLM_* variables): engine args are checked by vLLM's own parser (vllm_compat), not by us.
 
@@ -724,8 +724,9 @@ def read_params(path: Path | str = PARAMS) -> dict:
     return _read_yaml(path)
 
 
-def load_params(path: Path | str = PARAMS) -> dict:
-    return validate(_read_yaml(path))
+def load_params(path: Path | str = PARAMS) -> Params:
+    """params.yaml validated, typed, the defaults filled (`parse`)."""
+    return parse(_read_yaml(path))
 
 
 def load_ladder(path: Path | str = LADDER) -> dict:

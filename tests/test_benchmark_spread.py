@@ -151,7 +151,7 @@ def test_a_profile_benchmark_writes_no_dvc_output(monkeypatch, tmp_path):
     monkeypatch.setattr(common, "_SIDE", None)
     before = {p: p.stat().st_mtime_ns for p in (common.RESULTS / "models.json", common.RESULTS / "fingerprint.json")
               if p.exists()}
-    params = bn.profile_params(config.load_params(), "cpu")
+    params = bn.profile_params(config.load_params().model_dump(by_alias=True), "cpu")
     assert (common.models_json(), common.fingerprint_json()) == (tmp_path / "models.json",
                                                                  tmp_path / "fingerprint.json")
     assert common.model_entry(params["model"]["name"])["path"]

@@ -84,7 +84,7 @@ def wl_errors(**w) -> str:
     p = copy.deepcopy(PARAMS)
     p["workload"] = {**p["workload"], **w}
     with pytest.raises(common.ParamsError) as e:  # as the fingerprint stage and `make check` check it
-        workload.check(common.validate(p))
+        workload.check(common.parse(p))
     return str(e.value)
 
 
@@ -92,7 +92,7 @@ def test_the_shipped_workloads_are_valid():
     for kind in ("random", "shared-prefix", "file"):
         p = copy.deepcopy(PARAMS)
         p["workload"]["kind"] = kind
-        workload.check(common.validate(p))
+        workload.check(common.parse(p))
     for profile in ("gpu", "gpu-shape"):  # they climb with the shared prefix by default
         assert eff(profile)["workload"]["kind"] == "shared-prefix"
     assert eff("cpu")["workload"]["kind"] == "random"

@@ -102,9 +102,9 @@ def test_load_params_fills_and_read_params_reads_as_is(tmp_path):
     del p["bench"]["timeout_s"]
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(p))
-    assert config.load_params(path)["bench"]["timeout_s"] == 1800
+    assert config.load_params(path).bench.timeout_s == 1800
     assert "timeout_s" not in config.read_params(path)["bench"]
-    assert common.load_params(path)["bench"]["timeout_s"] == 1800
+    assert common.load_params(path).bench.timeout_s == 1800
 
 
 def test_the_mode_decides_which_knee_keys_are_required():
