@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import common
+from config import Bench, Params
 from measure import disturbed, summary, workload
 from records.bench import BenchResult
 from records.gate import gate_failed
@@ -53,21 +54,21 @@ def worker(job_path: str) -> None:
                                watch=disturbed.watch)
 
 
-def throughput_argv(model_path: str, b: dict, w: dict, engine_knobs: dict) -> list[str]:
+def throughput_argv(model_path: str, b: Bench, w: dict, engine_knobs: dict) -> list[str]:
     """`vllm bench throughput` arguments: the workload (as workload.prepare made it), params `bench`, the rung's
     knobs unchanged."""
     return (["--model", model_path] + vllm_compat.dataset_flags(w, "throughput") +
-            ["--num-prompts", str(b["num_prompts"]), "--num-warmups", str(b["warmups"])] +
+            ["--num-prompts", str(b.num_prompts), "--num-warmups", str(b.warmups)] +
             engine.cli_flags(engine_knobs))
 
 
-def job_of(sent: dict, b: dict | None = None) -> dict:
+def job_of(sent: dict, b: Bench | None = None) -> dict:
     """What the worker needs besides its argv: the seed its prompts are drawn with (never the engine's: a rung
     that changes engine.seed must not change the traffic), a rendered prompts file, if any, and (params `bench`
     `b`) how a repeat far off the others is replaced (disturbed.screen)."""
     return {"dataset_seed": workload.SEED,
             **({"prompts": sent["prompts"], "output_len": sent["output_len"]} if sent.get("prompts") else {}),
-            **({"far_share": b["far_share"], "extra_repeats": b["extra_repeats"]} if b else {})}
+            **({"far_share": b.far_share, "extra_repeats": b.extra_repeats} if b else {})}
 
 
 def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float, warmup_repeats: int,
@@ -105,17 +106,17 @@ def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float
     return runs, {**facts, "timing": {k: round(v, 2) for k, v in timing.items()}}
 
 
-def method(b: dict, mode: str) -> str:
+def method(b: Bench, mode: str) -> str:
     """How the figures were measured, in the words the report prints."""
-    untimed = f" of {b['warmup_prompts']} prompts" if b.get("warmup_prompts") else ""
-    timed = (f"{b['warmups']} warm-up requests and {b['warmup_repeats']} untimed pass(es){untimed}, then "
-             f"{b['repeats']} timed repeats inside one engine (vLLM's own bench code)" if mode == "engine" else
-             f"{b['repeats']} runs, each its own engine start ({b['warmups']} warm-up requests each)")
+    untimed = f" of {b.warmup_prompts} prompts" if b.warmup_prompts else ""
+    timed = (f"{b.warmups} warm-up requests and {b.warmup_repeats} untimed pass(es){untimed}, then "
+             f"{b.repeats} timed repeats inside one engine (vLLM's own bench code)" if mode == "engine" else
+             f"{b.repeats} runs, each its own engine start ({b.warmups} warm-up requests each)")
     timed += f", prompts drawn with seed {workload.SEED} whatever engine.seed"
-    if b["far_share"] and b["extra_repeats"] and b["repeats"] >= 3:
-        timed += (f"; a repeat more than {b['far_share']:.0%} off the median of its engine's others is replaced by one "
-                  f"more (at most {b['extra_repeats']}) and kept beside it, out of the median and interval")
-    return (f"`vllm bench throughput`, {b['num_prompts']} prompts, {timed}, the prefix cache reset before each; "
+    if b.far_share and b.extra_repeats and b.repeats >= 3:
+        timed += (f"; a repeat more than {b.far_share:.0%} off the median of its engine's others is replaced by one "
+                  f"more (at most {b.extra_repeats}) and kept beside it, out of the median and interval")
+    return (f"`vllm bench throughput`, {b.num_prompts} prompts, {timed}, the prefix cache reset before each; "
             "median with a 95 % t-interval of the repeats; each Δ counts fresh engines as the unit (the card's "
             "start-to-start floor, bench.noise_floor, pooled with the ladder's own re-measures; stats.delta)")
 
@@ -140,20 +141,20 @@ def warm_up(argv: list[str], logs: Path, env_knobs: dict, timeout: float, job: d
     return out
 
 
-def screen_runs(runs: list[dict], b: dict) -> tuple[dict, list[dict]]:
+def screen_runs(runs: list[dict], b: Bench) -> tuple[dict, list[dict]]:
     """The timed runs screened as the worker screened them (disturbed.screen over their output tok/s, params `bench`
     `b`), and a flag for each replaced or unreplaced one: which, its value, its siblings, why; each run marked."""
     values = [r["output_tps"] for r in runs]
-    s = disturbed.screen(values, b["repeats"], b["far_share"], b["extra_repeats"])
+    s = disturbed.screen(values, b.repeats, b.far_share, b.extra_repeats)
     if s["more"]:  # the worker stopped before replacing it (it cannot: its rule is this one); never silently
-        s = {**s, "unreplaced": disturbed.screen(values, b["repeats"], b["far_share"], len(values) - b["repeats"])
+        s = {**s, "unreplaced": disturbed.screen(values, b.repeats, b.far_share, len(values) - b.repeats)
              ["unreplaced"]}
     flags = []
     for f in s["flagged"] + ([s["unreplaced"]] if s["unreplaced"] else []):
         i = f["index"]
         flag = {"repeat": i + 1, "output_tps": values[i], "siblings": [values[j] for j in f["siblings"]],
                 "median": round(f["median"], 2), "off": round(f["off"], 4), "load": runs[i].get("load"),
-                "why": disturbed.far_words(values[i], f["median"], f["off"], b["far_share"])}
+                "why": disturbed.far_words(values[i], f["median"], f["off"], b.far_share)}
         if "replaced_by" in f:
             flag.update(replaced_by=f["replaced_by"] + 1, replacement=values[f["replaced_by"]])
             runs[i]["disturbed"] = "far off the others: replaced, not in the median"
@@ -163,11 +164,11 @@ def screen_runs(runs: list[dict], b: dict) -> tuple[dict, list[dict]]:
         flags.append(flag)
         print(f"bench: repeat {i + 1} flagged: {flag['why']}"
               + (f"; replaced by repeat {flag['replaced_by']}" if "replaced_by" in flag else
-                 f"; bench.extra_repeats ({b['extra_repeats']}) spent: it stays in the median"))
+                 f"; bench.extra_repeats ({b.extra_repeats}) spent: it stays in the median"))
     return s, flags
 
 
-def figures(runs: list[dict], b: dict) -> dict:
+def figures(runs: list[dict], b: Bench) -> dict:
     """The bench's figures from its timed runs (params `bench` `b`): medians and the interval over the runs the screen
     kept (screen_runs); a replaced run stays in `runs` (marked) and in `disturbed`, never in a figure."""
     screened, flags = screen_runs(runs, b)
@@ -176,27 +177,26 @@ def figures(runs: list[dict], b: dict) -> dict:
     return {"output_tps": summ["output_tps"]["median"], "total_tps": summ["total_tps"]["median"],
             "requests_per_s": summ["requests_per_s"]["median"], "output_tps_ci95": summ["output_tps"]["ci95"],
             "output_tps_runs": summ["output_tps"]["values"],  # what a Δ vs another rung is computed from
-            "repeats": len(used), "timed_passes": len(runs), "far_share": b["far_share"],
+            "repeats": len(used), "timed_passes": len(runs), "far_share": b.far_share,
             "disturbed": flags,  # each timed repeat replaced (far off the others) or left far (no replacement left)
             "summary": summ}
 
 
-def write_na(out: Path, logs: Path, reason: str, label: str, params: dict, cfg: dict) -> None:
+def write_na(out: Path, logs: Path, reason: str, label: str, params: Params, cfg: dict) -> None:
     """A bench that measured nothing, and why: the record's null figures, and logs/skipped.txt (a declared output)."""
-    b = params["bench"]
     common.write_text(logs / "skipped.txt", reason + "\n")
     BenchResult(**{
         "status": "n/a", "reason": reason, "label": label,
         "output_tps": None, "total_tps": None, "requests_per_s": None,
         "output_tps_ci95": None, "output_tps_runs": [], "repeats": 0,
-        "mode": b["mode"], "wall_s": 0, "time": common.stage_time(0, 0),
+        "mode": params.bench.mode, "wall_s": 0, "time": common.stage_time(0, 0),
         "provenance": common.provenance(params, cfg)}).save_file(out)
     print(f"bench: n/a — {reason}")
 
 
 def main(out: Path, logs: Path, gate_json: Path):
     params = common.stage_start()
-    cfg, b, w = common.engine_config(params), params["bench"], params["workload"]
+    cfg, b, w = common.engine_config(params), params.bench, params.workload
     failed = gate_failed(params, gate_json)
     if failed:  # the rung is reverted whatever its speed: no engine started for it
         write_na(out, logs, failed, common.GATE_FAILED, params, cfg)
@@ -207,28 +207,28 @@ def main(out: Path, logs: Path, gate_json: Path):
         return
     entry = common.model_entry(cfg["model"]["name"])
     engine.check_start(params, "rung", cfg, entry["path"], logs)  # what vLLM would refuse, before any engine starts
-    mode, t0 = b["mode"], time.monotonic()
-    sent, input_len = workload.prepare(w, entry["path"], logs)
+    mode, t0 = b.mode, time.monotonic()
+    sent, input_len = workload.prepare(w.model_dump(), entry["path"], logs)  # a dict: sent as the result records it
     argv = throughput_argv(entry["path"], b, sent, cfg["engine"])
-    warm = warm_up(argv, logs, cfg["env"], b["timeout_s"], job_of(sent)) if b["warm_up_engine"] else None
+    warm = warm_up(argv, logs, cfg["env"], b.timeout_s, job_of(sent)) if b.warm_up_engine else None
     if mode == "engine":
-        runs, facts = run_in_engine(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], b["warmup_repeats"],
-                                    job_of(sent, b), b["warmup_prompts"])
+        runs, facts = run_in_engine(argv, b.repeats, logs, cfg["env"], b.timeout_s, b.warmup_repeats,
+                                    job_of(sent, b), b.warmup_prompts)
     else:
-        runs, facts = run_cli(argv, b["repeats"], logs, cfg["env"], b["timeout_s"], job_of(sent, b))
+        runs, facts = run_cli(argv, b.repeats, logs, cfg["env"], b.timeout_s, job_of(sent, b))
     for i, run in enumerate(runs, 1):
-        run["applied"] = check_shape(run, b["num_prompts"], input_len, w["output_len"])
+        run["applied"] = check_shape(run, b.num_prompts, input_len, w.output_len)
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
     BenchResult(**{
         "status": "ok",
         "method": method(b, mode),
         **figures(runs, b),
         "mode": mode,
-        "workload": workload.describe(w),
-        "shape": {"num_prompts": b["num_prompts"], "input_len": input_len, "output_len": w["output_len"],
-                  "dataset": w["kind"], "ignore_eos": True, "warmups": b["warmups"],
-                  "warmup_repeats": b["warmup_repeats"] if mode == "engine" else 0,
-                  "warmup_prompts": b["warmup_prompts"] if mode == "engine" else None},
+        "workload": workload.describe(sent),
+        "shape": {"num_prompts": b.num_prompts, "input_len": input_len, "output_len": w.output_len,
+                  "dataset": w.kind, "ignore_eos": True, "warmups": b.warmups,
+                  "warmup_repeats": b.warmup_repeats if mode == "engine" else 0,
+                  "warmup_prompts": b.warmup_prompts if mode == "engine" else None},
         "warmup_output_tps": facts.get("warmup_output_tps"),  # the untimed passes: how slow a cold pass was
         "warm_up_engine": warm,  # the untimed engine before this one (the first bench of a ladder run), or None
         "applied_shape": runs[0]["applied"],

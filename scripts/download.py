@@ -269,7 +269,8 @@ def store_path(cfg: dict) -> Path:
 
 
 def main(out: Path):
-    params = common.stage_start(check=False)  # this stage needs only its own section: validated on its own
+    common.stage_setup()
+    params = common.read_params()  # this stage needs only its own section: validated on its own
     cfg = config.section(params, "download")
     store = store_path(cfg)
     done: dict = {}

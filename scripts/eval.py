@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import common
+from config import Eval
 from measure import score
 from records.eval import EvalResult
 from serving import engine, vllm_compat
@@ -31,11 +32,11 @@ from serving import engine, vllm_compat
 RECHECK = "rung 0 evaluated twice in one engine, the second time in reverse item order (other batches)"
 
 
-def inputs(cfg: dict, ev: dict, entry: dict) -> dict:
+def inputs(cfg: dict, ev: Eval, entry: dict) -> dict:
     """What decides an eval's answers (greedy): the engine config as it runs (common.engine_config: env and target
     card included), the model's files, the eval set and its sampling. Recorded in eval.json; not timeout_s."""
-    return {"knobs": cfg, "model_sha256": entry.get("sha256"), "eval_sha256": common.sha256_file(ev["file"]),
-            **{k: ev[k] for k in ("temperature", "seed", "max_tokens")}}
+    return {"knobs": cfg, "model_sha256": entry.get("sha256"), "eval_sha256": common.sha256_file(ev.file),
+            "temperature": ev.temperature, "seed": ev.seed, "max_tokens": ev.max_tokens}
 
 
 def reusable(mine: dict, base: EvalResult | None) -> bool:
@@ -91,12 +92,12 @@ def worker(job_path: str) -> None:
 def main(which: str, out: Path, base_dir: Path) -> None:
     params = common.stage_start()
     cfg = common.engine_config(params, which)  # the target card applied, if any
-    ev = params["eval"]
-    items = score.load_items(ev["file"])
+    ev = params.eval
+    items = score.load_items(ev.file)
     result = {"which": which, "model": cfg["model"]["name"], "knobs": cfg, "n": len(items),
-              "method": (f"{len(items)} items ({ev['file']}, sha256 {common.sha256_file(ev['file'])[:12]}), "
+              "method": (f"{len(items)} items ({ev.file}, sha256 {common.sha256_file(ev.file)[:12]}), "
                          "`LLM.chat`, "
-                         f"temperature {ev['temperature']}, seed {ev['seed']}, max_tokens {ev['max_tokens']}"),
+                         f"temperature {ev.temperature}, seed {ev.seed}, max_tokens {ev.max_tokens}"),
               "provenance": common.provenance(params, cfg)}
     dummy = cfg["engine"].get("load_format") == "dummy"
     na = ("dummy weights (load_format: dummy): quality is not measured" if dummy
@@ -119,10 +120,10 @@ def main(which: str, out: Path, base_dir: Path) -> None:
     logs = out / "logs" / "eval"
     engine.check_start(params, which, cfg, entry["path"], logs)  # what vLLM would refuse, before its engine starts
     job = {"model": entry["path"], "engine": engine.llm_kwargs(cfg["engine"]), "conversations": conversations(items),
-           "temperature": ev["temperature"], "seed": ev["seed"], "max_tokens": ev["max_tokens"],
+           "temperature": ev.temperature, "seed": ev.seed, "max_tokens": ev.max_tokens,
            "out": str(logs / "texts.json"), "recheck": which == "baseline"}
     t0, spawned = time.monotonic(), time.time()
-    engine.run_worker(__file__, job, logs, cfg["env"], ev["timeout_s"], f"eval[{which}] engine")
+    engine.run_worker(__file__, job, logs, cfg["env"], ev.timeout_s, f"eval[{which}] engine")
     wall = time.monotonic() - t0
     gen = common.read_json(logs / "texts.json")
     summary = score.summarize(items, gen["texts"])

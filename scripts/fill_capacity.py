@@ -22,7 +22,7 @@ def main() -> int:
     ap.add_argument("--headroom", type=float, default=None)
     args = ap.parse_args()
     lad = LadderRecord.load_file(args.ladder_json).as_dict()
-    params = common.load_params(check=False)
+    params = common.read_params()
     eff = planning.effective_params(params, planning.load_ladder(), lad["profile"], planning.committed_params())
     cap = dict(eff["capacity"])
     cap.update({k: v for k, v in (("peak_rps", args.peak_rps), ("headroom", args.headroom)) if v is not None})

@@ -143,14 +143,14 @@ def fingerprint() -> dict:
     return {**fp, "machine": machine(fp)}
 
 
-def check_engine_args(params: dict) -> None:
+def check_engine_args(params: common.Params) -> None:
     """Every engine arg through vLLM's own parser, and the knee's `vllm serve` arguments (params `serve`) through
     `vllm serve`'s, before `dvc repro` starts any engine. Importing vLLM costs seconds (~15 s on 2 cores, once per
     rung), so an arg this very vLLM already accepted, here or in `make ladder`'s pre-flight, is not checked again."""
     args = common.engine_args(params)
     accepted = vllm_compat.accepted_args()
     todo = [a for a in args if vllm_compat.arg_key(a[1], a[2]) not in accepted]
-    serve = {k: v for k, v in params["serve"].items() if vllm_compat.serve_key(k, v) not in accepted}
+    serve = {k: v for k, v in params.serve.model_dump().items() if vllm_compat.serve_key(k, v) not in accepted}
     errors, unchecked = vllm_compat.check_serve(serve) if serve else ([], None)
     if unchecked:
         print(f"warning: {unchecked}", file=sys.stderr)
@@ -163,7 +163,7 @@ def check_engine_args(params: dict) -> None:
 
 def main(out: Path):
     params = common.stage_start()
-    score.load_items(params["eval"]["file"])
+    score.load_items(params.eval.file)
     workload.check(params)
     check_engine_args(params)
     fp = fingerprint()

@@ -118,7 +118,8 @@ def main(baseline: Path, rung: Path, out: Path):
     params = common.stage_start()
     result = evaluate(EvalResult.load_file(baseline / "eval.json"), EvalResult.load_file(rung / "eval.json"),
                       lambda: read_items(baseline / "eval_items.jsonl"),
-                      lambda: read_items(rung / "eval_items.jsonl"), params["gate"])
+                      lambda: read_items(rung / "eval_items.jsonl"),
+                      params.gate.model_dump())  # a dict: recorded as the result's `thresholds`
     GateResult(**result).save_file(out)
     print(f"gate: {result['verdict']}: " + "; ".join(result["reasons"]))
 

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import common
+from config import Params
 from measure import disturbed, evidence, frontend, probing, workload
 from records.bench import BenchResult
 from records.gate import gate_failed
@@ -392,7 +393,7 @@ def method(k: dict, slo: dict, started: str) -> str:
             f"noise); knee by {how}")
 
 
-def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, params: dict, cfg: dict) -> None:
+def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, params: Params, cfg: dict) -> None:
     """A knee that measured nothing, and why: every figure a measured knee has, null (probing.knee_result's keys
     among them), an empty knee.csv (its header only: `dvc plots` still reads it) and logs/skipped.txt."""
     common.write_text(logs / "skipped.txt", reason + "\n")
@@ -404,15 +405,15 @@ def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, para
                          "tpot_ms_at_knee", "counted_at_knee", "batch1", "output_tps_at_knee", "kv_cache_tokens",
                          "max_concurrency", "api_servers")),
         "resolved": False, "confirmed": False, "non_monotonic": False, "mixed_rates": [], "probes": 0,
-        "short_probes": False, "slo": params["slo"],
-        "mode": params["knee"]["mode"], "requests_sent": 0,
+        "short_probes": False, "slo": params.slo.model_dump(),
+        "mode": params.knee.mode, "requests_sent": 0,
         "server_ready_s": 0, "wall_s": 0, "time": common.stage_time(0, 0), "applied": {}, "rows": [],
         "provenance": common.provenance(params, cfg)}).save_file(out)
     print(f"knee: n/a — {reason}")
 
 
 def write_recheck(out: Path, csv_out: Path, rows: list[dict], k: dict, slo: dict, ready_s: float, wall_s: float,
-                  probed_s: float, params: dict, cfg: dict, api_servers: dict | None = None) -> None:
+                  probed_s: float, params: Params, cfg: dict, api_servers: dict | None = None) -> None:
     """A re-check's knee.json: its rows and each rate's verdict; no knee (it searched none)."""
     write_csv(csv_out, rows)
     a = k["anchor"]
@@ -435,26 +436,30 @@ def write_recheck(out: Path, csv_out: Path, rows: list[dict], k: dict, slo: dict
 
 def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path):
     params = common.stage_start()
-    cfg, k, slo = common.engine_config(params), params["knee"], params["slo"]
+    cfg, serve = common.engine_config(params), params.serve.model_dump()  # vLLM's serve args, passed on by name
+    # the measuring helpers (probing) read the knee's settings, with this run's own values added below, and the SLO
+    # as mappings; the SLO is recorded with the result as it is
+    k, slo = params.knee.model_dump(), params.slo.model_dump()
     failed = gate_failed(params, gate_json)
     if failed:  # the rung is reverted whatever its knee: no server started for it
         write_na(out, csv_out, logs, failed, common.GATE_FAILED, params, cfg)
         return
-    if params["run"]["remeasure"]:  # a rung's base measured again right after it: its bench is all
+    if params.run.remeasure:  # a rung's base measured again right after it: its bench is all
         write_na(out, csv_out, logs, "run.remeasure: this run measures a rung's base again, bench only",
                  common.BENCH_ONLY, params, cfg)
         return
     entry = common.model_entry(cfg["model"]["name"])
     # what vLLM would refuse, `vllm serve`'s own arguments included, before its server starts
-    engine.check_start(params, "rung", cfg, entry["path"], logs, serve=params["serve"])
-    sent, input_len = workload.prepare(params["workload"], entry["path"], logs)
+    engine.check_start(params, "rung", cfg, entry["path"], logs, serve=serve)
+    sent, input_len = workload.prepare(params.workload.model_dump(), entry["path"], logs)
     first, started = start_rate(k, BenchResult.load_file(bench_json) if bench_json.exists() else None)
-    k = {**k, "workload": sent, "start_rate": first, "anchor": params["run"]["anchor"]}
+    anchor = params.run.anchor and params.run.anchor.model_dump(by_alias=True)
+    k = {**k, "workload": sent, "start_rate": first, "anchor": anchor}
     t0 = time.monotonic()
     importing = threading.Thread(target=_import_quietly, daemon=True)
     importing.start()  # the prober's imports overlap the server's start-up
     with engine.Server(entry["path"], cfg["engine"], cfg["env"], logs / "server.log",
-                       start_timeout=k["start_timeout_s"], serve=params["serve"]) as srv:
+                       start_timeout=params.knee.start_timeout_s, serve=serve) as srv:
         ready_s = srv.ready_s
         print(f"knee: vllm serve ready on {srv.url} in {ready_s:.0f} s")
         prober = Prober(logs / "probes.log")

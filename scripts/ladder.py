@@ -715,7 +715,7 @@ def main() -> int:
     gpus = len(gpu_list)
     profile = args.profile or ("gpu" if gpus else "cpu")
     try:  # every bad input is reported here, before any engine starts
-        params, lad = common.load_params(check=False), planning.load_ladder(args.ladder)
+        params, lad = common.read_params(), planning.load_ladder(args.ladder)
         # params.yaml as it stands, as `dvc repro` would run it, whatever the profile replaces: a bad value is bad input
         here = planning.as_it_stands(params, gpu_list)
         score.load_items(here["eval"]["file"])
@@ -744,7 +744,8 @@ def main() -> int:
           f"rungs: " + ", ".join(r["name"] + (" (skipped)" if r.get("skip") else "") for r in plan.rungs))
     w = plan.params["workload"]
     print(f"ladder: workload {w['kind']}" + (f" ({w['file']})" if w["kind"] == "file" else ""))
-    print(f"ladder: decision rule: {decide.rule(plan.objective, plan.params['knee']['better_pairs'])}")
+    pairs = plan.params["knee"].get("better_pairs") or stats.KNEE_BETTER_ROUNDS
+    print(f"ladder: decision rule: {decide.rule(plan.objective, pairs)}")
     print(f"ladder: pre-flight: {pre['configs']} engine configs built by {pre['version']}'s own code, none refused "
           f"({pre['seconds']:.0f} s); what only a started engine knows (the memory its profile run measures) is "
           f"checked when it starts")

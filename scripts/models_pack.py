@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "pack":
             pack(args.manifest, args.out, args.part_mb, [m for m in (args.models or "").split(",") if m] or None)
         else:
-            cfg = config.section(common.load_params(check=False), "download")
+            cfg = config.section(common.read_params(), "download")
             store = args.store or download.store_path(cfg)
             for note in recipe_notes(store, unpack(args.archive, store), cfg["catalog"]):
                 print(f"unpack: note: {note}")

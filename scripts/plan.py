@@ -28,6 +28,13 @@ KNOB_SECTIONS = ("model", "engine", "env")  # what a rung's config (its knobs) s
 load_ladder = config.load_ladder  # ladder.yaml's shape is config's; the rung checks naming rung and knob are here
 
 
+def typed(params: dict) -> config.Params:
+    """A params dict `resolve` or `as_it_stands` validated, typed for the common helpers: the plan keeps the dict
+    (ladder.yaml's dotted settings are laid over it; the pre-flight child gets it as JSON). Parsed again: it passes
+    as it passed, with the same defaults."""
+    return common.parse(params)
+
+
 def set_dotted(d: dict, dotted: str, value) -> None:
     node = d
     *parents, last = dotted.split(".")
@@ -83,11 +90,11 @@ def as_it_stands(params: dict, gpus: list[dict]) -> dict:
     """params.yaml as it stands (what `dvc repro` runs, whatever a profile would replace), checked as the fingerprint
     stage checks it: validated, its prompts file read, its target card against this machine's GPUs; its engine args
     and configs are the pre-flight's (`preflight`). Returns it with the defaults filled; raises ParamsError."""
-    here = common.validate(params)
+    here = common.parse(params)
     wl.check(here)
     for which in ("baseline", "rung"):
         common.engine_config(here, which, gpus)
-    return here
+    return here.model_dump(by_alias=True)  # a dict: it goes to the pre-flight child as JSON
 
 
 def _leaves(value, key: str) -> dict:
@@ -301,7 +308,7 @@ def plan(params: dict, lad: dict, profile: str) -> list[dict]:
         raise common.ParamsError(f"profile: {profile!r} is not defined in ladder.yaml; "
                                  f"allowed: {', '.join(lad['profiles'])}")
     rungs, groups = lad["profiles"][profile]["rungs"], lad["groups"]
-    in_force = common.flatten_knobs(common.rung_config(params, "baseline"))
+    in_force = common.flatten_knobs(common.rung_config(typed(params), "baseline"))
     errors, names, out = [], set(), []
     for i, rung in enumerate(rungs, 1):
         name = rung.get("name") if isinstance(rung, dict) else None
@@ -359,7 +366,7 @@ class Plan:
     baseline: dict = field(init=False)  # rung 0's knobs, flattened (model.name, engine.*, env.*)
 
     def __post_init__(self):
-        self.baseline = common.flatten_knobs(common.rung_config(self.params, "baseline"))
+        self.baseline = common.flatten_knobs(common.rung_config(typed(self.params), "baseline"))
 
     @property
     def experiments(self) -> int:
@@ -374,8 +381,9 @@ def resolve(params: dict, lad: dict, profile: str, defaults: dict | None, gpus: 
     ParamsError. Engine args are checked by vLLM's own parser afterwards (`engine_arg_errors`: it imports vLLM)."""
     defaults = defaults or params
     extra, lad = user_choices(params, lad, profile, model, quant_model, workload)
-    eff = common.validate(effective_params(params, lad, profile, defaults, extra))  # defaults filled from here on
-    wl.check(eff)
+    typed_eff = common.parse(effective_params(params, lad, profile, defaults, extra))  # defaults filled from here on
+    wl.check(typed_eff)
+    eff = typed_eff.model_dump(by_alias=True)  # the plan's own checks and the driver read it by dotted key
     rungs = plan(eff, lad, profile)[:limit]
     if err := wave_error(eff, rungs):
         raise common.ParamsError(err)
@@ -397,7 +405,7 @@ def engine_arg_errors(p: Plan) -> list[str]:
 
 def ladder_engine_args(p: Plan) -> list[tuple[str, str, object]]:
     """(where, name, value) of every engine arg the ladder may run: rung 0's, then each rung's changes."""
-    knobs = common.engine_args(p.params)
+    knobs = common.engine_args(typed(p.params))
     for i, rung in enumerate(p.rungs, 1):
         if rung.get("skip"):
             continue
@@ -422,8 +430,9 @@ def check_target(p: Plan, gpus: list[dict]) -> None:
             if "engine.gpu_memory_utilization" in change:
                 engines.append((f"ladder.yaml {p.profile} rung {i} {rung['name']!r}: engine",
                                 {**base, "gpu_memory_utilization": change["engine.gpu_memory_utilization"]}))
+    target = typed(p.params).target
     for where, eng in engines:
-        common.target_engine(eng, p.params["target"], gpus, where)
+        common.target_engine(eng, target, gpus, where)
 
 
 # ---------------------------------------------------------------- the pre-flight: what vLLM refuses at start
@@ -445,10 +454,11 @@ def engine_config_errors(p: Plan, gpus: list[dict], paths: dict, refuse) -> tupl
     about; distinct configs built). A rung 0 vLLM refuses stops here: every rung is built on it."""
     from serving import vllm_compat
     errors, unchecked, built = [], [], set()
+    target = typed(p.params).target
 
     def ok(where: str, change: dict, flat: dict, on: str = "") -> bool:
         cfg = common.unflatten_knobs(flat)
-        eng, _ = common.target_engine(cfg["engine"], p.params["target"], gpus)  # as the stages run it
+        eng, _ = common.target_engine(cfg["engine"], target, gpus)  # as the stages run it
         name = cfg["model"]["name"]
         built.add(repr(sorted({**flat, **{f"engine.{k}": v for k, v in eng.items()}}.items())))
         try:
@@ -495,13 +505,13 @@ def as_it_stands_errors(here: dict, gpus: list[dict], paths: dict, refuse) -> tu
     does not provide is not fetched for it, nor named: its stage checks it before its engine starts. Returns
     (errors, configs not checked)."""
     from serving import vllm_compat
-    errors, unchecked = [], []
+    errors, unchecked, here_t = [], [], typed(here)
     for which, prefix in (("baseline", "baseline."), ("rung", "")):
-        cfg, where = common.rung_config(here, which), f"{prefix}engine"
+        cfg, where = common.rung_config(here_t, which), f"{prefix}engine"
         name = cfg["model"]["name"]
         if name not in paths:  # no warning: its stage checks it before its engine starts, and on a ladder whose
             continue           # profile replaces it (params.yaml's cpu model on a gpu profile) it warned of nothing
-        eng, _ = common.target_engine(cfg["engine"], here["target"], gpus, where)
+        eng, _ = common.target_engine(cfg["engine"], here_t.target, gpus, where)
         try:
             why = refuse(paths[name], eng, cfg["env"])
         except vllm_compat.VllmCompatError as e:
@@ -544,7 +554,7 @@ def _preflight_worker(job_path: str, out_path: str) -> None:
     from serving import vllm_compat
     t0, job = time.monotonic(), common.read_json(job_path)
     p, here = Plan(**job["plan"]), job.get("here")
-    here_args = common.engine_args(here) if here else []
+    here_args = common.engine_args(typed(here)) if here else []
     result = {"errors": engine_arg_errors(p), "params_errors": vllm_compat.engine_arg_errors(here_args),
               "unchecked": [], "configs": 0, "version": vllm_compat.installed_version()}
     if not result["params_errors"]:

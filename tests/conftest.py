@@ -203,7 +203,7 @@ def engine_speed() -> tuple[float | None, str]:
     import bench
     import common
     import config
-    params = config.validate(config.load_params(check=False))
+    params = config.load_params()
     cfg = common.engine_config(params)
     engine_knobs = {**cfg["engine"], "dtype": DTYPE.get("engine__dtype", cfg["engine"]["dtype"])}
     env = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
@@ -214,11 +214,11 @@ def engine_speed() -> tuple[float | None, str]:
         if got.returncode:
             return None, f"the model could not be prepared: {got.stderr[-300:]}"
         path = json.loads(Path(f"{tmp}/models.json").read_text())["models"][cfg["model"]["name"]]["path"]
-    argv = bench.throughput_argv(path, params["bench"], params["workload"], engine_knobs)
+    argv = bench.throughput_argv(path, params.bench, params.workload.model_dump(), engine_knobs)
     got = subprocess.run(["vllm", "bench", "throughput", *argv], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=1800)
     m = re.search(r"([\d.]+) output tokens/s", got.stdout + got.stderr)
-    w, b = params["workload"], params["bench"]
+    w, b = params.workload.model_dump(), params.bench.model_dump()
     return (float(m.group(1)) if m else None), (f"vllm bench throughput, params.yaml's rung 0: {b['num_prompts']} "
                                                 f"prompts {w['input_len']} in / {w['output_len']} out, "
                                                 f"{engine_knobs['dtype']}")

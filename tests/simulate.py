@@ -23,7 +23,7 @@ def upper_cv(cv: float, df: int, level: float = 0.95) -> float:
 def profile_settings(profile: str) -> dict:
     import config
     import plan
-    eff = plan.effective_params(config.load_params(check=False), plan.load_ladder(plan.LADDER_YAML), profile,
+    eff = plan.effective_params(config.read_params(), plan.load_ladder(plan.LADDER_YAML), profile,
                                 plan.committed_params())
     return config.validate(eff)
 

@@ -131,10 +131,10 @@ def test_a_one_rate_run_keeps_its_block_and_says_gamma_was_fixed(tmp_path):
 def test_part_4s_servers_front_the_engine_with_the_profiles_api_servers(tmp_path):
     """gpu-shape-4090 sets serve.api_server_count 4: the servers make benchmark starts carry the profile's serve
     section to `vllm serve` (the engine's own config needs the GPU's fingerprint, so the cpu one stands in for it)."""
-    eff = config.validate(plan.effective_params(config.load_params(check=False), plan.load_ladder(plan.LADDER_YAML),
+    eff = config.validate(plan.effective_params(config.read_params(), plan.load_ladder(plan.LADDER_YAML),
                                                 "gpu-shape-4090", plan.committed_params()))
     assert eff["serve"]["api_server_count"] == 4
-    cpu = config.validate(config.load_params(check=False))
+    cpu = config.validate(config.read_params())
     for serve, flag in ((eff["serve"], ["--api-server-count", "4"]), (cpu["serve"], [])):  # cpu: vLLM's own choice
         cfg = bn.servers_config({**cpu, "serve": serve})
         argv = engine.Server("/models/x", cfg["engine"], cfg["env"], tmp_path / "s.log", serve=cfg["serve"]).command()
@@ -151,7 +151,7 @@ def test_a_profile_benchmark_writes_no_dvc_output(monkeypatch, tmp_path):
     monkeypatch.setattr(common, "_SIDE", None)
     before = {p: p.stat().st_mtime_ns for p in (common.RESULTS / "models.json", common.RESULTS / "fingerprint.json")
               if p.exists()}
-    params = bn.profile_params(config.load_params(), "cpu")
+    params = bn.profile_params(config.load_params().model_dump(by_alias=True), "cpu")
     assert (common.models_json(), common.fingerprint_json()) == (tmp_path / "models.json",
                                                                  tmp_path / "fingerprint.json")
     assert common.model_entry(params["model"]["name"])["path"]

@@ -18,7 +18,7 @@ from conftest import FIXTURES, ROOT
 from measure import workload
 from serving import vllm_compat
 
-PARAMS = common.load_params(ROOT / "params.yaml", check=False)
+PARAMS = common.read_params(ROOT / "params.yaml")
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")
 SCRIPTS = ROOT / "scripts"
 
@@ -84,7 +84,7 @@ def wl_errors(**w) -> str:
     p = copy.deepcopy(PARAMS)
     p["workload"] = {**p["workload"], **w}
     with pytest.raises(common.ParamsError) as e:  # as the fingerprint stage and `make check` check it
-        workload.check(common.validate(p))
+        workload.check(common.parse(p))
     return str(e.value)
 
 
@@ -92,7 +92,7 @@ def test_the_shipped_workloads_are_valid():
     for kind in ("random", "shared-prefix", "file"):
         p = copy.deepcopy(PARAMS)
         p["workload"]["kind"] = kind
-        workload.check(common.validate(p))
+        workload.check(common.parse(p))
     for profile in ("gpu", "gpu-shape"):  # they climb with the shared prefix by default
         assert eff(profile)["workload"]["kind"] == "shared-prefix"
     assert eff("cpu")["workload"]["kind"] == "random"
@@ -252,7 +252,7 @@ def test_the_choices_survive_dvc_exp_run_set(tmp_path):
     p = planning.resolve(PARAMS, LADDER, "cpu", PARAMS, 0, model=str(folder), workload="shared-prefix")
     (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     apply_overrides(str(tmp_path / "params.yaml"), [f"++{k}={ladder.hydra(v)}" for k, v in p.overrides.items()])
-    got = common.load_params(tmp_path / "params.yaml", check=False)
+    got = common.read_params(tmp_path / "params.yaml")
     for key, value in p.overrides.items():
         assert planning.get_dotted(got, key) == value, key
     assert got["download"]["catalog"]["local-my-finetune-v2"] == {"source": "local", "path": str(folder)}

@@ -172,7 +172,7 @@ def test_fill_capacity_plans_an_older_record_from_its_knees_and_says_so(tmp_path
 
 def test_capacity_settings_are_validated_naming_the_field():
     import config
-    params = config.load_params(ROOT / "params.yaml", check=False)
+    params = config.read_params(ROOT / "params.yaml")
     params["capacity"] = {"peak_rps": 0, "headroom": 1}
     with pytest.raises(config.ParamsError) as e:
         config.validate(params)

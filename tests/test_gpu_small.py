@@ -9,7 +9,7 @@ import plan as planning
 from conftest import ROOT
 from serving import vllm_compat
 
-PARAMS = common.load_params(ROOT / "params.yaml", check=False)
+PARAMS = common.read_params(ROOT / "params.yaml")
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")
 
 

@@ -411,7 +411,7 @@ def test_only_the_last_rung_the_ladder_measures_stops_its_knee_search_at_a_gain(
         [[3.5, 1.5], [7.0, 2.4]]
     # run.anchor as the stages read it (params.yaml): `last` is one of its keys
     import config
-    params = config.load_params(check=False)
+    params = config.read_params()
     params["run"]["anchor"] = {"pass": 7.0, "fail": 8.0, "last": True}
     assert config.validate(params)["run"]["anchor"]["last"] is True
     params["run"]["anchor"] = {"pass": 7.0, "fail": 8.0, "latency": [[7.0, 2.4]]}

@@ -14,7 +14,7 @@ import plan as planning
 from conftest import ROOT
 from serving import engine
 
-PARAMS = common.load_params(ROOT / "params.yaml", check=False)
+PARAMS = common.read_params(ROOT / "params.yaml")
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")
 
 

@@ -158,9 +158,9 @@ def test_vllms_refusal_reads_as_one_line_naming_config_field_and_value():
 def test_params_yaml_s_model_that_the_profile_does_not_provide_is_left_to_its_stage_without_a_warning():
     # a gpu-profile ladder warned "params.yaml engine: not checked ... its model 'smollm2-135m' is not one this
     # profile provides" of the committed cpu params it replaces (docs/measurements.md, 2026-12-06): nothing to act on
-    import common
+    import config
     import plan
-    here = plan.as_it_stands(common.load_params(check=False), [])
+    here = plan.as_it_stands(config.read_params(), [])
 
     def refuse(*a):
         raise AssertionError("no engine config is built for a model the profile does not provide")

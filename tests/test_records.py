@@ -90,7 +90,7 @@ def test_a_field_the_model_does_not_declare_is_refused_by_name(tmp_path):
 
 
 def test_the_stage_s_own_writer_round_trips(tmp_path):
-    params = common.load_params(ROOT / "params.yaml", check=False)
+    params = common.load_params(ROOT / "params.yaml")
     out = tmp_path / "knee.json"
     knee_stage.write_na(out, tmp_path / "knee.csv", tmp_path / "logs", "why not", common.BENCH_ONLY, params,
                         common.engine_config(params))
@@ -98,7 +98,7 @@ def test_the_stage_s_own_writer_round_trips(tmp_path):
     assert raw["schema_version"] == KneeResult.SCHEMA and raw["status"] == "n/a" and raw["label"] == common.BENCH_ONLY
     assert "noise_floor" not in raw  # a judgement threshold: the ladder record's, not the stage's
     rec = KneeResult.load_file(out)
-    assert rec.reason == "why not" and rec.knee_rps is None and rec.slo.percentile == params["slo"]["percentile"]
+    assert rec.reason == "why not" and rec.knee_rps is None and rec.slo.percentile == params.slo.percentile
     again = tmp_path / "again.json"
     rec.save_file(again)
     assert json.loads(again.read_text()) == raw
@@ -117,14 +117,14 @@ def keeps(old, new) -> bool:
 
 # ---------------------------------------------------------------- results/bench.json
 def params_():
-    return common.load_params(ROOT / "params.yaml", check=False)
+    return common.load_params(ROOT / "params.yaml")
 
 
 def bench_v1_ok():
     """A measured bench as scripts/bench.py main wrote it before the record was typed (no schema_version): its dict
     literal, the figures from bench.figures on four runs (one far off, replaced), the shape and facts it copies."""
     params = params_()
-    b, w = params["bench"], params["workload"]
+    b, w = params.bench, params.workload
     busy = {"wall_s": 78.0, "cores": 2, "other_cpu_s": 101.4, "steal_s": 0.0, "ours_cpu_s": 54.6, "share": 0.65}
     runs = [{"requests_per_s": v / 32, "total_tps": 1.5 * v, "output_tps": v, "prompt_tokens": 64 * 32,
              "output_tokens": 128 * 32, "load": busy if i == 1 else None,
@@ -134,12 +134,12 @@ def bench_v1_ok():
     raw = {
         "status": "ok",
         "method": bench_stage.method(b, "engine"),
-        **bench_stage.figures(runs, {**b, "repeats": 3, "far_share": 0.2, "extra_repeats": 2}),
+        **bench_stage.figures(runs, b.model_copy(update={"repeats": 3, "far_share": 0.2, "extra_repeats": 2})),
         "mode": "engine",
         "workload": {"kind": "random", "text": "random prompts, 64 in / 128 out tokens per request", "shared_prefix":
                      "no", "shared_prefix_len": 0},
-        "shape": {"num_prompts": 32, "input_len": 64, "output_len": 128, "dataset": w["kind"], "ignore_eos": True,
-                  "warmups": b["warmups"], "warmup_repeats": b["warmup_repeats"], "warmup_prompts": None},
+        "shape": {"num_prompts": 32, "input_len": 64, "output_len": 128, "dataset": w.kind, "ignore_eos": True,
+                  "warmups": b.warmups, "warmup_repeats": b.warmup_repeats, "warmup_prompts": None},
         "warmup_output_tps": facts["warmup_output_tps"],
         "warm_up_engine": {"output_tps": 165.05, "wall_s": 53.8},
         "applied_shape": runs[0]["applied"],
@@ -200,7 +200,7 @@ def test_the_bench_stage_s_own_writer_round_trips(tmp_path):
     bench_stage.write_na(out, tmp_path / "logs", "why not", common.GATE_FAILED, params, common.engine_config(params))
     raw = json.loads(out.read_text())
     assert raw["schema_version"] == BenchResult.SCHEMA and raw["status"] == "n/a" and raw["label"] == common.GATE_FAILED
-    assert raw["output_tps"] is None and raw["output_tps_runs"] == [] and raw["mode"] == params["bench"]["mode"]
+    assert raw["output_tps"] is None and raw["output_tps_runs"] == [] and raw["mode"] == params.bench.mode
     rec = BenchResult.load_file(out)
     assert rec.reason == "why not" and rec.time.wall_s >= 0 and rec.provenance["params_hash"]
     again = tmp_path / "again.json"
@@ -220,7 +220,7 @@ def gate_v1(failed: bool = True, gated: bool = True):
                                                                   "flips": 1, "items": ["math-20"],
                                                                   "method": "twice", "recheck_s": 1.0})
     rung = ev if gated else EvalResult(status="n/a", reason="dummy weights", model="m", n=56)
-    raw = gate_stage.evaluate(ev, rung, lambda: base, lambda: cur, params_()["gate"])
+    raw = gate_stage.evaluate(ev, rung, lambda: base, lambda: cur, params_().gate.model_dump())
     return json.loads(json.dumps(raw))  # as it lay on disk
 
 
@@ -266,7 +266,7 @@ def test_the_gate_stage_s_own_writer_round_trips_and_the_performance_stages_read
     raw = json.loads((res / "gate.json").read_text())
     assert raw["schema_version"] == GateResult.SCHEMA and raw["verdict"] == "not gated"
     rec = GateResult.load_file(res / "gate.json")
-    assert rec.thresholds.alpha == params_()["gate"]["alpha"] and rec.reasons == ["not gated: dummy weights"]
+    assert rec.thresholds.alpha == params_().gate.alpha and rec.reasons == ["not gated: dummy weights"]
     rec.save_file(tmp_path / "again.json")
     assert json.loads((tmp_path / "again.json").read_text()) == raw
     assert gate_failed(params_(), res / "gate.json") is None
@@ -280,8 +280,8 @@ def eval_v1(status: str = "ok", which: str = "baseline"):
     (score.summarize and, on rung 0, score.flips on the repo's eval set with its answers as replies; eval.inputs),
     measured or n/a (dummy weights)."""
     params = params_()
-    cfg, ev = common.engine_config(params, which), params["eval"]
-    items = score.load_items(ROOT / ev["file"])
+    cfg, ev = common.engine_config(params, which), params.eval
+    items = score.load_items(ROOT / ev.file)
     texts = [str(it["answer"]) for it in items]
     result = {"which": which, "model": cfg["model"]["name"], "knobs": cfg, "n": len(items), "method": "140 items",
               "provenance": common.provenance(params, cfg)}

@@ -21,7 +21,7 @@ from records.eval import EvalResult
 from records.ladder import LadderRecord
 from serving import vllm_compat
 
-PARAMS = common.load_params(ROOT / "params.yaml", check=False)
+PARAMS = common.read_params(ROOT / "params.yaml")
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")
 TP2, DP2 = {"engine.tensor_parallel_size": 2}, {"engine.data_parallel_size": 2}
 

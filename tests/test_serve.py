@@ -15,7 +15,7 @@ import plan as planning
 from conftest import ROOT
 from serving import engine, vllm_compat
 
-RAW = config.load_params(ROOT / "params.yaml", check=False)
+RAW = config.read_params(ROOT / "params.yaml")
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")
 NO_HTTP = ("is not allowed; expected an integer >= 1: below 1 `vllm serve` starts no API server process (headless: "
            "engines with no HTTP front end), so no knee can be measured")

@@ -85,7 +85,7 @@ def test_a_steep_wall_gets_an_interval_that_holds_its_estimate():
     """The cpu profile's stored looks (8 fresh servers at 9.8 and 10.3 req/s, a capacity wall): gamma fits ~66. A grid
     that ended at 64 reported [33.8, 64], the estimate outside its own interval; the profile's block is this fit."""
     import common
-    sp = common.load_params()["knee"]["server_spread"]
+    sp = common.load_params().knee.server_spread.model_dump()
     rates = sp["rates"]
     got = spread.fit([[(n, over, rates[i]) for over, n, i in s] for s in sp["looks_per_server"]], sp["rate"])
     print(got)

@@ -88,7 +88,7 @@ def stored_spread() -> dict:
     gpu-shape-4090's until 4 API servers were measured) as the repo's config loader settles it."""
     import config
     import plan
-    eff = plan.effective_params(config.load_params(check=False), plan.load_ladder(plan.LADDER_YAML),
+    eff = plan.effective_params(config.read_params(), plan.load_ladder(plan.LADDER_YAML),
                                 "gpu", plan.committed_params())
     return config.validate(eff)["knee"]["server_spread"]
 

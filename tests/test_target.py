@@ -22,20 +22,21 @@ from records.bench import BenchResult
 from records.knee import KneeResult
 from serving import engine, vllm_compat
 
-RAW = config.load_params(ROOT / "params.yaml", check=False)
+RAW = config.read_params(ROOT / "params.yaml")
 LADDER = config.load_ladder(ROOT / "ladder.yaml")
 H200 = [{"name": "NVIDIA H200", "memory_mib": 143771, "driver": "580.159.04", "uuid": "GPU-0"}]
 BUDGET = 23.6 * 0.9  # the profile's RTX 4090 at rung 0's gpu_memory_utilization
 FRACTION = math.floor(BUDGET / (143771 / 1024) * 1e6) / 1e6
 
 
-def params_4090() -> dict:
-    return config.validate(planning.effective_params(RAW, LADDER, "gpu-shape-4090", RAW))
+def params_4090() -> config.Params:
+    return config.parse(planning.effective_params(RAW, LADDER, "gpu-shape-4090", RAW))
 
 
 def test_the_target_fraction_is_the_budget_over_the_real_card_never_more():
     engine_knobs, conv = common.target_engine({"gpu_memory_utilization": 0.9, "max_num_seqs": 128},
-                                              {"name": "RTX 4090", "memory_gib": 23.6, "bandwidth_gbs": 1008}, H200)
+                                              config.Target(name="RTX 4090", memory_gib=23.6, bandwidth_gbs=1008),
+                                              H200)
     assert engine_knobs == {"gpu_memory_utilization": FRACTION, "max_num_seqs": 128}
     assert 0.1512 < FRACTION < 0.1514 and FRACTION * 143771 / 1024 <= BUDGET
     assert BUDGET - FRACTION * 143771 / 1024 < 1e-3  # rounded down by at most 1e-6 of the card
@@ -45,9 +46,8 @@ def test_the_target_fraction_is_the_budget_over_the_real_card_never_more():
 
 def test_no_target_leaves_the_engine_as_it_is():
     knobs = {"gpu_memory_utilization": 0.9}
-    assert common.target_engine(knobs, {"name": None, "memory_gib": None, "bandwidth_gbs": None}, H200) == (knobs,
-                                                                                                          None)
-    p = config.validate(copy.deepcopy(RAW))
+    assert common.target_engine(knobs, config.Target(), H200) == (knobs, None)
+    p = config.parse(copy.deepcopy(RAW))
     assert common.engine_config(p) == common.rung_config(p)
 
 
@@ -64,20 +64,20 @@ def test_a_target_not_smaller_than_the_real_card_is_refused():
     with pytest.raises(common.ParamsError, match=r"target.memory_gib: 80 x engine.gpu_memory_utilization 0.9 = "
                                                  r"72.00 GiB is not below this GPU's 23.99 GiB \(NVIDIA GeForce RTX "
                                                  r"4090\); a target emulates a smaller card"):
-        common.target_engine({"gpu_memory_utilization": 0.9}, {"name": "H100", "memory_gib": 80}, small)
+        common.target_engine({"gpu_memory_utilization": 0.9}, config.Target(name="H100", memory_gib=80), small)
 
 
 def test_eval_bench_and_knee_all_build_their_engine_from_the_converted_knobs():
     p = params_4090()
-    assert p["engine"]["gpu_memory_utilization"] == 0.9  # params keep the target card's meaning
+    assert p.engine["gpu_memory_utilization"] == 0.9  # params keep the target card's meaning
     for which in ("rung", "baseline"):
         cfg = common.engine_config(p, which, H200)
         assert cfg["engine"]["gpu_memory_utilization"] == FRACTION and cfg["target"]["fraction"] == FRACTION
         assert {k: v for k, v in cfg["engine"].items() if k != "gpu_memory_utilization"} == \
-            {k: v for k, v in p["engine"].items() if k != "gpu_memory_utilization"}
+            {k: v for k, v in p.engine.items() if k != "gpu_memory_utilization"}
     cfg = common.engine_config(p, "rung", H200)
     flag = ["--gpu-memory-utilization", str(FRACTION)]
-    argv = bench.throughput_argv("models/m", p["bench"], p["workload"], cfg["engine"])   # bench
+    argv = bench.throughput_argv("models/m", p.bench, p.workload.model_dump(), cfg["engine"])   # bench
     assert any(argv[i:i + 2] == flag for i in range(len(argv)))
     assert engine.llm_kwargs(cfg["engine"])["gpu_memory_utilization"] == FRACTION        # eval: LLM(**kwargs)
     serve = engine.cli_flags(cfg["engine"])                                               # knee: vllm serve flags
@@ -149,8 +149,8 @@ QWEN_KV_BYTES = 2 * 28 * 4 * 128 * 2  # Qwen2.5-7B, BF16 KV: 56 KiB per token
 
 
 def target(util=0.9):
-    return common.target_engine({"gpu_memory_utilization": util}, {"name": "RTX 4090", "memory_gib": 23.6,
-                                                                    "bandwidth_gbs": 1008}, H200)[1]
+    return common.target_engine({"gpu_memory_utilization": util},
+                                config.Target(name="RTX 4090", memory_gib=23.6, bandwidth_gbs=1008), H200)[1]
 
 
 def test_engine_facts_read_0_26s_memory_lines(tmp_path):

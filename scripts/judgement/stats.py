@@ -42,7 +42,7 @@ class Floor:
 
     @classmethod
     def of(cls, spec) -> Floor:
-        """From params `bench.noise_floor` (config.NoiseFloor as load_params dumps it; `make benchmark` writes it):
+        """From params `bench.noise_floor` (config.NoiseFloor as config.validate dumps it; `make benchmark` writes it):
         the one place that block becomes a Floor; the code reaches it only through delta and pool. The block stays
         its own type: config stands on nothing above measure.evidence (tests/test_dvc_deps.py), and a Floor is also
         a pooled estimate (groups, a composed source) that no one types into params.yaml."""

@@ -73,11 +73,11 @@ def load_file(path: Path | str) -> list[dict]:
     return items
 
 
-def check(params: dict) -> None:
+def check(params: common.Params) -> None:
     """A prompts file's lines (kind file), before any engine starts: common.ParamsError naming the line."""
-    if params["workload"]["kind"] == "file":
+    if params.workload.kind == "file":
         try:
-            load_file(file_path(params["workload"]))
+            load_file(file_path(params.workload.model_dump()))  # file_path also reads recorded workloads
         except WorkloadError as e:
             raise common.ParamsError(f"params.yaml is not valid:\n  {e}") from None
 

@@ -70,11 +70,11 @@ class GateResult(Record):
         return {**data, "schema_version": 2}
 
 
-def gate_failed(params: dict, gate_json: Path) -> str | None:
+def gate_failed(params: config.Params, gate_json: Path) -> str | None:
     """Why a performance stage measures nothing on this rung: its quality gate failed, so decide.decide reverts
     it before looking at speed (unless gate.measure_failed); None: measure. No gate result yet: measure.
     Here, not in common: it reads the gate's record, and common imports no record (records import common)."""
-    if params["gate"]["measure_failed"] or not gate_json.exists() or GateResult.load_file(gate_json).verdict != "fail":
+    if params.gate.measure_failed or not gate_json.exists() or GateResult.load_file(gate_json).verdict != "fail":
         return None
     return (f"the quality gate failed ({gate_json}): performance not measured; set gate.measure_failed: true to "
             "measure it")

@@ -232,7 +232,8 @@ _CONFIG_MAIN = ("import sys; sys.path.insert(0, sys.argv[1]); from serving impor
                 "vllm_compat.config_check_main(sys.argv[2:])")
 
 
-def check_start(params: dict, which: str, cfg: dict, model_path: str, logs: Path, serve: dict | None = None) -> None:
+def check_start(params: common.Params, which: str, cfg: dict, model_path: str, logs: Path,
+                serve: dict | None = None) -> None:
     """Before a stage starts its engine (`which`: rung or baseline, `cfg`: common.engine_config's): what vLLM would
     refuse at start (its parser, then the engine config it builds) is refused now as `make check` refuses it, naming
     the field, the value and vLLM's message (common.ParamsError). `serve`: the knee's `vllm serve` arguments (params
