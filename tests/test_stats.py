@@ -134,6 +134,11 @@ def anchored(true_knee, anchor, max_probes=10):
 
 def test_a_rung_probes_its_bases_failing_rate_first_then_its_passing_one_and_stops():
     base = {"pass": 11.31, "fail": 13.45}
+    # the latency the base met at its rates (run.anchor.latency, which sizes a look) is not a rate to probe: the
+    # search reads the anchor as before (the CI ladder's knee stage once raised on it)
+    assert anchored(12.0, {**base, "latency": [[11.31, 1.4]]}) == anchored(12.0, base)
+    assert anchored(20.0, {**base, "latency": [[11.31, 1.4]], "worse": 9.514}) == anchored(20.0, {**base,
+                                                                                                  "worse": 9.514})
     # no better: it fails where the base failed; it passes where the base passed; done, in two probes
     assert anchored(12.0, base) == [(13.45, False), (11.31, True)]
     # worse: it fails at both and stops (a rung not better is not kept: no later rung starts from its knee) ...

@@ -402,6 +402,9 @@ FAR_SHARE = 0.9  # a rate whose visit had this share of its counted requests ove
                  # the wall: the search halves below it. Nearer, one grid step (H200, 1.24x its knee: 2-72 % over)
 
 
+ANCHOR_RATES = ("pass", "fail", "worse")  # run.anchor's keys that are request rates the search may probe
+
+
 def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, rel_tol: float,
               max_probes: int, min_rate: float | None = None, anchor: dict | None = None,
               unsure: frozenset | set = frozenset(), far: frozenset | set = frozenset()) -> float | None:
@@ -432,8 +435,9 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     steps = grid_steps(rel_tol)
     top = math.floor(math.log2(max_rate) * steps + 1e-9)
     verdicts = rate_verdicts(probes)
+    # its rates inside [min_rate, max_rate]; the rest of run.anchor (latency: what sizes a look) is not a rate
     anchor = {key: v for key, v in (anchor or {}).items() if key in ("bracket", "last") or
-              (v and (not min_rate or v >= min_rate) and v <= max_rate * (1 + GRID_ROUNDING))}
+              (key in ANCHOR_RATES and v and (not min_rate or v >= min_rate) and v <= max_rate * (1 + GRID_ROUNDING))}
     if anchor.get("pass") or anchor.get("fail"):
         first, then = (anchor["fail"], anchor.get("pass")) if anchor.get("fail") else (anchor["pass"], None)
         if first not in verdicts:
