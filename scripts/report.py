@@ -13,7 +13,7 @@ from tabulate import tabulate
 import common
 from judgement import decide, stats
 from measure import disturbed, probing
-from records.ladder import LadderRecord, Measured, RungRecord
+from records.ladder import AppliedCheck, LadderRecord, Measured, RungRecord
 
 
 def fmt(v, spec=".1f", none="—"):
@@ -219,12 +219,12 @@ def kv_cell(r: RungRecord):
     conc = (k.max_concurrency if k else None) or (b.max_concurrency if b else None)
     if tokens is None:
         return "—"
-    check = next((c for c in r.applied if c["knob"] == "target"), None)
+    check = next((c for c in r.applied if c.knob == "target"), None)
     return f"{tokens:,} tok · {fmt(conc, '.1f')}×" + ("" if check is None else f" · target {_mark(check)}")
 
 
-def _mark(check: dict) -> str:
-    return "✓" if check["applied"] else "✗" if check["applied"] is False else "?"
+def _mark(check: AppliedCheck) -> str:
+    return "✓" if check.applied else "✗" if check.applied is False else "?"
 
 
 def target_lines(lad: LadderRecord) -> list[str]:
@@ -243,9 +243,9 @@ def target_lines(lad: LadderRecord) -> list[str]:
              f"bandwidth, compute, PCIe: absolute tok/s and latencies are this {t['real_gpu']}'s; the roofline "
              f"column gives the {t['name']}'s floor beside this card's"
              + (f" ({t['bandwidth_gbs']:g} GB/s)." if t.get("bandwidth_gbs") else " (no target.bandwidth_gbs given).")]
-    base = next((c for r in runs if r.role == decide.BASELINE for c in r.applied if c["knob"] == "target"), None)
+    base = next((c for r in runs if r.role == decide.BASELINE for c in r.applied if c.knob == "target"), None)
     if base:  # rung 0's check (the other rungs' are under "took effect?")
-        lines.append(f"- **Inside the budget?** rung 0: {_mark(base)} ({base['observed']})")
+        lines.append(f"- **Inside the budget?** rung 0: {_mark(base)} ({base.observed})")
     return lines
 
 

@@ -48,6 +48,22 @@ class RungTime(Closed):
     starts: int = 0
 
 
+class AppliedCheck(Closed):
+    """decide.applied_check (and decide.target_check with a target card): did one knob the rung changed take effect,
+    as the engine's own log shows it."""
+    knob: str
+    requested: Any = None              # the knob's value as asked for (a target card's: its budget in words)
+    observed: str | None = None        # what the engine logged, in words
+    applied: bool | None = None        # None: its log cannot tell
+
+
+class PerGpu(Closed):
+    """capacity.per_gpu: a rung's output tok/s and knee divided by its GPUs per instance."""
+    output_tps: float | None = None
+    knee_rps: float | None = None
+    first_fail_rps: float | None = None
+
+
 class RungRecord(Closed):
     """One experiment the ladder ran (or skipped), as ladder.Driver builds it and record.fill fills it."""
     index: int
@@ -72,7 +88,7 @@ class RungRecord(Closed):
     knee: RungKnee | None = None       # results/knee.json, whole but for its provenance, with knee.noise_floor
     stage_seconds: dict[str, float] = {}
     stage_time: dict[str, StageTime] = {}  # per engine stage that ran: its result's `time` (common.stage_time)
-    applied: list[dict[str, Any]] = []  # decide.applied_check (+ decide.target_check with a target card)
+    applied: list[AppliedCheck] = []   # decide.applied_check (+ decide.target_check with a target card)
     target: dict[str, Any] | None = None  # the target card's conversion the engine ran with (common.target_engine)
     roofline: dict[str, Any] | None = None  # record.roofline
     # output_tps: stats.delta, knee_rps: stats.knee_delta, vs `base` (per GPU: record.compare); decide.AGAIN: whether
@@ -84,7 +100,7 @@ class RungRecord(Closed):
     verdict: str | None = None         # decide.verdict: baseline | kept | reverted | not chosen | failed | ...
     decision: str | None = None        # why, in words
     gpus: int | None = None            # GPUs per instance (capacity.gpus_per_instance); None on a CPU box
-    per_gpu: dict[str, Any] | None = None  # capacity.per_gpu: output tok/s and knee per GPU, beside the totals
+    per_gpu: PerGpu | None = None      # capacity.per_gpu: output tok/s and knee per GPU, beside the totals
     speedup: float | None = None
     time: RungTime | None = None
 
