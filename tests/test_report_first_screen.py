@@ -11,6 +11,7 @@ import report
 from conftest import FIXTURES, ROOT
 from judgement import decide, stats
 from measure import disturbed
+from records.ladder import LadderRecord
 
 LADDERS = ["ladder_cpu.json", "ladder_cpu_7ce1c08.json", "ladder_gpu_shape.json", "ladder_h200x2_c536b45.json"]
 SEED_HEADER = ["stage", "eval acc", "per-category regressions", "output tok/s", "speedup", "knee req/s @ SLO",
@@ -46,7 +47,7 @@ def test_the_first_screen_is_the_headline_the_seed_table_and_one_short_line_a_ru
     md = report.render(lad, tmp_path)
     screen = first_screen(md)
     assert len(screen) <= 40
-    assert screen[2] == report.headline(lad)
+    assert screen[2] == report.headline(LadderRecord.model_validate(lad))
     table = seed_table(screen)
     assert table[0] == SEED_HEADER and all(len(row) == 7 for row in table)
     assert [row[0] for row in table[1:]] == [f"#{r['index']} {r['name']}" for r in lad["rungs"]]
@@ -116,7 +117,7 @@ def test_a_bench_engine_that_held_fewer_kv_tokens_than_its_server_is_marked_with
     # one config, one card: a bench engine's KV cache smaller than its server's came from a cold compile (vLLM issue
     # 54122), and where KV binds its tok/s reads low; equal counts (every committed fixture) are not marked
     lad = load("ladder_cpu.json")
-    assert not any(report.short_kv(r) for r in lad["rungs"])
+    assert not any(report.short_kv(r) for r in LadderRecord.model_validate(lad).rungs)
     cold, warm = lad["rungs"][2], lad["rungs"][3]
     cold["bench"]["kv_cache_tokens"], cold["knee"]["kv_cache_tokens"] = 104064, 118160
     warm["bench"]["kv_cache_tokens"], warm["knee"]["kv_cache_tokens"] = 117500, 118160  # within KV_SHORT
@@ -141,12 +142,12 @@ def kept_on_knee(lad: dict, pairs_held: bool) -> dict:
 
 
 def test_a_rung_kept_on_its_knee_names_the_knee_first_and_the_servers_it_held_on(tmp_path):
-    lad = kept_on_knee(load("ladder_cpu.json"), pairs_held=True)
-    line = report.why_line(lad["rungs"][3], lad)
+    lad = LadderRecord.model_validate(kept_on_knee(load("ladder_cpu.json"), pairs_held=True))
+    line = report.why_line(lad.rungs[3], lad)
     assert line.startswith("Rung 3 spend-memory: kept — knee 6 → 7 req/s on 3 servers a side, tok/s +25 % [+17, +33] "
                            "(better)")
-    lad = kept_on_knee(load("ladder_cpu.json"), pairs_held=False)
-    line = report.why_line(lad["rungs"][3], lad)
+    lad = LadderRecord.model_validate(kept_on_knee(load("ladder_cpu.json"), pairs_held=False))
+    line = report.why_line(lad.rungs[3], lad)
     assert "knee 6 → 7 req/s (read better on one server a side, not on fresh ones) (within noise)" in line
 
 

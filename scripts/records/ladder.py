@@ -105,6 +105,14 @@ class RungRecord(Closed):
     time: RungTime | None = None
 
 
+class RestedOn(Closed):
+    """A kept rung the confirm step's verdict rests on (record.confirm_summary): what its keep rested on
+    (decide.rested_on: "output tok/s" or "its knee")."""
+    name: str
+    exp: str | None = None
+    on: str | None = None
+
+
 class Confirm(Closed):
     """The confirm step (Driver.confirm_step): its pairs' runs, and record.confirm_summary of them (or why there is
     no step: `why`)."""
@@ -123,7 +131,7 @@ class Confirm(Closed):
     power: float | None = None
     words: str | None = None
     power_by: dict[str, float | None] | None = None
-    rested_on: list[dict[str, Any]] | None = None
+    rested_on: list[RestedOn] | None = None
 
 
 class LadderRecord(Record):
