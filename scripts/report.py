@@ -15,7 +15,7 @@ from judgement import decide, stats
 from measure import disturbed, probing
 from records.bench import BenchResult
 from records.gate import GateResult
-from records.knee import RungKnee
+from records.knee import Look, RungKnee
 from records.ladder import AppliedCheck, LadderRecord, Measured, RestedOn, RungRecord
 
 
@@ -1046,44 +1046,46 @@ def pareto_plot(lad: dict, out: Path, plt) -> None:
     plt.close(fig)
 
 
-def disturbed_lines(lad: dict) -> list[str]:
+def disturbed_lines(lad: LadderRecord) -> list[str]:
     """Every measurement a stage flagged as disturbed and measured again (measure/disturbed): a timed bench repeat far
     off its engine's others (bench.json `disturbed`), a knee look while other work kept the machine busy (a knee row's
     `disturbed_look`); or a line saying none were, or that the record predates the screen."""
     lines, screened = [], False
-    p = f"p{lad['slo'].get('percentile', 99):g}"
+    p = f"p{lad.slo.get('percentile', 99):g}"
 
-    def read(x: dict) -> str:
-        return (f"{x.get('over_slo')} of {x.get('counted')} counted over the SLO, {p} TTFT "
-                f"{x.get('slo_ttft_ms') or 0:.0f} ms, achieved {x.get('achieved_rps') or 0:.2f} req/s")
-    for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or []):
-        who = f"{r.get('index', '')} {r['name']}".strip()
-        b, k = r.get("bench") or {}, r.get("knee") or {}
-        screened = screened or "far_share" in b or "busy_share" in k
-        for f in b.get("disturbed") or []:
-            load = f"; meanwhile {disturbed.busy_words(f['load'])}" if f.get("load") else ""
-            sibs = ", ".join(f"{v:.1f}" for v in f["siblings"])
-            fate = (f"replaced by repeat {f['replaced_by']} ({f['replacement']:.1f}): kept in bench.json, out of the "
-                    "median and interval" if f.get("replaced_by") else
+    def read(x: Look) -> str:
+        return (f"{x.over_slo} of {x.counted} counted over the SLO, {p} TTFT "
+                f"{x.slo_ttft_ms or 0:.0f} ms, achieved {x.achieved_rps or 0:.2f} req/s")
+    for r in lad.rungs + (lad.confirm.runs if lad.confirm else []):
+        who = f"{r.index} {r.name}".strip()
+        b, k = r.bench, r.knee
+        # a record from before the screen has neither threshold
+        screened = (screened or (b is not None and "far_share" in b.model_fields_set)
+                    or (k is not None and "busy_share" in k.model_fields_set))
+        for f in b.disturbed if b else []:
+            load = f"; meanwhile {disturbed.busy_words(f.load)}" if f.load else ""
+            sibs = ", ".join(f"{v:.1f}" for v in f.siblings)
+            fate = (f"replaced by repeat {f.replaced_by} ({f.replacement:.1f}): kept in bench.json, out of the "
+                    "median and interval" if f.replaced_by else
                     "no extra repeat left (bench.extra_repeats): it stays in the median and interval")
-            lines.append(f"- **{who}** bench repeat {f['repeat']}: {f['output_tps']:.1f} output tok/s against its "
-                         f"siblings {sibs} ({f['off']:+.0%} off its engine's median {f['median']:.1f}, beyond "
-                         f"bench.far_share {b.get('far_share', 0):.0%}){load}; {fate}")
-        for row in k.get("rows") or []:
-            d = row.get("disturbed_look")
+            lines.append(f"- **{who}** bench repeat {f.repeat}: {f.output_tps:.1f} output tok/s against its "
+                         f"siblings {sibs} ({f.off:+.0%} off its engine's median {f.median:.1f}, beyond "
+                         f"bench.far_share {b.far_share or 0:.0%}){load}; {fate}")
+        for row in k.rows if k else []:
+            d = row.disturbed_look
             if not d:
                 continue
-            lines.append(f"- **{who}** knee look at {row['offered_rps']:g} req/s (trace seed {row.get('seed')}): ran "
-                         f"while {disturbed.busy_words(d['busy'])}, over knee.busy_share {k.get('busy_share', 0):.0%}: "
-                         f"{read(d)} (kept in knee.json, {d.get('file')}); looked at again on the same trace: "
+            lines.append(f"- **{who}** knee look at {row.offered_rps:g} req/s (trace seed {row.seed}): ran "
+                         f"while {disturbed.busy_words(d.busy)}, over knee.busy_share {k.busy_share or 0:.0%}: "
+                         f"{read(d)} (kept in knee.json, {d.file}); looked at again on the same trace: "
                          f"{read(row)}, judged on that"
-                         + (f" (it ran busy too, {row['other_work_share']:.0%}: no look left)"
-                            if row.get("busy_again") else ""))
+                         + (f" (it ran busy too, {row.other_work_share:.0%}: no look left)"
+                            if row.busy_again else ""))
     if lines:
         return lines
     if not screened:
         return ["- not screened: this record predates the screen (bench.far_share, knee.busy_share)"]
-    s = lad.get("settings") or {}
+    s = lad.settings  # the params it ran with: open (config.Params as dumped)
     far, busy = (s.get("bench") or {}).get("far_share"), (s.get("knee") or {}).get("busy_share")
     return ["- none: no timed bench repeat was more than " + (f"{far:.0%}" if far else "bench.far_share")
             + " off its engine's others, and no knee look ran while other work held more than "
@@ -1190,7 +1192,7 @@ def render(lad: LadderRecord | dict, out: Path) -> str:
           "## Disturbed measurements", "A bench repeat far off its engine's others is replaced by one more pass (up to "
           "bench.extra_repeats), a knee look while other work kept the machine busy is looked at again on its trace "
           "(once); the flagged one is kept beside what replaced it and judged on by nothing:",
-          *disturbed_lines(lad), "",
+          *disturbed_lines(rec), "",
           "## Capacity plan", *capacity_lines(lad), "",
           "## Plots", "![knee evidence per rung](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
           f"![{PARETO_ALT}](pareto.png)", "",
