@@ -852,19 +852,21 @@ def capacity_lines(lad: dict) -> list[str]:
 EVIDENCE_MARK = {"pass": ("o", "tab:green"), "fail": ("X", "tab:red"), "inconclusive": ("d", "tab:orange")}
 
 
-def probe_evidence(rows: list[dict]) -> list[dict]:
+def probe_evidence(rows: list[Look]) -> list[dict]:
     """One point per probed rate: its visit's last probe carries the pooled counts and the verdict (a failed request
     or a backlog fails it whatever the count)."""
     last = {}
     for r in rows:
-        last[r["offered_rps"]] = r
+        last[r.offered_rps] = r
     out = []
     for rate, r in sorted(last.items()):
-        ev = r.get("evidence") or ("pass" if r.get("passed") else "fail")
-        if not r.get("passed") and (r.get("failed") or r.get("backlog")):
+        ev = r.evidence or ("pass" if r.passed else "fail")
+        if not r.passed and (r.failed or r.backlog):
             ev = "fail"
-        out.append({"rate": rate, "evidence": ev, "over": r.get("pooled_over", r.get("over_slo")),
-                    "counted": r.get("pooled_counted", r.get("counted"))})
+        # a look from before a visit pooled its probes: its own counts
+        over = r.pooled_over if "pooled_over" in r.model_fields_set else r.over_slo
+        counted = r.pooled_counted if "pooled_counted" in r.model_fields_set else r.counted
+        out.append({"rate": rate, "evidence": ev, "over": over, "counted": counted})
     return out
 
 
@@ -874,33 +876,33 @@ def plots(lad: LadderRecord | dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rec = as_record(lad)
-    lad = rec.as_dict()  # the knee and Pareto plots still read the rungs as the file holds them
-    knee_plot(lad, out, plt)
+    knee_plot(rec, out, plt)
     rungs_plot(rec, out, plt)
-    pareto_plot(lad, out, plt)
+    pareto_plot(rec, out, plt)
     plt.close("all")
 
 
-def knee_plot(lad: dict, out: Path, plt) -> None:
+def knee_plot(lad: LadderRecord, out: Path, plt) -> None:
     import matplotlib
-    slo = lad["slo"]
-    searched = [r for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or [])
-                if (r.get("knee") or {}).get("rows")]
+    slo = lad.slo
+    searched = [r for r in lad.rungs + (lad.confirm.runs if lad.confirm else []) if r.knee and r.knee.rows]
     fig, ax = plt.subplots(figsize=(11, 0.55 * len(searched) + 1.8))
     for y, r in enumerate(reversed(searched)):
-        k = r["knee"]
-        lo, hi = k.get("knee_rps"), k.get("conclusive_fail_rps", k.get("first_fail_rps"))
+        k = r.knee
+        # a record from before conclusive_fail_rps was written names the first failure as the evidence
+        lo = k.knee_rps
+        hi = k.conclusive_fail_rps if "conclusive_fail_rps" in k.model_fields_set else k.first_fail_rps
         if lo and hi:  # the bracket: last pass .. first fail on evidence
             ax.plot([lo, hi], [y, y], "-", color="tab:blue", lw=6, alpha=0.25, solid_capstyle="butt")
-        for p in probe_evidence(k["rows"]):
+        for p in probe_evidence(k.rows):
             m, c = EVIDENCE_MARK.get(p["evidence"], ("s", "gray"))
             ax.plot(p["rate"], y, m, color=c, ms=8)
             if p["counted"]:
                 ax.annotate(f"{p['over']}/{p['counted']}", (p["rate"], y), textcoords="offset points",
                             xytext=(0, 7), ha="center", fontsize=6)
     ax.set_yticks(range(len(searched)))
-    ax.set_yticklabels([f"{r['index']} {r['name']}" + ("" if r.get("kept") or r.get("role") in ("baseline", "confirm")
-                                                       else " (not kept)") for r in reversed(searched)], fontsize=8)
+    ax.set_yticklabels([f"{r.index} {r.name}" + ("" if r.kept or r.role in ("baseline", "confirm") else " (not kept)")
+                        for r in reversed(searched)], fontsize=8)
     ax.set_xscale("log")
     plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
     ax.xaxis.set_major_formatter(plain)
@@ -950,25 +952,25 @@ PARETO_STYLE = {"baseline": ("s", "tab:blue", "rung 0"), "kept": ("o", "tab:gree
                 "other": ("X", "tab:gray", "not kept")}
 
 
-def knee_operating_point(r: dict) -> tuple[float, float] | None:
+def knee_operating_point(r: RungRecord) -> tuple[float, float] | None:
     """(output tok/s per user, output tok/s per GPU) at a rung's knee: 1000 / the median TPOT of its last probe at
     the knee's rate, and that probe's output tok/s over the rung's GPUs (one instance on a CPU); None without a
     knee (no pass, not measured) or without the probe's figures."""
-    k = r.get("knee") or {}
-    rate = k.get("knee_rps")
-    if rate is None or k.get("status") == "n/a" or k.get("label") == common.KNEE_RECHECK:
+    k = r.knee
+    rate = k and k.knee_rps
+    if rate is None or k.status == "n/a" or k.label == common.KNEE_RECHECK:
         return None
-    at = [x for x in k.get("rows") or [] if x.get("offered_rps") == rate and x.get("p50_tpot_ms")]
-    if not at or not at[-1].get("output_tps"):
+    at = [x for x in k.rows if x.offered_rps == rate and x.p50_tpot_ms]
+    if not at or not at[-1].output_tps:
         return None
-    return 1000 / at[-1]["p50_tpot_ms"], at[-1]["output_tps"] / (r.get("gpus") or 1)
+    return 1000 / at[-1].p50_tpot_ms, at[-1].output_tps / (r.gpus or 1)
 
 
-def pareto_points(lad: dict) -> list[dict]:
+def pareto_points(lad: LadderRecord) -> list[dict]:
     """One point per rung with a knee (a base's re-measure or a knee re-check is no rung), the front marked: no
     other point serves more per user and more per GPU."""
-    pts = [{"r": r, "user": xy[0], "gpu": xy[1]} for r in lad["rungs"]
-           if r.get("role") not in (decide.RECHECK, decide.KNEE_RECHECK) and r["status"] == "ok"
+    pts = [{"r": r, "user": xy[0], "gpu": xy[1]} for r in lad.rungs
+           if r.role not in (decide.RECHECK, decide.KNEE_RECHECK) and r.status == "ok"
            and (xy := knee_operating_point(r))]
     for p in pts:
         p["front"] = not any(q["user"] >= p["user"] and q["gpu"] >= p["gpu"] and (q["user"], q["gpu"]) !=
@@ -991,26 +993,26 @@ def pareto_labels(pts: list[dict], ax) -> None:
                     textcoords="offset points", xytext=(7, 5), fontsize=8)
 
 
-def rung_ids(lad: dict) -> dict[int, str]:
+def rung_ids(lad: LadderRecord) -> dict[int, str]:
     """id(rung) -> its label on the plot: its number, with a letter where candidates share one (5a, 5b)."""
-    runs = [r for r in lad["rungs"] if r.get("role") not in (decide.RECHECK, decide.KNEE_RECHECK)]
-    count = {i: sum(r["index"] == i for r in runs) for i in {r["index"] for r in runs}}
+    runs = [r for r in lad.rungs if r.role not in (decide.RECHECK, decide.KNEE_RECHECK)]
+    count = {i: sum(r.index == i for r in runs) for i in {r.index for r in runs}}
     seen: dict[int, int] = {}
     out = {}
     for r in runs:
-        n = seen[r["index"]] = seen.get(r["index"], -1) + 1
-        out[id(r)] = f"#{r['index']}" + ("abcdefghijklmnopqrstuvwxyz"[n] if count[r["index"]] > 1 else "")
+        n = seen[r.index] = seen.get(r.index, -1) + 1
+        out[id(r)] = f"#{r.index}" + ("abcdefghijklmnopqrstuvwxyz"[n] if count[r.index] > 1 else "")
     return out
 
 
-def pareto_plot(lad: dict, out: Path, plt) -> None:
+def pareto_plot(lad: LadderRecord, out: Path, plt) -> None:
     ids = rung_ids(lad)
     pts = [{**p, "id": ids[id(p["r"])]} for p in pareto_points(lad)]
-    final = lad.get("final_exp")
+    final = lad.final_exp
     fig, ax = plt.subplots(figsize=(10, max(5.5, 0.17 * len(ids) + 3.5)))
     for key, (m, c, label) in PARETO_STYLE.items():
-        mine = [p for p in pts if (p["r"].get("role") == "baseline") == (key == "baseline")
-                and (key != "kept" or p["r"].get("kept")) and (key != "other" or not p["r"].get("kept"))]
+        mine = [p for p in pts if (p["r"].role == "baseline") == (key == "baseline")
+                and (key != "kept" or p["r"].kept) and (key != "other" or not p["r"].kept)]
         if mine:  # a legend entry only for what is drawn
             ax.scatter([p["user"] for p in mine], [p["gpu"] for p in mine], marker=m, s=60, color=c, label=label,
                        zorder=3)
@@ -1019,22 +1021,22 @@ def pareto_plot(lad: dict, out: Path, plt) -> None:
         # the boundary of what the front's points serve: no config beyond it on both axes was measured
         ax.step([p["user"] for p in front], [p["gpu"] for p in front], "--", where="pre", color="tab:orange",
                 lw=1.5, label="Pareto front", zorder=2)
-    top = [p for p in pts if final and p["r"].get("exp") == final]
+    top = [p for p in pts if final and p["r"].exp == final]
     if top:
         ax.scatter([top[0]["user"]], [top[0]["gpu"]], marker="*", s=320, facecolor="none", edgecolor="black",
                    linewidth=1.4, label="final stack", zorder=4)
     ax.margins(0.15)
     fig.canvas.draw()  # the labels group by where the points land on screen
     pareto_labels(pts, ax)
-    unit = "GPU" if lad["environment"].get("device") == "gpu" else "instance (CPU)"  # old records: no `gpus`
+    unit = "GPU" if lad.environment.get("device") == "gpu" else "instance (CPU)"  # old records: no `gpus`
     ax.set(xlabel="output tok/s per user (1 / median TPOT at the knee's rate)",
            ylabel=f"output tok/s per {unit} at the knee's rate",
            title=f"Output tok/s per user vs per {unit.split()[0]}, each rung at its knee's rate (SLO "
-                 f"{slo_text(lad['slo'])})")
+                 f"{slo_text(lad.slo)})")
     ax.title.set_fontsize(10)
     ax.grid(alpha=0.3)
-    key = "\n".join(f"{ids[id(r)]:<4} {r['name']}" + ("" if any(p["r"] is r for p in pts) else " (no knee)")
-                    for r in lad["rungs"] if id(r) in ids)
+    key = "\n".join(f"{ids[id(r)]:<4} {r.name}" + ("" if any(p["r"] is r for p in pts) else " (no knee)")
+                    for r in lad.rungs if id(r) in ids)
     ax.text(1.02, 1.0, key, transform=ax.transAxes, va="top", fontsize=8, family="monospace")
     if not pts:  # rung 0 failed, or no rung met the SLO anywhere: the plot says so rather than the report failing
         ax.text(0.5, 0.5, "no rung has a knee: nothing to place", transform=ax.transAxes, ha="center")

@@ -165,7 +165,7 @@ def test_a_failed_rung_s_line_is_cut_to_the_width_and_its_words_stay_in_the_evid
 
 def test_the_pareto_plot_places_each_rung_at_its_knee_and_marks_the_front(tmp_path):
     lad = load("ladder_cpu.json")
-    pts = {p["r"]["name"]: p for p in report.pareto_points(lad)}
+    pts = {p["r"].name: p for p in report.pareto_points(LadderRecord.model_validate(lad))}
     assert set(pts) == {r["name"] for r in lad["rungs"]}  # every rung of this ladder met the SLO somewhere
     base = lad["rungs"][0]
     at = [x for x in base["knee"]["rows"] if x["offered_rps"] == base["knee"]["knee_rps"]][-1]
@@ -176,13 +176,13 @@ def test_the_pareto_plot_places_each_rung_at_its_knee_and_marks_the_front(tmp_pa
         dominated = any(q["user"] > p["user"] and q["gpu"] > p["gpu"] for q in pts.values())
         assert p["front"] != dominated, n
     # per GPU on a GPU ladder; a rung with no pass has no point; candidates sharing a number are told apart
-    gpu = load("ladder_h200x2_c536b45.json")
-    tp = next(p for p in report.pareto_points(gpu) if p["r"]["gpus"] == 2)
-    row = [x for x in tp["r"]["knee"]["rows"] if x["offered_rps"] == tp["r"]["knee"]["knee_rps"]][-1]
-    assert tp["gpu"] == pytest.approx(row["output_tps"] / 2)
+    gpu = LadderRecord.model_validate(load("ladder_h200x2_c536b45.json"))
+    tp = next(p for p in report.pareto_points(gpu) if p["r"].gpus == 2)
+    row = [x for x in tp["r"].knee.rows if x.offered_rps == tp["r"].knee.knee_rps][-1]
+    assert tp["gpu"] == pytest.approx(row.output_tps / 2)
     assert sorted(report.rung_ids(gpu).values()) == ["#0", "#1a", "#1b"]
-    old = load("ladder_cpu_7ce1c08.json")
-    assert {p["r"]["name"] for p in report.pareto_points(old)} == {"baseline", "spend-memory", "batched-tokens"}
+    old = LadderRecord.model_validate(load("ladder_cpu_7ce1c08.json"))
+    assert {p["r"].name for p in report.pareto_points(old)} == {"baseline", "spend-memory", "batched-tokens"}
     for name in ("ladder_cpu.json", "ladder_gpu_shape.json"):
         report.plots(load(name), tmp_path)
         assert (tmp_path / "pareto.png").read_bytes()[:4] == b"\x89PNG"

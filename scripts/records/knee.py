@@ -49,6 +49,7 @@ class Look(BaseModel):
     sent: int | None = None
     achieved_rps: float | None = None
     output_tps: float | None = None
+    p50_tpot_ms: float | None = None   # vLLM's median TPOT over the look: what one user gets (the Pareto plot)
     goodput_rps: float | None = None
     completed: int | None = None
     failed: int | None = None
