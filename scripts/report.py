@@ -1125,13 +1125,13 @@ def time_lines(lad: LadderRecord) -> list[str]:
     """Where the ladder's time went, as the record has it (record.annotate_time): per rung starting engines,
     measuring, the stages' other time, DVC overhead; in total device-minutes, the share spent starting, cost."""
     tot = lad.time
-    if not tot:  # a record from before the split: the stages' wall times only
+    if tot is None:  # a record from before the split: the stages' wall times only
         return ["- measured engine time (eval + bench + knee stages): "
                 f"{(lad.engine_seconds or 0) / 60:.1f} min; "
                 f"ladder wall time {(lad.wall_seconds or 0) / 60:.1f} min",
                 *[f"- {r.index} {r.name}: " + ", ".join(f"{s} {v:.0f} s" for s, v in r.stage_seconds.items())
                   for r in lad.rungs if r.stage_seconds]]
-    unit = tot["unit"]
+    unit = tot.unit
     rows = []
     for r in lad.rungs + (lad.confirm.runs if lad.confirm else []):
         t = r.time
@@ -1147,29 +1147,28 @@ def time_lines(lad: LadderRecord) -> list[str]:
                      "other (imports, teardown)": cells["other_s"], "DVC overhead": cells["dvc_s"],
                      f"{unit}-minutes": f"{t.seconds * t.gpus / 60:.1f}"
                      + ("" if split else f" ({r.status}: not split)")})
-    cost = (f" ≈ **${tot['cost_usd']:.2f}** at ${tot['price_per_hour']:.2f} per {unit}-hour" if tot["price_per_hour"]
+    cost = (f" ≈ **${tot.cost_usd:.2f}** at ${tot.price_per_hour:.2f} per {unit}-hour" if tot.price_per_hour
             else " (no price: cost.gpu_price_per_hour is 0)")
-    share = f"{tot['start_share']:.0%}" if tot["start_share"] is not None else "—"
-    starts = (f": {tot['engine_starts']} starts × {tot['seconds_per_start']:.0f} s" if tot.get("engine_starts")
-              else "")
-    lines = [f"**{tot['minutes']:.1f} {unit}-minutes**{cost}; **{share}** of them spent starting engines "
-             f"({tot['start_minutes']:.1f} min{starts}), {tot['measure_minutes']:.1f} min measuring, "
-             f"{tot['other_minutes']:.1f} min in the stages' imports and teardown, "
-             f"{tot['dvc_minutes']:.1f} min of DVC overhead; "
+    share = f"{tot.start_share:.0%}" if tot.start_share is not None else "—"
+    starts = f": {tot.engine_starts} starts × {tot.seconds_per_start:.0f} s" if tot.engine_starts else ""
+    lines = [f"**{tot.minutes:.1f} {unit}-minutes**{cost}; **{share}** of them spent starting engines "
+             f"({tot.start_minutes:.1f} min{starts}), {tot.measure_minutes:.1f} min measuring, "
+             f"{tot.other_minutes:.1f} min in the stages' imports and teardown, "
+             f"{tot.dvc_minutes:.1f} min of DVC overhead; "
              f"ladder wall time {(lad.wall_seconds or 0) / 60:.1f} min.",
              ""]
-    conf = tot.get("confirm")
+    conf = tot.confirm
     if conf:  # what confirming the kept gains cost: record.confirm_time
-        lines[-1:-1] = ["", f"The confirm step: {conf['runs']} runs ({lad.confirm.pairs if lad.confirm else None} "
-                            f"pair(s)), **{conf['minutes']:.1f} {unit}-minutes**: {conf['per_stack']['stock']:.1f} "
-                            f"re-measuring stock (rung 0), {conf['per_stack']['final']:.1f} the final stack."]
+        lines[-1:-1] = ["", f"The confirm step: {conf.runs} runs ({lad.confirm.pairs if lad.confirm else None} "
+                            f"pair(s)), **{conf.minutes:.1f} {unit}-minutes**: {conf.per_stack.stock:.1f} "
+                            f"re-measuring stock (rung 0), {conf.per_stack.final:.1f} the final stack."]
     if rows:
         lines += [tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False), ""]
     lines.append(f"Starting engines: process start to engine ready (bench and eval: the engine's process with its "
                  f"imports; knee: `vllm serve` until healthy); measuring: warm-up passes, timed repeats, knee probes, "
                  f"eval generation; DVC overhead: the rung's `dvc exp run` minus its engine stages (DVC, fingerprint, "
                  f"download, gate); stages DVC restored cost nothing. {unit}-minutes: wall × {unit}s held."
-                 + (" Some splits are estimated from a record older than the stages' own split." if tot["estimated"]
+                 + (" Some splits are estimated from a record older than the stages' own split." if tot.estimated
                     else ""))
     return lines
 

@@ -134,6 +134,40 @@ class Confirm(Closed):
     rested_on: list[RestedOn] | None = None
 
 
+class StackMinutes(Closed):
+    stock: float                       # rung 0's runs
+    final: float                       # the final stack's
+
+
+class ConfirmTime(Closed):
+    """record.confirm_time: the confirm step's device-minutes, in all and per stack."""
+    runs: int
+    minutes: float
+    per_stack: StackMinutes
+
+
+class TimeTotals(Closed):
+    """record.time_totals: the ladder's device-minutes (each rung's `time` weighted by the GPUs it held), the
+    share of them each part of record.time_split took, and their cost; the confirm step's own beside them. A share
+    is None where no time was measured; a record from before engine starts were counted has none."""
+    unit: str                          # "GPU", or "CPU" on a CPU box
+    minutes: float
+    engine_starts: int | None = None
+    seconds_per_start: float | None = None
+    start_minutes: float
+    measure_minutes: float
+    other_minutes: float
+    dvc_minutes: float
+    start_share: float | None
+    measure_share: float | None = None
+    other_share: float | None = None
+    dvc_share: float | None = None
+    price_per_hour: float
+    cost_usd: float
+    estimated: bool                    # some rung's split was estimated (record._estimate)
+    confirm: ConfirmTime | None = None
+
+
 class LadderRecord(Record):
     """report/ladder.json: the ladder's settings, its rungs and confirm step, and what it cost. The report reads
     nothing else."""
@@ -160,7 +194,7 @@ class LadderRecord(Record):
     wall_seconds: float | None = None
     cost_usd: float | None = None
     capacity: dict[str, Any] | None = None  # capacity.plan: fleets for `capacity.peak_rps`, cost per 1 M tokens
-    time: dict[str, Any] | None = None      # record.time_totals: device-minutes, the share spent starting engines
+    time: TimeTotals | None = None     # record.time_totals: device-minutes, the share spent starting engines
 
     @model_validator(mode="before")
     @classmethod
