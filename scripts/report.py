@@ -803,49 +803,47 @@ def _range(v, rng, spec="g", pre=""):
     return f"{pre}{format(v, spec)} (bracket {pre}{format(lo, spec)}–{pre}{format(hi, spec)})"
 
 
-def capacity_lines(lad: dict) -> list[str]:
+def capacity_lines(lad: LadderRecord) -> list[str]:
     """The capacity plan the ladder recorded (capacity.plan), as it is: nothing is computed here."""
-    cap = lad.get("capacity")
-    if not cap:
+    cap = lad.capacity
+    if cap is None:
         return ["No capacity plan in this record."]
-    slo = lad["slo"]
-    gpu = cap["unit"] == "GPU"
-    lines = [f"Serving a peak of **{cap['peak_rps']:g} req/s** of the knee workload at the SLO ({slo_text(slo)}), "
+    gpu = cap.unit == "GPU"
+    lines = [f"Serving a peak of **{cap.peak_rps:g} req/s** of the knee workload at the SLO ({slo_text(lad.slo)}), "
              "each instance held to "
-             f"{(1 - cap['headroom']) * 100:.0f} % of its knee (headroom {cap['headroom']:g})"
-             + (f", at ${cap['price_per_gpu_hour']:.2f} per GPU-hour." if cap["price_per_gpu_hour"] else
+             f"{(1 - cap.headroom) * 100:.0f} % of its knee (headroom {cap.headroom:g})"
+             + (f", at ${cap.price_per_gpu_hour:.2f} per GPU-hour." if cap.price_per_gpu_hour else
                 "; no price (cost.gpu_price_per_hour is 0): instances only, no cost.")
              + (" One GPU per instance: the plan is N single-GPU instances." if gpu and all(
-                 (cap[s].get("gpus_per_instance") or 1) == 1 for s in ("before", "after")) else ""), ""]
+                 (p.gpus_per_instance or 1) == 1 for p in (cap.before, cap.after)) else ""), ""]
     rows = []
-    for side, label in (("before", "before (rung 0)"), ("after", "after (final stack)")):
-        p = cap[side]
-        k = p["knee"]
-        knee = (f"{k['rung']} ({k['exp']}): knee {fmt(k['knee_rps'], 'g')} req/s, breaks at "
-                f"{fmt(k['first_fail_rps'], 'g', 'no probed rate')}")
-        if p["plan"] != "ok":
-            rows.append({"": label, "knee it comes from": knee, "instances": f"no plan: {p['why']}"})
+    for p, label in ((cap.before, "before (rung 0)"), (cap.after, "after (final stack)")):
+        k = p.knee
+        knee = (f"{k.rung} ({k.exp}): knee {fmt(k.knee_rps, 'g')} req/s, breaks at "
+                f"{fmt(k.first_fail_rps, 'g', 'no probed rate')}")
+        if p.plan != "ok":
+            rows.append({"": label, "knee it comes from": knee, "instances": f"no plan: {p.why}"})
             continue
-        row = {"": label, "knee it comes from": knee, "instances": _range(p["instances"], p["instances_range"])}
+        row = {"": label, "knee it comes from": knee, "instances": _range(p.instances, p.instances_range)}
         if gpu:
-            row.update({"GPUs per instance": p["gpus_per_instance"], "GPUs": _range(p["gpus"], p["gpus_range"])})
+            row.update({"GPUs per instance": p.gpus_per_instance, "GPUs": _range(p.gpus, p.gpus_range)})
         else:
             row["GPUs"] = "n/a (CPU instances)"
         row["$ per 1 M output tokens at the knee"] = (
-            _range(p["usd_per_m_output_tokens"], p["usd_per_m_output_tokens_range"], ".3f", "$")
-            if p.get("usd_per_m_output_tokens") is not None else p.get("why_no_cost", "—"))
+            _range(p.usd_per_m_output_tokens, p.usd_per_m_output_tokens_range, ".3f", "$")
+            if p.usd_per_m_output_tokens is not None else p.why_no_cost or "—")
         rows.append(row)
     lines += [tabulate(pd.DataFrame(rows).fillna("—"), headers="keys", tablefmt="github", showindex=False), ""]
-    sv, unit = cap["saved"], ("GPUs" if gpu else "instances")
-    if sv["plan"] != "ok":
-        lines.append(f"**Tune vs scale**: no plan — {sv['why']}.")
+    sv, unit = cap.saved, ("GPUs" if gpu else "instances")
+    if sv.plan != "ok":
+        lines.append(f"**Tune vs scale**: no plan — {sv.why}.")
     else:
-        lo, hi = sv["saved_range"]
-        b, a = cap["before"][sv["unit"]], cap["after"][sv["unit"]]
-        lines.append(f"**Tune vs scale**: at {cap['peak_rps']:g} req/s the ladder saves **{sv['saved']} {unit}** "
+        lo, hi = sv.saved_range
+        b, a = getattr(cap.before, sv.unit), getattr(cap.after, sv.unit)  # the side plans' figure it compared
+        lines.append(f"**Tune vs scale**: at {cap.peak_rps:g} req/s the ladder saves **{sv.saved} {unit}** "
                      f"({b} → {a}, planned on the knees); over the knee brackets between "
                      f"{fmt(lo, 'g', '?')} and {fmt(hi, 'g', '?')}.")
-    lines += ["", f"Method: {cap['method']}"] + ([f"Note: {cap['added']}."] if cap.get("added") else [])
+    lines += ["", f"Method: {cap.method}"] + ([f"Note: {cap.added}."] if cap.added else [])
     return lines
 
 
@@ -1184,7 +1182,6 @@ def render(lad: LadderRecord | dict, out: Path) -> str:
     rests on, the rule's words once, and the long table as an appendix. `lad` the record, or a dict of its shape
     (as_record)."""
     rec = as_record(lad)
-    lad = rec.as_dict()  # the sections not yet reading the model read the record as its file holds it
     md = [f"# Before → after: vLLM serving ladder ({rec.profile} profile)", "",
           headline(rec), "", *first_screen(rec), "",
           "## Setup", *header(rec), "",
@@ -1194,7 +1191,7 @@ def render(lad: LadderRecord | dict, out: Path) -> str:
           "bench.extra_repeats), a knee look while other work kept the machine busy is looked at again on its trace "
           "(once); the flagged one is kept beside what replaced it and judged on by nothing:",
           *disturbed_lines(rec), "",
-          "## Capacity plan", *capacity_lines(lad), "",
+          "## Capacity plan", *capacity_lines(rec), "",
           "## Plots", "![knee evidence per rung](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
           f"![{PARETO_ALT}](pareto.png)", "",
           "## Time", *time_lines(rec), "",

@@ -134,6 +134,56 @@ class Confirm(Closed):
     rested_on: list[RestedOn] | None = None
 
 
+class PlanKnee(Closed):
+    """capacity.which_knee: the rung a fleet is planned on, and its knee."""
+    rung: str                          # "index name"
+    exp: str | None = None
+    knee_rps: float | None = None
+    first_fail_rps: float | None = None
+    status: str | None = None
+
+
+class SidePlan(Closed):
+    """capacity.knee_plan: one rung's fleet for the peak and its cost at the knee, each figure with the range its
+    knee's bracket allows ([bound, planned]; the bound None where no probed rate failed); or `why` there is none."""
+    knee: PlanKnee
+    plan: str                          # "ok" or capacity.NO_PLAN
+    why: str | None = None
+    instances: int | None = None
+    instances_range: list[int | None] | None = None
+    gpus_per_instance: int | None = None  # None on a CPU box
+    gpus: int | None = None
+    gpus_range: list[int | None] | None = None
+    usd_per_m_output_tokens: float | None = None
+    usd_per_m_output_tokens_range: list[float | None] | None = None
+    output_tps_at_knee: float | None = None
+    why_no_cost: str | None = None
+
+
+class Saved(Closed):
+    """capacity.plan's tune-vs-scale: what the final stack saves against rung 0 at the peak, in `unit` (the side
+    plans' field it compares), or `why` there is no figure."""
+    plan: str
+    why: str | None = None
+    unit: Literal["gpus", "instances"] | None = None
+    saved: int | None = None
+    saved_range: list[int | None] | None = None
+
+
+class CapacityPlan(Closed):
+    """capacity.plan: fleets for `capacity.peak_rps` before (rung 0) and after (the final stack), and what tuning
+    saved; `added` where scripts/fill_capacity.py planned it after the run."""
+    peak_rps: float
+    headroom: float
+    price_per_gpu_hour: float
+    unit: str                          # "GPU", or "instance (CPU machine)"
+    before: SidePlan
+    after: SidePlan
+    method: str
+    saved: Saved
+    added: str | None = None
+
+
 class StackMinutes(Closed):
     stock: float                       # rung 0's runs
     final: float                       # the final stack's
@@ -193,7 +243,7 @@ class LadderRecord(Record):
     engine_seconds: float | None = None
     wall_seconds: float | None = None
     cost_usd: float | None = None
-    capacity: dict[str, Any] | None = None  # capacity.plan: fleets for `capacity.peak_rps`, cost per 1 M tokens
+    capacity: CapacityPlan | None = None  # capacity.plan: fleets for `capacity.peak_rps`, cost per 1 M tokens
     time: TimeTotals | None = None     # record.time_totals: device-minutes, the share spent starting engines
 
     @model_validator(mode="before")
