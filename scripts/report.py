@@ -16,7 +16,7 @@ from measure import disturbed, probing
 from records.bench import BenchResult
 from records.gate import GateResult
 from records.knee import Look, RungKnee
-from records.ladder import AppliedCheck, LadderRecord, Measured, RestedOn, RungRecord
+from records.ladder import AppliedCheck, LadderRecord, Measured, RestedOn, Roofline, RungRecord
 
 
 def fmt(v, spec=".1f", none="—"):
@@ -198,19 +198,21 @@ def applied_cell(r: RungRecord):
 
 
 def roof_cell(r: RungRecord):
-    rf = r.roofline or {}  # record.roofline's dict
-    if not rf.get("tpot_floor_ms") or not rf.get("tpot_low_load_ms"):
+    rf = r.roofline
+    if rf is None or not rf.tpot_floor_ms or not rf.tpot_low_load_ms:
         return "—"
-    at = "" if rf.get("tpot_measured_at", "batch 1") == "batch 1" else f" ({rf.get('tpot_measured_at') or 'low load'})"
-    return (f"{rf['tpot_floor_ms']:.1f} / {rf['tpot_low_load_ms']:.1f} ms{at} ({rf['pct_of_floor'] * 100:.0f} %)"
+    # a record from before tpot_measured_at was written measured at batch 1
+    at = rf.tpot_measured_at if "tpot_measured_at" in rf.model_fields_set else "batch 1"
+    at = "" if at == "batch 1" else f" ({at or 'low load'})"
+    return (f"{rf.tpot_floor_ms:.1f} / {rf.tpot_low_load_ms:.1f} ms{at} ({rf.pct_of_floor * 100:.0f} %)"
             + target_floor(rf))
 
 
-def target_floor(rf: dict) -> str:
+def target_floor(rf: Roofline) -> str:
     """An emulated card's floor beside the real one: its memory was emulated, its bandwidth was not."""
-    if not rf.get("target_tpot_floor_ms"):
+    if not rf.target_tpot_floor_ms:
         return ""
-    return f"; {rf.get('target_gpu') or 'target'} floor {rf['target_tpot_floor_ms']:.1f} ms"
+    return f"; {rf.target_gpu or 'target'} floor {rf.target_tpot_floor_ms:.1f} ms"
 
 
 def kv_cell(r: RungRecord):
@@ -235,16 +237,16 @@ def target_lines(lad: LadderRecord) -> list[str]:
     if not runs:
         return []
     t = runs[0].target  # common.target_engine's conversion, as recorded
-    conv = {(r.target["gpu_memory_utilization"], r.target["fraction"], r.target["budget_gib"]) for r in runs}
-    lines = [f"- **Emulated card**: {t['name']}, {t['memory_gib']:g} GiB, on this {t['real_gpu']} "
-             f"({t['real_total_gib']:g} GiB, nvidia-smi): gpu_memory_utilization keeps its meaning on the "
-             f"{t['name']} and the engine gets u × {t['memory_gib']:g} / {t['real_total_gib']:g} of this card: "
+    conv = {(r.target.gpu_memory_utilization, r.target.fraction, r.target.budget_gib) for r in runs}
+    lines = [f"- **Emulated card**: {t.name}, {t.memory_gib:g} GiB, on this {t.real_gpu} "
+             f"({t.real_total_gib:g} GiB, nvidia-smi): gpu_memory_utilization keeps its meaning on the "
+             f"{t.name} and the engine gets u × {t.memory_gib:g} / {t.real_total_gib:g} of this card: "
              + ", ".join(f"{u:g} → {f:g} ({g:g} GiB)" for u, f, g in sorted(conv)) + ".",
              f"- **Emulated**: memory capacity only — weights, activations, CUDA graphs and KV cache share the "
-             f"{t['name']}'s budget, so KV capacity and max concurrency are the {t['name']}'s. **Not emulated**: "
-             f"bandwidth, compute, PCIe: absolute tok/s and latencies are this {t['real_gpu']}'s; the roofline "
-             f"column gives the {t['name']}'s floor beside this card's"
-             + (f" ({t['bandwidth_gbs']:g} GB/s)." if t.get("bandwidth_gbs") else " (no target.bandwidth_gbs given).")]
+             f"{t.name}'s budget, so KV capacity and max concurrency are the {t.name}'s. **Not emulated**: "
+             f"bandwidth, compute, PCIe: absolute tok/s and latencies are this {t.real_gpu}'s; the roofline "
+             f"column gives the {t.name}'s floor beside this card's"
+             + (f" ({t.bandwidth_gbs:g} GB/s)." if t.bandwidth_gbs else " (no target.bandwidth_gbs given).")]
     base = next((c for r in runs if r.role == decide.BASELINE for c in r.applied if c.knob == "target"), None)
     if base:  # rung 0's check (the other rungs' are under "took effect?")
         lines.append(f"- **Inside the budget?** rung 0: {_mark(base)} ({base.observed})")

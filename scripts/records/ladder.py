@@ -64,6 +64,35 @@ class PerGpu(Closed):
     first_fail_rps: float | None = None
 
 
+class Roofline(Closed):
+    """record.roofline: the batch-1 decode floor from the model's shapes and the GPU's bandwidth, against the knee
+    stage's batch-1 TPOT; with a target card that gives its bandwidth, the target's floor beside it. A record from
+    before these were written lacks context_tokens, tpot_measured_at and the target's."""
+    gpu: str | None = None
+    bandwidth_gbs: float | None = None
+    weight_bits: float | None = None
+    context_tokens: int | None = None
+    tpot_floor_ms: float | None = None
+    tpot_measured_at: str | None = None  # "batch 1", or the lowest probed rate an older knee record had
+    tpot_low_load_ms: float | None = None
+    pct_of_floor: float | None = None
+    target_gpu: str | None = None
+    target_bandwidth_gbs: float | None = None
+    target_tpot_floor_ms: float | None = None
+
+
+class TargetConversion(Closed):
+    """common.target_engine: an emulated card's memory budget on the real one, as the engine ran it."""
+    name: str
+    memory_gib: float
+    bandwidth_gbs: float | None = None
+    gpu_memory_utilization: float      # as asked for on the target card
+    budget_gib: float
+    real_gpu: str
+    real_total_gib: float
+    fraction: float                    # the gpu_memory_utilization the engine got on the real card
+
+
 class RungRecord(Closed):
     """One experiment the ladder ran (or skipped), as ladder.Driver builds it and record.fill fills it."""
     index: int
@@ -89,8 +118,8 @@ class RungRecord(Closed):
     stage_seconds: dict[str, float] = {}
     stage_time: dict[str, StageTime] = {}  # per engine stage that ran: its result's `time` (common.stage_time)
     applied: list[AppliedCheck] = []   # decide.applied_check (+ decide.target_check with a target card)
-    target: dict[str, Any] | None = None  # the target card's conversion the engine ran with (common.target_engine)
-    roofline: dict[str, Any] | None = None  # record.roofline
+    target: TargetConversion | None = None  # the target card's conversion the engine ran with (common.target_engine)
+    roofline: Roofline | None = None   # record.roofline
     # output_tps: stats.delta, knee_rps: stats.knee_delta, vs `base` (per GPU: record.compare); decide.AGAIN: whether
     # `base` was measured again right after it (decide.needs_again)
     delta: dict[str, Any] | None = None
