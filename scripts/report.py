@@ -16,7 +16,7 @@ from measure import disturbed, probing
 from records.bench import BenchResult
 from records.gate import GateResult
 from records.knee import Look, RungKnee
-from records.ladder import AppliedCheck, LadderRecord, Measured, RestedOn, Roofline, RungRecord
+from records.ladder import AppliedCheck, Change, LadderRecord, Measured, RestedOn, Roofline, RungRecord
 
 
 def fmt(v, spec=".1f", none="—"):
@@ -78,16 +78,17 @@ def tps_cell(r: RungRecord):
 
 
 def delta_cell(r: RungRecord):
-    d = (r.delta or {}).get("output_tps")  # stats.delta's dict (its keys differ across the record's versions)
-    if not d or d.get("rel") is None:
+    d = r.delta and r.delta.output_tps
+    if d is None or d.rel is None:
         return "—"
-    if d.get("ci") or d.get("ci95"):  # ci95: records made before the interval's level was stated with it
-        lo, hi = d.get("ci") or d["ci95"]
-        txt = f"{d['rel'] * 100:+.0f} % [{lo * 100:+.0f}, {hi * 100:+.0f}]"
+    ci = d.ci or d.ci95  # ci95: records made before the interval's level was stated with it
+    if ci:
+        lo, hi = ci
+        txt = f"{d.rel * 100:+.0f} % [{lo * 100:+.0f}, {hi * 100:+.0f}]"
     else:
-        txt = f"{d['rel'] * 100:+.0f} %"
-    return txt + (" within noise" if d["verdict"] == "within noise" else
-                  f" ({d['verdict']})" if d["verdict"] == "unknown" else "")
+        txt = f"{d.rel * 100:+.0f} %"
+    return txt + (" within noise" if d.verdict == "within noise" else
+                  f" ({d.verdict})" if d.verdict == "unknown" else "")
 
 
 FRONT_END_FLAG = "the front end's knee, not the engine's"  # knee.json frontend_words (measure/frontend.summary)
@@ -463,16 +464,16 @@ def clip(text: str, width: int = LINE_WIDTH) -> str:
     return text if len(text) <= width else text[:width - 1].rstrip(" ;,") + "…"
 
 
-def pct_ci(d: dict) -> str:
+def pct_ci(d: Change) -> str:
     """A Δ as the first screen shows it: +25 % [+17, +33]."""
-    ci = d.get("ci") or d.get("ci95")
-    return f"{d['rel'] * 100:+.0f} %" + (f" [{ci[0] * 100:+.0f}, {ci[1] * 100:+.0f}]" if ci else "")
+    ci = d.ci or d.ci95
+    return f"{d.rel * 100:+.0f} %" + (f" [{ci[0] * 100:+.0f}, {ci[1] * 100:+.0f}]" if ci else "")
 
 
-def tps_figure(d: dict | None) -> str | None:
-    if not d or d.get("rel") is None:
+def tps_figure(d: Change | None) -> str | None:
+    if d is None or d.rel is None:
         return None
-    return f"tok/s{' per GPU' if d.get('per_gpu') else ''} {pct_ci(d)}"
+    return f"tok/s{' per GPU' if d.per_gpu else ''} {pct_ci(d)}"
 
 
 def rung_of(lad: LadderRecord, exp: str | None) -> RungRecord | None:
@@ -487,44 +488,47 @@ def knee_point(r: RungRecord | None, per_gpu: bool) -> str:
 
 def knee_figure(r: RungRecord, lad: LadderRecord) -> str | None:
     """The knee's move vs the base, and on how many servers a side it held where fresh servers re-checked it."""
-    d = (r.delta or {}).get("knee_rps") or {}
-    if not d or (d.get("rel") is None and d["verdict"] == "unknown"):
+    d = r.delta and r.delta.knee_rps
+    if d is None or (d.rel is None and d.verdict == "unknown"):
         return None
-    per = bool(d.get("per_gpu"))
+    per = bool(d.per_gpu)
     was, now = knee_point(rung_of(lad, r.base), per), knee_point(r, per)
     txt = f"knee{' per GPU' if per else ''} " + (f"{was} → {now} req/s" if now != "no pass" else
                                                   f"{was} req/s → no pass")
-    if d.get("recheck") is not None:  # stats.knee_recheck: read `first` on one server a side, then fresh pairs
-        held = d["verdict"] == d.get("first")
-        txt += (f" on {len(d['recheck']) + 1} servers a side" if held else
-                f" (read {d.get('first')} on one server a side, not on fresh ones)")
+    if d.recheck is not None:  # stats.knee_recheck: read `first` on one server a side, then fresh pairs
+        held = d.verdict == d.first
+        txt += (f" on {len(d.recheck) + 1} servers a side" if held else
+                f" (read {d.first} on one server a side, not on fresh ones)")
     return txt
 
 
-def with_verdict(fig: str | None, d: dict | None) -> str | None:
-    return fig and f"{fig} ({(d or {}).get('verdict')})"
+def verdict_of(d: Change | None) -> str | None:
+    return d.verdict if d else None
+
+
+def with_verdict(fig: str | None, d: Change | None) -> str | None:
+    return fig and f"{fig} ({verdict_of(d)})"
 
 
 def speed_words(r: RungRecord, lad: LadderRecord, cost: str = "") -> str:
     """The figure that decided a measured rung first (decide.rests_on_tps), the other after it with its verdict, then
     `cost` (quality_cost)."""
-    d = r.delta or {}
     because = ""
-    dk, dt = d.get("knee_rps") or {}, d.get("output_tps") or {}
+    dk, dt = r.delta and r.delta.knee_rps, r.delta and r.delta.output_tps
     knee, tps = knee_figure(r, lad), tps_figure(dt)
     if r.kept:
         # decide reads a rung as the driver builds it, a dict; the Δ is the part it reads
-        on_tps = decide.rests_on_tps({"delta": d}, lad.objective or "knee_rps") if dk else True
+        on_tps = decide.rests_on_tps(r.model_dump(include={"delta"}), lad.objective or "knee_rps") if dk else True
         first, then = (tps, with_verdict(knee, dk)) if on_tps else (knee, with_verdict(tps, dt))
-        if (dt if on_tps else dk).get("verdict") != "better":  # an older rule kept what got no worse: it says so
+        if verdict_of(dt if on_tps else dk) != "better":  # an older rule kept what got no worse: it says so
             because = (r.decision or "").partition("kept because ")[2].split(";")[0]
             first = with_verdict(first, dt if on_tps else dk)
-    elif dk.get("verdict") == "worse":
+    elif verdict_of(dk) == "worse":
         first, then = f"{knee} (worse)", with_verdict(tps, dt)
-    elif dt.get("verdict") == "worse":
+    elif verdict_of(dt) == "worse":
         first, then = f"{tps} (worse)", with_verdict(knee, dk)
     else:
-        lead = "not confirmed: " if dt.get("verdict") == "better" else "no measurable gain: "
+        lead = "not confirmed: " if verdict_of(dt) == "better" else "no measurable gain: "
         first, then = lead + (with_verdict(tps, dt) or "tok/s not measured"), with_verdict(knee, dk)
     return ((", ".join(x for x in (first, then) if x) or "no speed measured") + cost
             + (f"; kept because {because}" if because else ""))
@@ -567,7 +571,7 @@ def why_line(r: RungRecord, lad: LadderRecord) -> str:
     verdict = kept_cell(r).replace("**", "") + (kept_suffix(lad) if r.verdict == "kept" else "")
     head = f"Rung {r.index} {r.name}: {verdict} — "
     early = early_words(r)
-    measured = (r.delta or {}).get("output_tps") or (r.delta or {}).get("knee_rps")
+    measured = r.delta and (r.delta.output_tps or r.delta.knee_rps)
     if early:
         speed = f"; {speed_words(r, lad)}" if measured and not gate_skipped(r) else ""
         return clip(head + clip(early, LINE_WIDTH - len(head) - len(speed)) + speed)

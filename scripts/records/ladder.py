@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 import common
 from records.base import Closed, Record, StageTime
@@ -93,6 +93,30 @@ class TargetConversion(Closed):
     fraction: float                    # the gpu_memory_utilization the engine got on the real card
 
 
+class Change(BaseModel):
+    """A rung's Δ vs its base on one measure: stats.delta (output tok/s) or stats.knee_delta (the knee, re-judged by
+    stats.knee_recheck where fresh servers re-checked it), per GPU where the two ran on different GPU counts
+    (record.compare). Its other keys (engines, df, floor_cv, again_odds, past, ...) differ across the record's
+    versions: `extra="allow"` keeps them as written. An interval from before its level was stated with it is
+    `ci95`."""
+    model_config = ConfigDict(extra="allow")
+    rel: float | None = None
+    ci: list[float] | None = None
+    ci95: list[float] | None = None
+    verdict: str | None = None         # better | worse | within noise | unknown
+    why: str | None = None
+    per_gpu: list[int | None] | None = None  # [the rung's GPUs per instance, the base's]
+    first: str | None = None           # the verdict on one server a side, before the re-check
+    recheck: list[dict[str, Any]] | None = None  # each pair of fresh servers: its rate and both sides' verdicts
+
+
+class RungDelta(Closed):
+    """record.compare: the rung vs its base, on each measure (None: not measured on one side)."""
+    output_tps: Change | None = None
+    knee_rps: Change | None = None
+    base_again: bool | None = None     # decide.AGAIN: the base measured again right after it (False: that failed)
+
+
 class RungRecord(Closed):
     """One experiment the ladder ran (or skipped), as ladder.Driver builds it and record.fill fills it."""
     index: int
@@ -122,7 +146,7 @@ class RungRecord(Closed):
     roofline: Roofline | None = None   # record.roofline
     # output_tps: stats.delta, knee_rps: stats.knee_delta, vs `base` (per GPU: record.compare); decide.AGAIN: whether
     # `base` was measured again right after it (decide.needs_again)
-    delta: dict[str, Any] | None = None
+    delta: RungDelta | None = None
     replayed: str | None = None        # measured on another machine (its label), taken as it was (Driver.replay)
     of: str | None = None              # a confirm run's or knee re-check's: the experiment it measures again
     kept: bool | None = None
