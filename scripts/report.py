@@ -11,6 +11,7 @@ import pandas as pd
 from tabulate import tabulate
 
 import common
+import config
 from judgement import decide, stats
 from measure import disturbed, probing
 from records.bench import BenchResult
@@ -134,11 +135,10 @@ def knee_cell(r: RungRecord):
             + (f" ⚠ {', '.join(flags)}" if flags else ""))
 
 
-def slo_text(slo: dict) -> str:
-    """The SLO as the report states it (records from before slo.percentile spelled p99 into the keys)."""
-    p = slo.get("percentile", 99)
-    ttft, tpot = slo.get("ttft_ms", slo.get("p99_ttft_ms")), slo.get("tpot_ms", slo.get("p99_tpot_ms"))
-    return f"p{p:g} TTFT ≤ {ttft:g} ms, p{p:g} TPOT ≤ {tpot:g} ms"
+def slo_text(slo: config.Slo) -> str:
+    """The SLO as the report states it."""
+    p = slo.percentile
+    return f"p{p:g} TTFT ≤ {slo.ttft_ms:g} ms, p{p:g} TPOT ≤ {slo.tpot_ms:g} ms"
 
 
 VERDICT_CELL = {"baseline": "baseline", "kept": "**kept**", "reverted": "reverted", "not chosen": "not chosen",
@@ -623,7 +623,7 @@ def headline(lad: LadderRecord) -> str:
            f"accuracy n/a ({na_label(final if fe.status != 'ok' else base)})")
     k = final.knee
     slo = lad.slo
-    p = f"p{slo.get('percentile', 99):g}"
+    p = f"p{slo.percentile:g}"
     at_knee = (f"{p} TTFT {fmt(k.ttft_ms_at_knee, '.0f')} ms / TPOT {fmt(k.tpot_ms_at_knee, '.1f')} ms "
                f"at {fmt(k.knee_rps, 'g')} req/s (SLO {slo_text(slo)})"
                if k and k.knee_rps is not None
@@ -1057,7 +1057,7 @@ def disturbed_lines(lad: LadderRecord) -> list[str]:
     off its engine's others (bench.json `disturbed`), a knee look while other work kept the machine busy (a knee row's
     `disturbed_look`); or a line saying none were, or that the record predates the screen."""
     lines, screened = [], False
-    p = f"p{lad.slo.get('percentile', 99):g}"
+    p = f"p{lad.slo.percentile:g}"
 
     def read(x: Look) -> str:
         return (f"{x.over_slo} of {x.counted} counted over the SLO, {p} TTFT "
@@ -1104,7 +1104,7 @@ def floor_lines(lad: LadderRecord) -> list[str]:
     out = []
     if lad.noise_floor:
         out.append("- **Start-to-start floor** (output tok/s, fresh engines of one config): "
-                   + lad.noise_floor["words"])
+                   + lad.noise_floor.words)
     sp = (lad.settings.get("knee") or {}).get("server_spread") or {}  # params knee.server_spread, as it ran
     again = ("in the rule's words (What I kept and why)" if stats.KNEE_AGAIN_OPENING in (lad.rule or "")
              else stats.knee_again_words((lad.settings.get("knee") or {}).get("better_pairs") or

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 import common
+import config
 from records.base import Closed, Record, StageTime
 from records.bench import BenchResult
 from records.eval import EvalResult
@@ -271,6 +272,16 @@ class TimeTotals(Closed):
     confirm: ConfirmTime | None = None
 
 
+class NoiseFloor(Closed):
+    """stats.Floor the ladder drew every Δ with (Driver.save), its degrees of freedom and its words."""
+    cv: float
+    engines: int = 0
+    groups: int = 1
+    source: str | None = None
+    df: int | None = None
+    words: str
+
+
 class LadderRecord(Record):
     """report/ladder.json: the ladder's settings, its rungs and confirm step, and what it cost. The report reads
     nothing else."""
@@ -282,7 +293,7 @@ class LadderRecord(Record):
     environment: dict[str, Any] = {}   # fingerprint.fingerprint(): the machine and software
     git_commit: str | None = None
     models: dict[str, Any] = {}        # the download manifest's models (record.fill)
-    slo: dict[str, Any] = {}
+    slo: config.Slo | None = None      # params `slo`, as the ladder ran; a p99-only one spelled p99_* upgraded
     objective: str | None = None
     rule: str | None = None            # decide.rule: the keep/revert rule in words
     settings: dict[str, Any] = {}      # the workload, bench, knee, serve, eval, gate, cost, capacity params it ran with
@@ -292,7 +303,7 @@ class LadderRecord(Record):
     final_exp: str | None = None
     rungs: list[RungRecord] = []
     confirm: Confirm | None = None
-    noise_floor: dict[str, Any] | None = None  # stats.Floor every Δ was drawn with, its df and words
+    noise_floor: NoiseFloor | None = None  # stats.Floor every Δ was drawn with, its df and words
     engine_seconds: float | None = None
     wall_seconds: float | None = None
     cost_usd: float | None = None
@@ -304,10 +315,14 @@ class LadderRecord(Record):
     def _upgrade(cls, data: Any) -> Any:
         """Version 1 (untyped, written before this model): the same keys; its rungs' stage records are upgraded by
         their own validators, and fields added over time (rule, confirm, noise_floor, capacity, time; a rung's
-        measured, gpus, per_gpu, stage_time, time) are absent."""
-        if not isinstance(data, dict) or data.get("schema_version", 1) >= 2:
+        measured, gpus, per_gpu, stage_time, time) are absent. An SLO spelled p99-only ({p99_ttft_ms, p99_tpot_ms},
+        before slo.percentile) is read as its percentile form in any version: version 2 held the SLO as written."""
+        if not isinstance(data, dict):
             return data
-        return {**data, "schema_version": 2}
+        slo = data.get("slo") or {}
+        if "p99_ttft_ms" in slo:  # the SLO spelled p99-only (before slo.percentile), as KneeResult's version 1
+            data = {**data, "slo": {"percentile": 99, "ttft_ms": slo["p99_ttft_ms"], "tpot_ms": slo["p99_tpot_ms"]}}
+        return data if data.get("schema_version", 1) >= 2 else {**data, "schema_version": 2}
 
     def save_file(self, path: Path | str) -> None:
         """The one writer: atomic (common.write_json), the keys the driver set (a field no code path reached is not
