@@ -633,7 +633,7 @@ def headline(lad: LadderRecord) -> str:
     gone = not_reproduced(lad)
     return (f"**{base.model} {tps} with "
             f"{' + '.join(kept) or 'nothing kept'}; " + (f"{gone}; " if gone else "") + f"{acc}; {at_knee}; "
-            f"{minutes:.1f} {'GPU' if lad.environment.get('device') == 'gpu' else 'CPU'}-minutes measured"
+            f"{minutes:.1f} {'GPU' if lad.environment.device == 'gpu' else 'CPU'}-minutes measured"
             + (f" ≈ ${cost:.2f}" if cost else "") + ".**")
 
 
@@ -763,19 +763,18 @@ def workload(lad: LadderRecord) -> dict:
 
 
 def header(lad: LadderRecord) -> list[str]:
-    env = lad.environment  # fingerprint.fingerprint(): open (its keys are the machine's)
-    hw = env.get("gpu") or f"CPU: {env['cpu']['model']} ({env['cpu']['cores']} cores, {env['cpu']['memory_gib']} GiB)"
+    env = lad.environment
+    hw = env.gpu or f"CPU: {env.cpu.model} ({env.cpu.cores} cores, {env.cpu.memory_gib} GiB)"
     slo, w = lad.slo, workload(lad)
     base = next((r for r in lad.rungs if r.status == "ok"), None)  # the stages say how they measured
     ev, gate = base and base.eval, base and base.gate
     lines = [
         f"- **Machine**: {hw}"
-        + (f", driver {env['driver']}, CUDA {env.get('cuda_driver')}" if env.get("driver") else "")
-        + (f"; GPU UUID {', '.join(g['uuid'] for g in env.get('gpus') or [] if g.get('uuid'))}"
-           if any(g.get("uuid") for g in env.get("gpus") or []) else "")
-        + (f"; host id {env['host_id']}" if env.get("host_id") else ""),
-        f"- **Software**: {env.get('vllm_package')} {env.get('vllm')}, torch {env.get('torch')}, "
-        f"transformers {env.get('transformers')}, Python {env.get('python')}; git {str(lad.git_commit)[:12]}",
+        + (f", driver {env.driver}, CUDA {env.cuda_driver}" if env.driver else "")
+        + (f"; GPU UUID {', '.join(g.uuid for g in env.gpus if g.uuid)}" if any(g.uuid for g in env.gpus) else "")
+        + (f"; host id {env.host_id}" if env.host_id else ""),
+        f"- **Software**: {env.vllm_package} {env.vllm}, torch {env.torch}, "
+        f"transformers {env.transformers}, Python {env.python}; git {str(lad.git_commit)[:12]}",
         "- **Models**: " + "; ".join(f"{n}: {m.get('id')} @ {str(m.get('revision'))[:12]}"
                                      for n, m in lad.models.items()),
         f"- **SLO**: {slo_text(slo)}, no failed request, no backlog",
@@ -1032,7 +1031,7 @@ def pareto_plot(lad: LadderRecord, out: Path, plt) -> None:
     ax.margins(0.15)
     fig.canvas.draw()  # the labels group by where the points land on screen
     pareto_labels(pts, ax)
-    unit = "GPU" if lad.environment.get("device") == "gpu" else "instance (CPU)"  # old records: no `gpus`
+    unit = "GPU" if lad.environment.device == "gpu" else "instance (CPU)"  # old records: no `gpus`
     ax.set(xlabel="output tok/s per user (1 / median TPOT at the knee's rate)",
            ylabel=f"output tok/s per {unit} at the knee's rate",
            title=f"Output tok/s per user vs per {unit.split()[0]}, each rung at its knee's rate (SLO "
