@@ -11,9 +11,13 @@ import pandas as pd
 from tabulate import tabulate
 
 import common
+import config
 from judgement import decide, stats
 from measure import disturbed, probing
-from records.ladder import LadderRecord, Measured, RungRecord
+from records.bench import BenchResult
+from records.gate import GateResult
+from records.knee import Look, RungKnee
+from records.ladder import AppliedCheck, Change, LadderRecord, Measured, RestedOn, Roofline, RungRecord
 
 
 def fmt(v, spec=".1f", none="—"):
@@ -24,17 +28,17 @@ def pct(v, none="—"):
     return none if v is None else f"{v * 100:+.1f} %"
 
 
-def na_label(r) -> str:
+def na_label(r: RungRecord) -> str:
     """Why a rung has no accuracy, as its eval stage recorded it."""
-    ev = r.get("eval") or {}
-    return ev.get("label") or ev.get("reason") or "not measured"
+    ev = r.eval
+    return (ev and (ev.label or ev.reason)) or "not measured"
 
 
-def acc_cell(r):
-    ev = r.get("eval") or {}
-    if ev.get("status") == "n/a":
-        return f"n/a ({ev.get('label') or ev.get('reason')})"
-    return fmt(ev.get("overall"), ".3f")
+def acc_cell(r: RungRecord):
+    ev = r.eval
+    if ev and ev.status == "n/a":
+        return f"n/a ({ev.label or ev.reason})"
+    return fmt(ev and ev.overall, ".3f")
 
 
 def regress_cell(r: RungRecord):
@@ -53,38 +57,39 @@ def na_cell(label: str | None) -> str:
     return f"not measured: {label}" if label == common.GATE_FAILED else f"n/a ({label})"
 
 
-def gate_skipped(r) -> bool:
+def gate_skipped(r: RungRecord) -> bool:
     """Bench and knee measured nothing on this rung: its quality gate failed (gate.measure_failed false)."""
-    return all((r.get(s) or {}).get("label") == common.GATE_FAILED for s in ("bench", "knee"))
+    return all(s is not None and s.label == common.GATE_FAILED for s in (r.bench, r.knee))
 
 
-def no_tps(b: dict) -> str | None:
+def no_tps(b: BenchResult | None) -> str | None:
     """A bench cell's words where it holds no output tok/s (not measured, or none read); None where it does."""
-    if b.get("status") == "n/a":
-        return na_cell(b.get("label") or b.get("reason"))
-    return "—" if b.get("output_tps") is None else None
+    if b and b.status == "n/a":
+        return na_cell(b.label or b.reason)
+    return "—" if b is None or b.output_tps is None else None
 
 
 def tps_cell(r: RungRecord):
     b = r.bench
     if b is None or b.status == "n/a" or b.output_tps is None:
-        return no_tps(b.model_dump() if b else {})
+        return no_tps(b)
     ci = b.output_tps_ci95
     tail = f" [{ci[0]:.0f}–{ci[1]:.0f}]" if ci else ""
     return f"{b.output_tps:.0f}{tail} (n={b.repeats})"
 
 
 def delta_cell(r: RungRecord):
-    d = (r.delta or {}).get("output_tps")  # stats.delta's dict (its keys differ across the record's versions)
-    if not d or d.get("rel") is None:
+    d = r.delta and r.delta.output_tps
+    if d is None or d.rel is None:
         return "—"
-    if d.get("ci") or d.get("ci95"):  # ci95: records made before the interval's level was stated with it
-        lo, hi = d.get("ci") or d["ci95"]
-        txt = f"{d['rel'] * 100:+.0f} % [{lo * 100:+.0f}, {hi * 100:+.0f}]"
+    ci = d.ci or d.ci95  # ci95: records made before the interval's level was stated with it
+    if ci:
+        lo, hi = ci
+        txt = f"{d.rel * 100:+.0f} % [{lo * 100:+.0f}, {hi * 100:+.0f}]"
     else:
-        txt = f"{d['rel'] * 100:+.0f} %"
-    return txt + (" within noise" if d["verdict"] == "within noise" else
-                  f" ({d['verdict']})" if d["verdict"] == "unknown" else "")
+        txt = f"{d.rel * 100:+.0f} %"
+    return txt + (" within noise" if d.verdict == "within noise" else
+                  f" ({d.verdict})" if d.verdict == "unknown" else "")
 
 
 FRONT_END_FLAG = "the front end's knee, not the engine's"  # knee.json frontend_words (measure/frontend.summary)
@@ -130,11 +135,10 @@ def knee_cell(r: RungRecord):
             + (f" ⚠ {', '.join(flags)}" if flags else ""))
 
 
-def slo_text(slo: dict) -> str:
-    """The SLO as the report states it (records from before slo.percentile spelled p99 into the keys)."""
-    p = slo.get("percentile", 99)
-    ttft, tpot = slo.get("ttft_ms", slo.get("p99_ttft_ms")), slo.get("tpot_ms", slo.get("p99_tpot_ms"))
-    return f"p{p:g} TTFT ≤ {ttft:g} ms, p{p:g} TPOT ≤ {tpot:g} ms"
+def slo_text(slo: config.Slo) -> str:
+    """The SLO as the report states it."""
+    p = slo.percentile
+    return f"p{p:g} TTFT ≤ {slo.ttft_ms:g} ms, p{p:g} TPOT ≤ {slo.tpot_ms:g} ms"
 
 
 VERDICT_CELL = {"baseline": "baseline", "kept": "**kept**", "reverted": "reverted", "not chosen": "not chosen",
@@ -142,9 +146,9 @@ VERDICT_CELL = {"baseline": "baseline", "kept": "**kept**", "reverted": "reverte
                 "re-measure": "its base again", "knee re-check": "knee re-check"}
 
 
-def kept_cell(r):
+def kept_cell(r: RungRecord):
     """The verdict the ladder recorded (decide.verdict), as the table shows it."""
-    return VERDICT_CELL.get(r.get("verdict"), r.get("verdict") or r["status"])
+    return VERDICT_CELL.get(r.verdict, r.verdict or r.status)
 
 
 MEASURED_STAGES = {"eval", "bench", "knee"}
@@ -187,28 +191,29 @@ def machine_lines(lad: LadderRecord) -> list[str]:
             "headline comes from the confirm step on one machine."]
 
 
-def applied_cell(r):
-    checks = r.get("applied") or []
-    if not checks:
+def applied_cell(r: RungRecord):
+    if not r.applied:
         return "—"
-    return "; ".join(f"{c['knob']}: {'✓' if c['applied'] else '✗ not applied' if c['applied'] is False else '?'} "
-                     f"({c['observed']})" for c in checks)
+    return "; ".join(f"{c.knob}: {'✓' if c.applied else '✗ not applied' if c.applied is False else '?'} "
+                     f"({c.observed})" for c in r.applied)
 
 
 def roof_cell(r: RungRecord):
-    rf = r.roofline or {}  # record.roofline's dict
-    if not rf.get("tpot_floor_ms") or not rf.get("tpot_low_load_ms"):
+    rf = r.roofline
+    if rf is None or not rf.tpot_floor_ms or not rf.tpot_low_load_ms:
         return "—"
-    at = "" if rf.get("tpot_measured_at", "batch 1") == "batch 1" else f" ({rf.get('tpot_measured_at') or 'low load'})"
-    return (f"{rf['tpot_floor_ms']:.1f} / {rf['tpot_low_load_ms']:.1f} ms{at} ({rf['pct_of_floor'] * 100:.0f} %)"
+    # a record from before tpot_measured_at was written measured at batch 1
+    at = rf.tpot_measured_at if "tpot_measured_at" in rf.model_fields_set else "batch 1"
+    at = "" if at == "batch 1" else f" ({at or 'low load'})"
+    return (f"{rf.tpot_floor_ms:.1f} / {rf.tpot_low_load_ms:.1f} ms{at} ({rf.pct_of_floor * 100:.0f} %)"
             + target_floor(rf))
 
 
-def target_floor(rf: dict) -> str:
+def target_floor(rf: Roofline) -> str:
     """An emulated card's floor beside the real one: its memory was emulated, its bandwidth was not."""
-    if not rf.get("target_tpot_floor_ms"):
+    if not rf.target_tpot_floor_ms:
         return ""
-    return f"; {rf.get('target_gpu') or 'target'} floor {rf['target_tpot_floor_ms']:.1f} ms"
+    return f"; {rf.target_gpu or 'target'} floor {rf.target_tpot_floor_ms:.1f} ms"
 
 
 def kv_cell(r: RungRecord):
@@ -219,12 +224,12 @@ def kv_cell(r: RungRecord):
     conc = (k.max_concurrency if k else None) or (b.max_concurrency if b else None)
     if tokens is None:
         return "—"
-    check = next((c for c in r.applied if c["knob"] == "target"), None)
+    check = next((c for c in r.applied if c.knob == "target"), None)
     return f"{tokens:,} tok · {fmt(conc, '.1f')}×" + ("" if check is None else f" · target {_mark(check)}")
 
 
-def _mark(check: dict) -> str:
-    return "✓" if check["applied"] else "✗" if check["applied"] is False else "?"
+def _mark(check: AppliedCheck) -> str:
+    return "✓" if check.applied else "✗" if check.applied is False else "?"
 
 
 def target_lines(lad: LadderRecord) -> list[str]:
@@ -233,19 +238,19 @@ def target_lines(lad: LadderRecord) -> list[str]:
     if not runs:
         return []
     t = runs[0].target  # common.target_engine's conversion, as recorded
-    conv = {(r.target["gpu_memory_utilization"], r.target["fraction"], r.target["budget_gib"]) for r in runs}
-    lines = [f"- **Emulated card**: {t['name']}, {t['memory_gib']:g} GiB, on this {t['real_gpu']} "
-             f"({t['real_total_gib']:g} GiB, nvidia-smi): gpu_memory_utilization keeps its meaning on the "
-             f"{t['name']} and the engine gets u × {t['memory_gib']:g} / {t['real_total_gib']:g} of this card: "
+    conv = {(r.target.gpu_memory_utilization, r.target.fraction, r.target.budget_gib) for r in runs}
+    lines = [f"- **Emulated card**: {t.name}, {t.memory_gib:g} GiB, on this {t.real_gpu} "
+             f"({t.real_total_gib:g} GiB, nvidia-smi): gpu_memory_utilization keeps its meaning on the "
+             f"{t.name} and the engine gets u × {t.memory_gib:g} / {t.real_total_gib:g} of this card: "
              + ", ".join(f"{u:g} → {f:g} ({g:g} GiB)" for u, f, g in sorted(conv)) + ".",
              f"- **Emulated**: memory capacity only — weights, activations, CUDA graphs and KV cache share the "
-             f"{t['name']}'s budget, so KV capacity and max concurrency are the {t['name']}'s. **Not emulated**: "
-             f"bandwidth, compute, PCIe: absolute tok/s and latencies are this {t['real_gpu']}'s; the roofline "
-             f"column gives the {t['name']}'s floor beside this card's"
-             + (f" ({t['bandwidth_gbs']:g} GB/s)." if t.get("bandwidth_gbs") else " (no target.bandwidth_gbs given).")]
-    base = next((c for r in runs if r.role == decide.BASELINE for c in r.applied if c["knob"] == "target"), None)
+             f"{t.name}'s budget, so KV capacity and max concurrency are the {t.name}'s. **Not emulated**: "
+             f"bandwidth, compute, PCIe: absolute tok/s and latencies are this {t.real_gpu}'s; the roofline "
+             f"column gives the {t.name}'s floor beside this card's"
+             + (f" ({t.bandwidth_gbs:g} GB/s)." if t.bandwidth_gbs else " (no target.bandwidth_gbs given).")]
+    base = next((c for r in runs if r.role == decide.BASELINE for c in r.applied if c.knob == "target"), None)
     if base:  # rung 0's check (the other rungs' are under "took effect?")
-        lines.append(f"- **Inside the budget?** rung 0: {_mark(base)} ({base['observed']})")
+        lines.append(f"- **Inside the budget?** rung 0: {_mark(base)} ({base.observed})")
     return lines
 
 
@@ -253,15 +258,15 @@ def gpus_cell(r: RungRecord):
     return "— (CPU)" if r.gpus is None else str(r.gpus)
 
 
-def per_gpu_cell(r):
+def per_gpu_cell(r: RungRecord):
     """tok/s and knee per GPU, as recorded (capacity.per_gpu), beside the totals."""
-    pg = r.get("per_gpu")
-    if not pg:
+    pg = r.per_gpu
+    if pg is None:
         return "—"
     if gate_skipped(r):
-        return na_cell(r["knee"].get("label") or r["knee"].get("reason"))
-    knee = "—" if pg.get("knee_rps") is None else f"{pg['knee_rps']:g}–{fmt(pg.get('first_fail_rps'), 'g', '∞')}"
-    return f"{fmt(pg.get('output_tps'), '.0f')} tok/s · knee {knee} req/s"
+        return na_cell(r.knee.label or r.knee.reason)
+    knee = "—" if pg.knee_rps is None else f"{pg.knee_rps:g}–{fmt(pg.first_fail_rps, 'g', '∞')}"
+    return f"{fmt(pg.output_tps, '.0f')} tok/s · knee {knee} req/s"
 
 
 def change_cell(r: RungRecord) -> str:
@@ -271,48 +276,46 @@ def change_cell(r: RungRecord) -> str:
         f"none: {r.of} on a fresh server" if r.role == decide.KNEE_RECHECK else "stock")
 
 
-def not_reproduced(lad: dict, why: bool = False) -> str | None:
+def not_reproduced(lad: LadderRecord, why: bool = False) -> str | None:
     """Where the confirm step did not confirm the kept gains (record.confirm_summary's `verdict`): what the report
     says of them in its `words` (decide.confirm_words: did not reproduce; could not tell, with its power), naming
     the rungs they rested on (`why`: and the rule's reading of the pair); None where it confirmed them, or where no
     confirm step judged them."""
-    conf = lad.get("confirm") or {}
-    words = conf.get("words") if conf.get("delta") else None
+    conf = lad.confirm
+    words = conf.words if conf and conf.delta else None
     if not words:
         return None
-    rested = conf.get("rested_on") or [{"name": r["name"], "on": None} for r in lad["rungs"]
-                                       if r.get("kept") and r.get("role") != "baseline"]
-    names = ", ".join(f"{r['name']}" + (f" (kept on {r['on']})" if r.get("on") else "") for r in rested)
-    read = (conf.get("reproduced_why") or "").removeprefix("no measurable gain: ").removesuffix(
+    rested = conf.rested_on or [RestedOn(name=r.name) for r in lad.rungs if r.kept and r.role != "baseline"]
+    names = ", ".join(f"{r.name}" + (f" (kept on {r.on})" if r.on else "") for r in rested)
+    read = (conf.reproduced_why or "").removeprefix("no measurable gain: ").removesuffix(
         "; the simpler config stays")
     how = ("the confirm step does not show the final stack better than rung 0 by the rule, and its intervals "
-           "exclude the gains the kept rungs read" if conf.get("reproduced") is False else
+           "exclude the gains the kept rungs read" if conf.reproduced is False else
            "the confirm step does not show the final stack better than rung 0 by the rule, nor do its intervals "
            "exclude the gains the kept rungs read")
     return f"{words}: {how}" + (f" ({read})" if why and read else "") + f"; they rested on {names or 'no kept rung'}"
 
 
-def kept_suffix(lad: dict) -> str:
+def kept_suffix(lad: LadderRecord) -> str:
     """What a kept rung's cell adds where the confirm step did not confirm the kept gains."""
-    conf = lad.get("confirm") or {}
-    if not conf.get("delta") or not conf.get("words"):
+    conf = lad.confirm
+    if not conf or not conf.delta or not conf.words:
         return ""
-    return " (not reproduced)" if conf.get("reproduced") is False else " (confirm: could not tell)"
+    return " (not reproduced)" if conf.reproduced is False else " (confirm: could not tell)"
 
 
-def table(lad: dict, rec: LadderRecord) -> str:
-    """The appendix: a row a rung, read from the model (`rec`); the cells still reading the rung as a dict (the
-    first screen's too) get it from `lad`, the same record as the file holds it."""
+def table(lad: LadderRecord) -> str:
+    """The appendix: a row a rung."""
     rows = []
     unconfirmed = kept_suffix(lad)
-    for d, r in zip(lad["rungs"], rec.rungs, strict=True):
-        rows.append({"stage": f"{r.index} {r.name}", "change": change_cell(r), "eval acc": acc_cell(d),
+    for r in lad.rungs:
+        rows.append({"stage": f"{r.index} {r.name}", "change": change_cell(r), "eval acc": acc_cell(r),
                      "per-category regressions": regress_cell(r), "output tok/s [95 % CI]": tps_cell(r),
                      "Δ vs base": delta_cell(r),
                      "speedup vs baseline": fmt(r.speedup, ".2f") + "×" if r.speedup else "—",
-                     "knee req/s @ SLO": knee_cell(r), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(d),
+                     "knee req/s @ SLO": knee_cell(r), "GPUs": gpus_cell(r), "per GPU": per_gpu_cell(r),
                      "KV cache · max concurrency": kv_cell(r), "roofline: TPOT floor / batch-1 TPOT": roof_cell(r),
-                     "kept?": kept_cell(d) + (unconfirmed if r.verdict == "kept" else ""),
+                     "kept?": kept_cell(r) + (unconfirmed if r.verdict == "kept" else ""),
                      "measured": measured_cell(r)})
     return tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
 
@@ -330,56 +333,62 @@ def short_ci(lo: float, hi: float, spec: str = ".0f") -> str:
     return f"[{format(lo, spec)}–{format(hi, spec)}]"
 
 
-def was_disturbed(res: dict) -> bool:
+def was_disturbed(res: BenchResult | RungKnee | None) -> bool:
     """Whether measure/disturbed flagged a bench repeat or a knee look here (and measured it again)."""
-    return bool(res.get("disturbed")) or any(row.get("disturbed_look") for row in res.get("rows") or [])
+    if isinstance(res, BenchResult):
+        return bool(res.disturbed)
+    return res is not None and any(row.disturbed_look for row in res.rows)
 
 
-def knee_flags(k: dict) -> list[str]:
+def knee_flags(k: RungKnee | None) -> list[str]:
     """The knee cell's warnings other than the front end's (that one has its own mark)."""
-    return [f for f, on in (("a repeat disagreed", k.get("non_monotonic")),
-                            ("wider than knee.rel_tol", k.get("mid_rps") is not None and not k.get("resolved")),
-                            (probing.SHORT_PROBE_FLAG, k.get("short_probes"))) if on]
+    if k is None:
+        return []
+    return [f for f, on in (("a repeat disagreed", k.non_monotonic),
+                            ("wider than knee.rel_tol", k.mid_rps is not None and not k.resolved),
+                            (probing.SHORT_PROBE_FLAG, k.short_probes)) if on]
 
 
-def short_tps(r) -> str:
-    b = r.get("bench") or {}
+def short_tps(r: RungRecord) -> str:
+    b = r.bench
     if no_tps(b):
         return no_tps(b)
-    ci = b.get("output_tps_ci95")
-    return (f"{b['output_tps']:.0f}" + (f" {short_ci(*ci)}" if ci else "")
+    ci = b.output_tps_ci95
+    return (f"{b.output_tps:.0f}" + (f" {short_ci(*ci)}" if ci else "")
             + (MARKS["disturbed"] if was_disturbed(b) else "") + (MARKS["cold KV"] if short_kv(r) else ""))
 
 
-def short_knee(k: dict) -> str:
+def short_knee(k: RungKnee | None) -> str:
     """The knee as its bracket, last pass–first fail on evidence (req/s), with a mark for each flag."""
-    if not k:
+    if k is None:
         return "—"
-    if k.get("status") == "n/a":
-        return na_cell(k.get("label") or k.get("reason"))
-    if k.get("label") == common.KNEE_RECHECK:
-        rates = dict.fromkeys(x["offered_rps"] for x in k.get("rows") or [])
-        return "re-check " + ", ".join(f"{rate:g} {stats.rate_verdict(k['rows'], rate)[0]}" for rate in rates)
-    fail = k.get("conclusive_fail_rps", k.get("first_fail_rps"))
-    if k.get("status") == "above":
-        cell = f"≥ {fmt(k.get('knee_rps'), 'g')}"
-    elif k.get("knee_rps") is None:  # below or open: no pass; a fail on evidence bounds it, an inconclusive one not
+    if k.status == "n/a":
+        return na_cell(k.label or k.reason)
+    if k.label == common.KNEE_RECHECK:
+        rows = [x.model_dump(exclude_unset=True) for x in k.rows]  # stats reads a look as the file holds it
+        rates = dict.fromkeys(x.offered_rps for x in k.rows)
+        return "re-check " + ", ".join(f"{rate:g} {stats.rate_verdict(rows, rate)[0]}" for rate in rates)
+    # a record from before conclusive_fail_rps was written names the first failure as the evidence
+    fail = k.conclusive_fail_rps if "conclusive_fail_rps" in k.model_fields_set else k.first_fail_rps
+    if k.status == "above":
+        cell = f"≥ {fmt(k.knee_rps, 'g')}"
+    elif k.knee_rps is None:  # below or open: no pass; a fail on evidence bounds it, an inconclusive one not
         cell = f"< {fail:g}" if fail else "no pass"
     else:
-        cell = f"{k['knee_rps']:g}–{fmt(fail, 'g', '?')}"
-    marks = ((MARKS["front end"] if not_the_engine_s(k.get("frontend_words")) else "")
+        cell = f"{k.knee_rps:g}–{fmt(fail, 'g', '?')}"
+    marks = ((MARKS["front end"] if not_the_engine_s(k.frontend_words) else "")
              + (MARKS["disturbed"] if was_disturbed(k) else "") + (MARKS["knee flag"] if knee_flags(k) else ""))
     return cell + marks
 
 
-def short_regress(r) -> str:
+def short_regress(r: RungRecord) -> str:
     """The categories that lost accuracy against rung 0, worst first, as many as fit REGRESS_WIDTH (then "+N");
     ✗ marks one the gate found regressed on evidence."""
-    g = r.get("gate") or {}
-    if not g or not g.get("gated"):
-        return "—" if not g else "not gated"
-    failed = set(g.get("regressed_categories") or [])
-    drops = sorted(((v["drop"], c) for c, v in (g.get("by_category") or {}).items() if v["drop"] > 0), reverse=True)
+    g = r.gate
+    if g is None or not g.gated:
+        return "—" if g is None else "not gated"
+    failed = set(g.regressed_categories)
+    drops = sorted(((v.drop, c) for c, v in g.by_category.items() if v.drop > 0), reverse=True)
     words = [f"{c} −{d:.2f}" + ("✗" if c in failed else "") for d, c in drops]
     cell = ""
     for i, w in enumerate(words):
@@ -390,28 +399,28 @@ def short_regress(r) -> str:
     return cell or "none"
 
 
-def glance_table(lad: dict) -> str:
+def glance_table(lad: LadderRecord) -> str:
     """The seed's table: stage, eval acc, per-category regressions, output tok/s, speedup, knee req/s @ SLO, kept?
     A stage reads "#N name": the appendix's long table keeps "N name" for its rows."""
     unconfirmed = kept_suffix(lad)
-    rows = [{"stage": f"#{r['index']} {r['name']}", "eval acc": acc_cell(r),
+    rows = [{"stage": f"#{r.index} {r.name}", "eval acc": acc_cell(r),
              "per-category regressions": short_regress(r), "output tok/s": short_tps(r),
-             "speedup": f"{r['speedup']:.2f}×" if r.get("speedup") else "—",
-             "knee req/s @ SLO": short_knee(r.get("knee") or {}),
-             "kept?": kept_cell(r) + (unconfirmed if r.get("verdict") == "kept" else "")}
-            for r in lad["rungs"]]
+             "speedup": f"{r.speedup:.2f}×" if r.speedup else "—",
+             "knee req/s @ SLO": short_knee(r.knee),
+             "kept?": kept_cell(r) + (unconfirmed if r.verdict == "kept" else "")}
+            for r in lad.rungs]
     return pipe_table(rows)
 
 
-def short_kv(r: dict) -> tuple[int, int] | None:
+def short_kv(r: RungRecord) -> tuple[int, int] | None:
     """(the bench engine's KV tokens, its knee server's) where the bench's are more than KV_SHORT fewer, else None.
     The two are one config on one card, so vLLM sizes their KV caches alike, except after a start that compiled cold:
     its torch.compile scratch is charged to the profiled activation peak and the KV cache comes out smaller until a
     warm restart (vLLM issue 54122; an H100 server read 104,064 tokens cold against 118,160, docs/measurements.md
     2026-12-06). A rung's bench engine is the first start of its config, its server a later one: where KV binds,
     that tok/s reads low."""
-    b, k = r.get("bench") or {}, r.get("knee") or {}
-    tb, tk = b.get("kv_cache_tokens"), k.get("kv_cache_tokens")
+    tb = r.bench.kv_cache_tokens if r.bench else None
+    tk = r.knee.kv_cache_tokens if r.knee else None
     return (tb, tk) if tb and tk and tb < tk * (1 - KV_SHORT) else None
 
 
@@ -426,13 +435,13 @@ def pipe_table(rows: list[dict]) -> str:
                       *(line([r[c] for c in cols]) for r in rows)])
 
 
-def glance_notes(lad: dict) -> list[str]:
+def glance_notes(lad: LadderRecord) -> list[str]:
     """What the table's cells mean, and a footnote for each mark it carries, naming the rows."""
     named: dict[str, list[str]] = {key: [] for key in MARKS}
-    for r in lad["rungs"]:
-        k, who = r.get("knee") or {}, f"#{r['index']}"
-        named["front end"] += [who] if not_the_engine_s(k.get("frontend_words")) else []
-        named["disturbed"] += [who] if was_disturbed(r.get("bench") or {}) or was_disturbed(k) else []
+    for r in lad.rungs:
+        k, who = r.knee, f"#{r.index}"
+        named["front end"] += [who] if k and not_the_engine_s(k.frontend_words) else []
+        named["disturbed"] += [who] if was_disturbed(r.bench) or was_disturbed(k) else []
         named["knee flag"] += [f"{who} {', '.join(knee_flags(k))}"] if knee_flags(k) else []
         named["cold KV"] += [f"{who} ({kv[0]:,} against {kv[1]:,})"] if (kv := short_kv(r)) else []
     words = {"front end": f"{FRONT_END_FLAG} (its looks' latency was added outside the engine: What I kept and why)",
@@ -442,7 +451,7 @@ def glance_notes(lad: dict) -> list[str]:
                          "vLLM issue 54122): where KV binds its tok/s reads low")}
     notes = [f"{MARKS[key]} {words[key]}: {', '.join(who)}" for key, who in named.items() if who]
     return [f"Output tok/s: median [95 % CI]; speedup vs rung 0; knee: last pass–first fail on evidence at the SLO "
-            f"({slo_text(lad['slo'])}); regressions: accuracy lost per category vs rung 0 (✗ failed the gate). "
+            f"({slo_text(lad.slo)}); regressions: accuracy lost per category vs rung 0 (✗ failed the gate). "
             "Each figure's evidence (Δ intervals, engines, servers, counts per look): the sections below.",
             *[f"- {n}" for n in notes]]
 
@@ -455,129 +464,131 @@ def clip(text: str, width: int = LINE_WIDTH) -> str:
     return text if len(text) <= width else text[:width - 1].rstrip(" ;,") + "…"
 
 
-def pct_ci(d: dict) -> str:
+def pct_ci(d: Change) -> str:
     """A Δ as the first screen shows it: +25 % [+17, +33]."""
-    ci = d.get("ci") or d.get("ci95")
-    return f"{d['rel'] * 100:+.0f} %" + (f" [{ci[0] * 100:+.0f}, {ci[1] * 100:+.0f}]" if ci else "")
+    ci = d.ci or d.ci95
+    return f"{d.rel * 100:+.0f} %" + (f" [{ci[0] * 100:+.0f}, {ci[1] * 100:+.0f}]" if ci else "")
 
 
-def tps_figure(d: dict | None) -> str | None:
-    if not d or d.get("rel") is None:
+def tps_figure(d: Change | None) -> str | None:
+    if d is None or d.rel is None:
         return None
-    return f"tok/s{' per GPU' if d.get('per_gpu') else ''} {pct_ci(d)}"
+    return f"tok/s{' per GPU' if d.per_gpu else ''} {pct_ci(d)}"
 
 
-def rung_of(lad: dict, exp: str | None) -> dict:
-    return next((b for b in lad["rungs"] if exp and b.get("exp") == exp), {})
+def rung_of(lad: LadderRecord, exp: str | None) -> RungRecord | None:
+    return next((b for b in lad.rungs if exp and b.exp == exp), None)
 
 
-def knee_point(r: dict, per_gpu: bool) -> str:
+def knee_point(r: RungRecord | None, per_gpu: bool) -> str:
     """A rung's knee (last pass) as the line names it; per GPU where its Δ was drawn per GPU."""
-    k = (r.get("per_gpu") or {}) if per_gpu and r.get("per_gpu") else (r.get("knee") or {})
-    return "no pass" if k.get("knee_rps") is None else f"{k['knee_rps']:g}"
+    k = None if r is None else r.per_gpu if per_gpu and r.per_gpu else r.knee
+    return "no pass" if k is None or k.knee_rps is None else f"{k.knee_rps:g}"
 
 
-def knee_figure(r: dict, lad: dict) -> str | None:
+def knee_figure(r: RungRecord, lad: LadderRecord) -> str | None:
     """The knee's move vs the base, and on how many servers a side it held where fresh servers re-checked it."""
-    d = (r.get("delta") or {}).get("knee_rps") or {}
-    if not d or (d.get("rel") is None and d["verdict"] == "unknown"):
+    d = r.delta and r.delta.knee_rps
+    if d is None or (d.rel is None and d.verdict == "unknown"):
         return None
-    per = bool(d.get("per_gpu"))
-    was, now = knee_point(rung_of(lad, r.get("base")), per), knee_point(r, per)
+    per = bool(d.per_gpu)
+    was, now = knee_point(rung_of(lad, r.base), per), knee_point(r, per)
     txt = f"knee{' per GPU' if per else ''} " + (f"{was} → {now} req/s" if now != "no pass" else
                                                   f"{was} req/s → no pass")
-    if d.get("recheck") is not None:  # stats.knee_recheck: read `first` on one server a side, then fresh pairs
-        held = d["verdict"] == d.get("first")
-        txt += (f" on {len(d['recheck']) + 1} servers a side" if held else
-                f" (read {d.get('first')} on one server a side, not on fresh ones)")
+    if d.recheck is not None:  # stats.knee_recheck: read `first` on one server a side, then fresh pairs
+        held = d.verdict == d.first
+        txt += (f" on {len(d.recheck) + 1} servers a side" if held else
+                f" (read {d.first} on one server a side, not on fresh ones)")
     return txt
 
 
-def with_verdict(fig: str | None, d: dict | None) -> str | None:
-    return fig and f"{fig} ({(d or {}).get('verdict')})"
+def verdict_of(d: Change | None) -> str | None:
+    return d.verdict if d else None
 
 
-def speed_words(r: dict, lad: dict, cost: str = "") -> str:
+def with_verdict(fig: str | None, d: Change | None) -> str | None:
+    return fig and f"{fig} ({verdict_of(d)})"
+
+
+def speed_words(r: RungRecord, lad: LadderRecord, cost: str = "") -> str:
     """The figure that decided a measured rung first (decide.rests_on_tps), the other after it with its verdict, then
     `cost` (quality_cost)."""
-    d = r.get("delta") or {}
     because = ""
-    dk, dt = d.get("knee_rps") or {}, d.get("output_tps") or {}
+    dk, dt = r.delta and r.delta.knee_rps, r.delta and r.delta.output_tps
     knee, tps = knee_figure(r, lad), tps_figure(dt)
-    if r.get("kept"):
-        on_tps = decide.rests_on_tps(r, lad.get("objective", "knee_rps")) if dk else True
+    if r.kept:
+        # decide reads a rung as the driver builds it, a dict; the Δ is the part it reads
+        on_tps = decide.rests_on_tps(r.model_dump(include={"delta"}), lad.objective or "knee_rps") if dk else True
         first, then = (tps, with_verdict(knee, dk)) if on_tps else (knee, with_verdict(tps, dt))
-        if (dt if on_tps else dk).get("verdict") != "better":  # an older rule kept what got no worse: it says so
-            because = (r.get("decision") or "").partition("kept because ")[2].split(";")[0]
+        if verdict_of(dt if on_tps else dk) != "better":  # an older rule kept what got no worse: it says so
+            because = (r.decision or "").partition("kept because ")[2].split(";")[0]
             first = with_verdict(first, dt if on_tps else dk)
-    elif dk.get("verdict") == "worse":
+    elif verdict_of(dk) == "worse":
         first, then = f"{knee} (worse)", with_verdict(tps, dt)
-    elif dt.get("verdict") == "worse":
+    elif verdict_of(dt) == "worse":
         first, then = f"{tps} (worse)", with_verdict(knee, dk)
     else:
-        lead = "not confirmed: " if dt.get("verdict") == "better" else "no measurable gain: "
+        lead = "not confirmed: " if verdict_of(dt) == "better" else "no measurable gain: "
         first, then = lead + (with_verdict(tps, dt) or "tok/s not measured"), with_verdict(knee, dk)
     return ((", ".join(x for x in (first, then) if x) or "no speed measured") + cost
             + (f"; kept because {because}" if because else ""))
 
 
-def quality_cost(r: dict) -> str:
+def quality_cost(r: RungRecord) -> str:
     """What a rung cost in accuracy vs rung 0, as its gate read it."""
-    g = r.get("gate") or {}
-    o = g.get("overall") or {}
-    if not g.get("gated") or o.get("rung") is None:
+    g = r.gate
+    if g is None or not g.gated or g.overall is None:
         return ""
-    pts = (o["rung"] - o["baseline"]) * 100
+    pts = (g.overall.rung - g.overall.baseline) * 100
     return " at no accuracy cost" if pts >= 0 else f" at acc {pts:+.1f} pts vs rung 0"
 
 
-def gate_words(g: dict) -> str:
+def gate_words(g: GateResult) -> str:
     """A failed gate in a few words: the categories (or overall) it failed on, rung 0's accuracy → the rung's."""
-    cats = g.get("by_category") or {}
-    failed = [(c, cats[c]) for c in g.get("regressed_categories") or [] if c in cats]
-    o = g.get("overall") or {}
-    if not failed and o.get("evidence") == "regressed":
-        failed = [("overall", o)]
+    cats = g.by_category
+    failed = [(c, cats[c]) for c in g.regressed_categories if c in cats]
+    if not failed and g.overall is not None and g.overall.evidence == "regressed":
+        failed = [("overall", g.overall)]
     if not failed:
-        return "quality gate failed: " + (g.get("reasons") or ["no reason recorded"])[0].split(";")[0]
-    words = [f"{c} {v['baseline']:.2f} → {v['rung']:.2f}" for c, v in failed[:2]]
+        return "quality gate failed: " + (g.reasons or ["no reason recorded"])[0].split(";")[0]
+    words = [f"{c} {v.baseline:.2f} → {v.rung:.2f}" for c, v in failed[:2]]
     return "quality gate failed: " + ", ".join(words) + (f" +{len(failed) - 2}" if len(failed) > 2 else "")
 
 
-def early_words(r: dict) -> str | None:
+def early_words(r: RungRecord) -> str | None:
     """Why a rung was reverted before its speed counted (decide.reverted_before_speed), in a few words."""
-    if r["status"] != "ok":
-        return r.get("error") or r.get("decision") or r["status"]
-    g = r.get("gate") or {}
-    if g.get("gated") and not g.get("keep"):
+    if r.status != "ok":
+        return r.error or r.decision or r.status
+    g = r.gate
+    if g is not None and g.gated and not g.keep:
         return gate_words(g)
-    off = [c["knob"] for c in r.get("applied") or [] if c["applied"] is False]
+    off = [c.knob for c in r.applied if c.applied is False]
     return f"not applied: {', '.join(off)}" if off else None
 
 
-def why_line(r: dict, lad: dict) -> str:
+def why_line(r: RungRecord, lad: LadderRecord) -> str:
     """One rung in the seed's form: "Rung N name: kept — <figure> at <quality cost>", at most LINE_WIDTH."""
-    verdict = kept_cell(r).replace("**", "") + (kept_suffix(lad) if r.get("verdict") == "kept" else "")
-    head = f"Rung {r['index']} {r['name']}: {verdict} — "
+    verdict = kept_cell(r).replace("**", "") + (kept_suffix(lad) if r.verdict == "kept" else "")
+    head = f"Rung {r.index} {r.name}: {verdict} — "
     early = early_words(r)
-    measured = (r.get("delta") or {}).get("output_tps") or (r.get("delta") or {}).get("knee_rps")
+    measured = r.delta and (r.delta.output_tps or r.delta.knee_rps)
     if early:
         speed = f"; {speed_words(r, lad)}" if measured and not gate_skipped(r) else ""
         return clip(head + clip(early, LINE_WIDTH - len(head) - len(speed)) + speed)
     body = speed_words(r, lad, quality_cost(r))
-    if r.get("verdict") == "not chosen":
-        body += "; " + (r.get("decision") or "").rsplit("not chosen: ", 1)[-1]
+    if r.verdict == "not chosen":
+        body += "; " + (r.decision or "").rsplit("not chosen: ", 1)[-1]
     return clip(head + body)
 
 
-def why_lines(lad: dict) -> list[str]:
+def why_lines(lad: LadderRecord) -> list[str]:
     """The kept-why lines of the first screen: every rung but rung 0, re-measures and re-checks (they are evidence
     a rung's line rests on: the section below names them)."""
-    return [f"- {why_line(r, lad)}" for r in lad["rungs"]
-            if r.get("role") not in ("baseline", decide.RECHECK, decide.KNEE_RECHECK)]
+    return [f"- {why_line(r, lad)}" for r in lad.rungs
+            if r.role not in ("baseline", decide.RECHECK, decide.KNEE_RECHECK)]
 
 
-def first_screen(lad: dict) -> list[str]:
+def first_screen(lad: LadderRecord) -> list[str]:
     """The seed's table, its notes, one line a rung, and where the evidence is."""
     return [glance_table(lad), "", *glance_notes(lad), "",
             "**What I kept and why**, one line a rung: the figure that decided it, at what quality cost:",
@@ -587,42 +598,42 @@ def first_screen(lad: dict) -> list[str]:
             "[Time](#time) · [the full table](#appendix-the-full-table)"]
 
 
-def headline(lad: dict) -> str:
-    rungs = [r for r in lad["rungs"] if r["status"] == "ok"]
-    base = next((r for r in rungs if r.get("role") == "baseline"), None)
-    final = next((r for r in lad["rungs"] if r.get("exp") == lad.get("final_exp")), base)
+def headline(lad: LadderRecord) -> str:
+    rungs = [r for r in lad.rungs if r.status == "ok"]
+    base = next((r for r in rungs if r.role == "baseline"), None)
+    final = next((r for r in lad.rungs if r.exp == lad.final_exp), base)
     if not base or not final:
         return "No baseline was measured: no headline."
-    kept = [r["name"] for r in lad["rungs"] if r.get("kept") and r.get("role") != "baseline"]
-    bt, ft = base["bench"]["output_tps"], final["bench"].get("output_tps")
-    conf = lad.get("confirm") or {}
-    if conf.get("delta"):  # the confirm step measured both back to back: the headline is that pair
-        said = decide.reproduced_words(conf)
-        tps = (f"{conf['summary']} (confirm step: baseline and final re-measured on fresh engines and servers, "
-               f"interleaved, {conf['pairs']} pair(s)" + (f"; {said})" if said else ")"))
+    kept = [r.name for r in lad.rungs if r.kept and r.role != "baseline"]
+    bt, ft = base.bench.output_tps, final.bench.output_tps
+    conf = lad.confirm
+    if conf and conf.delta:  # the confirm step measured both back to back: the headline is that pair
+        # decide reads the step as record.confirm_summary builds it, a dict
+        said = decide.reproduced_words(conf.model_dump(exclude_unset=True))
+        tps = (f"{conf.summary} (confirm step: baseline and final re-measured on fresh engines and servers, "
+               f"interleaved, {conf.pairs} pair(s)" + (f"; {said})" if said else ")"))
     elif ft is None:  # a final stack the offline bench cannot run (data parallel): its knee is the figure
-        tps = f"{bt:.0f} output tok/s → n/a ({final['bench'].get('label') or final['bench'].get('reason')})"
+        tps = f"{bt:.0f} output tok/s → n/a ({final.bench.label or final.bench.reason})"
     else:
         tps = (f"{bt:.0f} output tok/s → {ft:.0f} tok/s ({ft / bt:.2f}×; rung 0 and the final rung as the ladder "
-               f"measured them: {conf.get('why') or conf.get('summary') or 'no confirm step'})")
-    acc = (f"acc {base['eval']['overall']:.3f} → {final['eval']['overall']:.3f} "
-           f"({(final['eval']['overall'] - base['eval']['overall']) * 100:+.1f} pts)"
-           if base["eval"].get("status") == "ok" and final["eval"].get("status") == "ok" else
-           f"accuracy n/a ({na_label(final if final['eval'].get('status') != 'ok' else base)})")
-    k = final.get("knee") or {}
-    slo = lad["slo"]
-    p = f"p{slo.get('percentile', 99):g}"
-    at_knee = (f"{p} TTFT {fmt(k.get('ttft_ms_at_knee', k.get('p99_ttft_ms_at_knee')), '.0f')} ms / "
-               f"TPOT {fmt(k.get('tpot_ms_at_knee', k.get('p99_tpot_ms_at_knee')), '.1f')} ms "
-               f"at {fmt(k.get('knee_rps'), 'g')} req/s (SLO {slo_text(slo)})"
-               if k.get("knee_rps") is not None
+               f"measured them: {(conf and (conf.why or conf.summary)) or 'no confirm step'})")
+    be, fe = base.eval, final.eval
+    acc = (f"acc {be.overall:.3f} → {fe.overall:.3f} ({(fe.overall - be.overall) * 100:+.1f} pts)"
+           if be.status == "ok" and fe.status == "ok" else
+           f"accuracy n/a ({na_label(final if fe.status != 'ok' else base)})")
+    k = final.knee
+    slo = lad.slo
+    p = f"p{slo.percentile:g}"
+    at_knee = (f"{p} TTFT {fmt(k.ttft_ms_at_knee, '.0f')} ms / TPOT {fmt(k.tpot_ms_at_knee, '.1f')} ms "
+               f"at {fmt(k.knee_rps, 'g')} req/s (SLO {slo_text(slo)})"
+               if k and k.knee_rps is not None
                else f"no rate met the SLO ({slo_text(slo)})")
-    minutes = lad.get("engine_seconds", 0) / 60
-    cost = lad.get("cost_usd")
+    minutes = (lad.engine_seconds or 0) / 60
+    cost = lad.cost_usd
     gone = not_reproduced(lad)
-    return (f"**{base['model']} {tps} with "
+    return (f"**{base.model} {tps} with "
             f"{' + '.join(kept) or 'nothing kept'}; " + (f"{gone}; " if gone else "") + f"{acc}; {at_knee}; "
-            f"{minutes:.1f} {'GPU' if lad['environment'].get('device') == 'gpu' else 'CPU'}-minutes measured"
+            f"{minutes:.1f} {'GPU' if lad.environment.device == 'gpu' else 'CPU'}-minutes measured"
             + (f" ≈ ${cost:.2f}" if cost else "") + ".**")
 
 
@@ -642,10 +653,11 @@ def kernels_text(facts: dict | None) -> str | None:
     return f"attention {attn or 'not logged'}, weights {weights or 'not logged'}, KV {kv or 'not logged'}"
 
 
-def stage_kernels(r) -> dict:
+def stage_kernels(r: RungRecord) -> dict:
     """stage -> the kernels its engine ran (eval: the gate's flips come from it; bench; knee)."""
-    per = {stage: kernels_text((r.get(stage) or {}).get(key))
-           for stage, key in (("eval", "engine"), ("bench", "engine"), ("knee", "applied"))}
+    per = {stage: kernels_text(facts) for stage, facts in (("eval", r.eval and r.eval.engine),
+                                                           ("bench", r.bench and r.bench.engine),
+                                                           ("knee", r.knee and r.knee.applied))}
     return {stage: text for stage, text in per.items() if text}
 
 
@@ -655,81 +667,84 @@ def kernels_cell(per: dict) -> str:
     return "; ".join(f"{stage}: {text}" for stage, text in per.items())
 
 
-def kernels_line(r, lad: dict) -> list[str]:
+def kernels_line(r: RungRecord, lad: LadderRecord) -> list[str]:
     """A rung's kernels beside its flips, and its base's where they differ: a GPU-only regression is attributable."""
     mine = stage_kernels(r)
     if not mine:
         return []
-    base = next((b for b in lad["rungs"] if b.get("exp") and b.get("exp") == r.get("base")), None)
+    base = next((b for b in lad.rungs if b.exp and b.exp == r.base), None)
     theirs = stage_kernels(base) if base else {}
     tail = ("" if not theirs else
-            f"; same as its base ({base['index']} {base['name']})" if set(theirs.values()) == set(mine.values()) else
-            f"; its base ({base['index']} {base['name']}): {kernels_cell(theirs)}")
+            f"; same as its base ({base.index} {base.name})" if set(theirs.values()) == set(mine.values()) else
+            f"; its base ({base.index} {base.name}): {kernels_cell(theirs)}")
     return [f"  - kernels: {kernels_cell(mine)}{tail}"]
 
 
-def kept_why(lad: dict) -> list[str]:
+def kept_why(lad: LadderRecord) -> list[str]:
     gone = not_reproduced(lad, why=True)
     lines = [f"- ⚠ **Confirm step**: {gone}."] if gone else []
-    for r in lad["rungs"]:
-        if r.get("role") == "baseline":
+    for r in lad.rungs:
+        if r.role == "baseline":
             continue
-        change = ", ".join(f"`{k}: {v}`" for k, v in (r.get("change") or {}).items())
-        if r.get("role") in ("re-measure", "knee re-check"):  # not a rung: evidence its rung's verdict rests on
-            lines.append(f"- *{r['name']}* (no change): {r.get('decision') or r.get('error', '')}")
+        change = ", ".join(f"`{k}: {v}`" for k, v in (r.change or {}).items())
+        if r.role in ("re-measure", "knee re-check"):  # not a rung: evidence its rung's verdict rests on
+            lines.append(f"- *{r.name}* (no change): {r.decision or r.error or ''}")
             continue
-        lines.append(f"- **{r['name']}** ({change}): {kept_cell(r).replace('**', '')} — {r.get('decision', '')}")
-        if r.get("applied"):
+        lines.append(f"- **{r.name}** ({change}): {kept_cell(r).replace('**', '')} — {r.decision or ''}")
+        if r.applied:
             lines.append(f"  - took effect? {applied_cell(r)}")
         if gate_skipped(r):  # reverted by the gate: no engine started to measure its speed
-            lines.append(f"  - bench and knee: not measured — {r['knee']['reason']}")
-        elif (r.get("bench") or {}).get("status") == "n/a":  # the offline engine (bench, eval) cannot run it
-            lines.append(f"  - bench and eval: n/a — {r['bench']['reason']}")
-        if (r.get("knee") or {}).get("frontend_bound_looks"):  # where its looks' latency came from (issue 50)
-            lines.append(f"  - knee: {r['knee']['frontend_words']}")
+            lines.append(f"  - bench and knee: not measured — {r.knee.reason}")
+        elif r.bench and r.bench.status == "n/a":  # the offline engine (bench, eval) cannot run it
+            lines.append(f"  - bench and eval: n/a — {r.bench.reason}")
+        if r.knee and r.knee.frontend_bound_looks:  # where its looks' latency came from (issue 50)
+            lines.append(f"  - knee: {r.knee.frontend_words}")
         lines += kernels_line(r, lad)
-        lines += flip_lines(r.get("gate") or {})
+        lines += flip_lines(r.gate)
     return lines
 
 
-def flip_lines(gate: dict) -> list[str]:
+def flip_lines(gate: GateResult | None) -> list[str]:
     """The items a rung flipped against rung 0, per category where the gate recorded them (older records: all)."""
-    cats = {c: v["flipped"] for c, v in (gate.get("by_category") or {}).items() if v.get("flipped")}
-    groups = cats or {"": gate.get("flipped") or {}}
+    if gate is None:
+        return []
+    # a category's flips as written, even both empty: then the record's own are not shown instead
+    cats = {c: v.flipped for c, v in gate.by_category.items() if v.flipped and v.flipped.model_fields_set}
+    groups = cats or {"": gate.flipped}
     lines = []
     for c, f in groups.items():
-        if f.get("right_to_wrong") or f.get("wrong_to_right"):
+        if f.right_to_wrong or f.wrong_to_right:
             lines.append(f"  - {c + ': ' if c else ''}flipped right→wrong: "
-                         f"{', '.join(f.get('right_to_wrong') or []) or 'none'}; "
-                         f"wrong→right: {', '.join(f.get('wrong_to_right') or []) or 'none'}")
+                         f"{', '.join(f.right_to_wrong) or 'none'}; "
+                         f"wrong→right: {', '.join(f.wrong_to_right) or 'none'}")
     return lines
 
 
-def gate_power_lines(lad: dict) -> list[str]:
+def gate_power_lines(lad: LadderRecord) -> list[str]:
     """What the quality gate can see, per category: the drop the eval set can detect and the eval's own noise,
     as rung 0's gate recorded them (empty for records from before the gate recorded its power)."""
-    gate = next((r["gate"] for r in lad["rungs"] if (r.get("gate") or {}).get("gated")), {})
-    cats = {c: v for c, v in (gate.get("by_category") or {}).items() if "detectable_drop" in v}
+    gate = next((r.gate for r in lad.rungs if r.gate and r.gate.gated), None)
+    cats = {c: v for c, v in (gate.by_category if gate else {}).items() if "detectable_drop" in v.model_fields_set}
     if not cats:
         return []
-    g = gate["thresholds"]
-    floor = gate.get("noise_floor")
+    g = gate.thresholds
+    floor = gate.noise_floor
     lines = ["## What the quality gate can see", "",
-             f"Threshold: a category drop > {g['max_category_drop']} with McNemar p < {g['alpha']}; "
+             f"Threshold: a category drop > {g.max_category_drop} with McNemar p < {g.alpha}; "
              + ("nondeterminism floor (rung 0 evaluated twice): "
                 f"{sum(floor.values())} item(s) flipped by themselves." if floor is not None
                 else "nondeterminism floor: not measured."), ""]
     for c, v in cats.items():
-        base = f"rung 0 {round(v['baseline'] * v['n'])}/{v['n']} right"
-        if v["detectable_flips"] is None:
-            lines.append(f"- {c}: this set cannot detect any drop at α {g['alpha']} ({v['n']} items, "
-                         f"floor {v['noise_flips']}); {base}: **cannot judge**")
+        base = f"rung 0 {round(v.baseline * v.n)}/{v.n} right"
+        if v.detectable_flips is None:
+            lines.append(f"- {c}: this set cannot detect any drop at α {g.alpha} ({v.n} items, "
+                         f"floor {v.noise_flips}); {base}: **cannot judge**")
             continue
-        judge = "" if v["can_detect_threshold"] else f": **cannot judge** a drop of {g['max_category_drop']}"
-        if round(v["baseline"] * v["n"]) < v["detectable_flips"]:  # too few right to lose: no regression can show
-            judge += f" (fewer right than the {v['detectable_flips']} flips a regression needs)"
-        lines.append(f"- {c}: this set can detect a drop of ≥ {v['detectable_drop']:.2f} "
-                     f"({v['detectable_flips']} of {v['n']} items, floor {v['noise_flips']} included); {base}{judge}")
+        judge = "" if v.can_detect_threshold else f": **cannot judge** a drop of {g.max_category_drop}"
+        if round(v.baseline * v.n) < v.detectable_flips:  # too few right to lose: no regression can show
+            judge += f" (fewer right than the {v.detectable_flips} flips a regression needs)"
+        lines.append(f"- {c}: this set can detect a drop of ≥ {v.detectable_drop:.2f} "
+                     f"({v.detectable_flips} of {v.n} items, floor {v.noise_flips} included); {base}{judge}")
     return lines + [""]
 
 
@@ -748,19 +763,18 @@ def workload(lad: LadderRecord) -> dict:
 
 
 def header(lad: LadderRecord) -> list[str]:
-    env = lad.environment  # fingerprint.fingerprint(): open (its keys are the machine's)
-    hw = env.get("gpu") or f"CPU: {env['cpu']['model']} ({env['cpu']['cores']} cores, {env['cpu']['memory_gib']} GiB)"
+    env = lad.environment
+    hw = env.gpu or f"CPU: {env.cpu.model} ({env.cpu.cores} cores, {env.cpu.memory_gib} GiB)"
     slo, w = lad.slo, workload(lad)
     base = next((r for r in lad.rungs if r.status == "ok"), None)  # the stages say how they measured
     ev, gate = base and base.eval, base and base.gate
     lines = [
         f"- **Machine**: {hw}"
-        + (f", driver {env['driver']}, CUDA {env.get('cuda_driver')}" if env.get("driver") else "")
-        + (f"; GPU UUID {', '.join(g['uuid'] for g in env.get('gpus') or [] if g.get('uuid'))}"
-           if any(g.get("uuid") for g in env.get("gpus") or []) else "")
-        + (f"; host id {env['host_id']}" if env.get("host_id") else ""),
-        f"- **Software**: {env.get('vllm_package')} {env.get('vllm')}, torch {env.get('torch')}, "
-        f"transformers {env.get('transformers')}, Python {env.get('python')}; git {str(lad.git_commit)[:12]}",
+        + (f", driver {env.driver}, CUDA {env.cuda_driver}" if env.driver else "")
+        + (f"; GPU UUID {', '.join(g.uuid for g in env.gpus if g.uuid)}" if any(g.uuid for g in env.gpus) else "")
+        + (f"; host id {env.host_id}" if env.host_id else ""),
+        f"- **Software**: {env.vllm_package} {env.vllm}, torch {env.torch}, "
+        f"transformers {env.transformers}, Python {env.python}; git {str(lad.git_commit)[:12]}",
         "- **Models**: " + "; ".join(f"{n}: {m.get('id')} @ {str(m.get('revision'))[:12]}"
                                      for n, m in lad.models.items()),
         f"- **SLO**: {slo_text(slo)}, no failed request, no backlog",
@@ -794,102 +808,104 @@ def _range(v, rng, spec="g", pre=""):
     return f"{pre}{format(v, spec)} (bracket {pre}{format(lo, spec)}–{pre}{format(hi, spec)})"
 
 
-def capacity_lines(lad: dict) -> list[str]:
+def capacity_lines(lad: LadderRecord) -> list[str]:
     """The capacity plan the ladder recorded (capacity.plan), as it is: nothing is computed here."""
-    cap = lad.get("capacity")
-    if not cap:
+    cap = lad.capacity
+    if cap is None:
         return ["No capacity plan in this record."]
-    slo = lad["slo"]
-    gpu = cap["unit"] == "GPU"
-    lines = [f"Serving a peak of **{cap['peak_rps']:g} req/s** of the knee workload at the SLO ({slo_text(slo)}), "
+    gpu = cap.unit == "GPU"
+    lines = [f"Serving a peak of **{cap.peak_rps:g} req/s** of the knee workload at the SLO ({slo_text(lad.slo)}), "
              "each instance held to "
-             f"{(1 - cap['headroom']) * 100:.0f} % of its knee (headroom {cap['headroom']:g})"
-             + (f", at ${cap['price_per_gpu_hour']:.2f} per GPU-hour." if cap["price_per_gpu_hour"] else
+             f"{(1 - cap.headroom) * 100:.0f} % of its knee (headroom {cap.headroom:g})"
+             + (f", at ${cap.price_per_gpu_hour:.2f} per GPU-hour." if cap.price_per_gpu_hour else
                 "; no price (cost.gpu_price_per_hour is 0): instances only, no cost.")
              + (" One GPU per instance: the plan is N single-GPU instances." if gpu and all(
-                 (cap[s].get("gpus_per_instance") or 1) == 1 for s in ("before", "after")) else ""), ""]
+                 (p.gpus_per_instance or 1) == 1 for p in (cap.before, cap.after)) else ""), ""]
     rows = []
-    for side, label in (("before", "before (rung 0)"), ("after", "after (final stack)")):
-        p = cap[side]
-        k = p["knee"]
-        knee = (f"{k['rung']} ({k['exp']}): knee {fmt(k['knee_rps'], 'g')} req/s, breaks at "
-                f"{fmt(k['first_fail_rps'], 'g', 'no probed rate')}")
-        if p["plan"] != "ok":
-            rows.append({"": label, "knee it comes from": knee, "instances": f"no plan: {p['why']}"})
+    for p, label in ((cap.before, "before (rung 0)"), (cap.after, "after (final stack)")):
+        k = p.knee
+        knee = (f"{k.rung} ({k.exp}): knee {fmt(k.knee_rps, 'g')} req/s, breaks at "
+                f"{fmt(k.first_fail_rps, 'g', 'no probed rate')}")
+        if p.plan != "ok":
+            rows.append({"": label, "knee it comes from": knee, "instances": f"no plan: {p.why}"})
             continue
-        row = {"": label, "knee it comes from": knee, "instances": _range(p["instances"], p["instances_range"])}
+        row = {"": label, "knee it comes from": knee, "instances": _range(p.instances, p.instances_range)}
         if gpu:
-            row.update({"GPUs per instance": p["gpus_per_instance"], "GPUs": _range(p["gpus"], p["gpus_range"])})
+            row.update({"GPUs per instance": p.gpus_per_instance, "GPUs": _range(p.gpus, p.gpus_range)})
         else:
             row["GPUs"] = "n/a (CPU instances)"
         row["$ per 1 M output tokens at the knee"] = (
-            _range(p["usd_per_m_output_tokens"], p["usd_per_m_output_tokens_range"], ".3f", "$")
-            if p.get("usd_per_m_output_tokens") is not None else p.get("why_no_cost", "—"))
+            _range(p.usd_per_m_output_tokens, p.usd_per_m_output_tokens_range, ".3f", "$")
+            if p.usd_per_m_output_tokens is not None else p.why_no_cost or "—")
         rows.append(row)
     lines += [tabulate(pd.DataFrame(rows).fillna("—"), headers="keys", tablefmt="github", showindex=False), ""]
-    sv, unit = cap["saved"], ("GPUs" if gpu else "instances")
-    if sv["plan"] != "ok":
-        lines.append(f"**Tune vs scale**: no plan — {sv['why']}.")
+    sv, unit = cap.saved, ("GPUs" if gpu else "instances")
+    if sv.plan != "ok":
+        lines.append(f"**Tune vs scale**: no plan — {sv.why}.")
     else:
-        lo, hi = sv["saved_range"]
-        b, a = cap["before"][sv["unit"]], cap["after"][sv["unit"]]
-        lines.append(f"**Tune vs scale**: at {cap['peak_rps']:g} req/s the ladder saves **{sv['saved']} {unit}** "
+        lo, hi = sv.saved_range
+        b, a = getattr(cap.before, sv.unit), getattr(cap.after, sv.unit)  # the side plans' figure it compared
+        lines.append(f"**Tune vs scale**: at {cap.peak_rps:g} req/s the ladder saves **{sv.saved} {unit}** "
                      f"({b} → {a}, planned on the knees); over the knee brackets between "
                      f"{fmt(lo, 'g', '?')} and {fmt(hi, 'g', '?')}.")
-    lines += ["", f"Method: {cap['method']}"] + ([f"Note: {cap['added']}."] if cap.get("added") else [])
+    lines += ["", f"Method: {cap.method}"] + ([f"Note: {cap.added}."] if cap.added else [])
     return lines
 
 
 EVIDENCE_MARK = {"pass": ("o", "tab:green"), "fail": ("X", "tab:red"), "inconclusive": ("d", "tab:orange")}
 
 
-def probe_evidence(rows: list[dict]) -> list[dict]:
+def probe_evidence(rows: list[Look]) -> list[dict]:
     """One point per probed rate: its visit's last probe carries the pooled counts and the verdict (a failed request
     or a backlog fails it whatever the count)."""
     last = {}
     for r in rows:
-        last[r["offered_rps"]] = r
+        last[r.offered_rps] = r
     out = []
     for rate, r in sorted(last.items()):
-        ev = r.get("evidence") or ("pass" if r.get("passed") else "fail")
-        if not r.get("passed") and (r.get("failed") or r.get("backlog")):
+        ev = r.evidence or ("pass" if r.passed else "fail")
+        if not r.passed and (r.failed or r.backlog):
             ev = "fail"
-        out.append({"rate": rate, "evidence": ev, "over": r.get("pooled_over", r.get("over_slo")),
-                    "counted": r.get("pooled_counted", r.get("counted"))})
+        # a look from before a visit pooled its probes: its own counts
+        over = r.pooled_over if "pooled_over" in r.model_fields_set else r.over_slo
+        counted = r.pooled_counted if "pooled_counted" in r.model_fields_set else r.counted
+        out.append({"rate": rate, "evidence": ev, "over": over, "counted": counted})
     return out
 
 
-def plots(lad: dict, out: Path) -> None:
+def plots(lad: LadderRecord | dict, out: Path) -> None:
     """knee.png, rungs.png and pareto.png into `out`."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    knee_plot(lad, out, plt)
-    rungs_plot(lad, out, plt)
-    pareto_plot(lad, out, plt)
+    rec = as_record(lad)
+    knee_plot(rec, out, plt)
+    rungs_plot(rec, out, plt)
+    pareto_plot(rec, out, plt)
     plt.close("all")
 
 
-def knee_plot(lad: dict, out: Path, plt) -> None:
+def knee_plot(lad: LadderRecord, out: Path, plt) -> None:
     import matplotlib
-    slo = lad["slo"]
-    searched = [r for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or [])
-                if (r.get("knee") or {}).get("rows")]
+    slo = lad.slo
+    searched = [r for r in lad.rungs + (lad.confirm.runs if lad.confirm else []) if r.knee and r.knee.rows]
     fig, ax = plt.subplots(figsize=(11, 0.55 * len(searched) + 1.8))
     for y, r in enumerate(reversed(searched)):
-        k = r["knee"]
-        lo, hi = k.get("knee_rps"), k.get("conclusive_fail_rps", k.get("first_fail_rps"))
+        k = r.knee
+        # a record from before conclusive_fail_rps was written names the first failure as the evidence
+        lo = k.knee_rps
+        hi = k.conclusive_fail_rps if "conclusive_fail_rps" in k.model_fields_set else k.first_fail_rps
         if lo and hi:  # the bracket: last pass .. first fail on evidence
             ax.plot([lo, hi], [y, y], "-", color="tab:blue", lw=6, alpha=0.25, solid_capstyle="butt")
-        for p in probe_evidence(k["rows"]):
+        for p in probe_evidence(k.rows):
             m, c = EVIDENCE_MARK.get(p["evidence"], ("s", "gray"))
             ax.plot(p["rate"], y, m, color=c, ms=8)
             if p["counted"]:
                 ax.annotate(f"{p['over']}/{p['counted']}", (p["rate"], y), textcoords="offset points",
                             xytext=(0, 7), ha="center", fontsize=6)
     ax.set_yticks(range(len(searched)))
-    ax.set_yticklabels([f"{r['index']} {r['name']}" + ("" if r.get("kept") or r.get("role") in ("baseline", "confirm")
-                                                       else " (not kept)") for r in reversed(searched)], fontsize=8)
+    ax.set_yticklabels([f"{r.index} {r.name}" + ("" if r.kept or r.role in ("baseline", "confirm") else " (not kept)")
+                        for r in reversed(searched)], fontsize=8)
     ax.set_xscale("log")
     plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
     ax.xaxis.set_major_formatter(plain)
@@ -907,18 +923,18 @@ def knee_plot(lad: dict, out: Path, plt) -> None:
     plt.close(fig)
 
 
-def rungs_plot(lad: dict, out: Path, plt) -> None:
-    done = [r for r in lad["rungs"] if r["status"] == "ok" and (r.get("bench") or {}).get("output_tps")]
+def rungs_plot(lad: LadderRecord, out: Path, plt) -> None:
+    done = [r for r in lad.rungs if r.status == "ok" and r.bench and r.bench.output_tps]
     fig, ax = plt.subplots(figsize=(max(6, len(done) * 1.2), 4.5))
-    names = [f"{r['index']} {r['name']}" for r in done]
-    tps = [r["bench"]["output_tps"] for r in done]
-    err = [[t - (r["bench"].get("output_tps_ci95") or [t, t])[0] for t, r in zip(tps, done)],
-           [(r["bench"].get("output_tps_ci95") or [t, t])[1] - t for t, r in zip(tps, done)]]
-    colors = ["tab:green" if r.get("kept") or r.get("role") == "baseline" else "tab:gray" for r in done]
+    names = [f"{r.index} {r.name}" for r in done]
+    tps = [r.bench.output_tps for r in done]
+    err = [[t - (r.bench.output_tps_ci95 or [t, t])[0] for t, r in zip(tps, done)],
+           [(r.bench.output_tps_ci95 or [t, t])[1] - t for t, r in zip(tps, done)]]
+    colors = ["tab:green" if r.kept or r.role == "baseline" else "tab:gray" for r in done]
     ax.bar(names, tps, yerr=err, color=colors, capsize=4)
     ax.set(ylabel="output tok/s (median, 95 % CI)", title="Throughput and accuracy per rung (grey: not kept)")
     ax.tick_params(axis="x", rotation=30)
-    accs = [(r.get("eval") or {}).get("overall") for r in done]
+    accs = [r.eval and r.eval.overall for r in done]
     if any(a is not None for a in accs):
         ax2 = ax.twinx()
         ax2.plot(names, [a if a is not None else float("nan") for a in accs], "o-", color="tab:blue")
@@ -939,25 +955,25 @@ PARETO_STYLE = {"baseline": ("s", "tab:blue", "rung 0"), "kept": ("o", "tab:gree
                 "other": ("X", "tab:gray", "not kept")}
 
 
-def knee_operating_point(r: dict) -> tuple[float, float] | None:
+def knee_operating_point(r: RungRecord) -> tuple[float, float] | None:
     """(output tok/s per user, output tok/s per GPU) at a rung's knee: 1000 / the median TPOT of its last probe at
     the knee's rate, and that probe's output tok/s over the rung's GPUs (one instance on a CPU); None without a
     knee (no pass, not measured) or without the probe's figures."""
-    k = r.get("knee") or {}
-    rate = k.get("knee_rps")
-    if rate is None or k.get("status") == "n/a" or k.get("label") == common.KNEE_RECHECK:
+    k = r.knee
+    rate = k and k.knee_rps
+    if rate is None or k.status == "n/a" or k.label == common.KNEE_RECHECK:
         return None
-    at = [x for x in k.get("rows") or [] if x.get("offered_rps") == rate and x.get("p50_tpot_ms")]
-    if not at or not at[-1].get("output_tps"):
+    at = [x for x in k.rows if x.offered_rps == rate and x.p50_tpot_ms]
+    if not at or not at[-1].output_tps:
         return None
-    return 1000 / at[-1]["p50_tpot_ms"], at[-1]["output_tps"] / (r.get("gpus") or 1)
+    return 1000 / at[-1].p50_tpot_ms, at[-1].output_tps / (r.gpus or 1)
 
 
-def pareto_points(lad: dict) -> list[dict]:
+def pareto_points(lad: LadderRecord) -> list[dict]:
     """One point per rung with a knee (a base's re-measure or a knee re-check is no rung), the front marked: no
     other point serves more per user and more per GPU."""
-    pts = [{"r": r, "user": xy[0], "gpu": xy[1]} for r in lad["rungs"]
-           if r.get("role") not in (decide.RECHECK, decide.KNEE_RECHECK) and r["status"] == "ok"
+    pts = [{"r": r, "user": xy[0], "gpu": xy[1]} for r in lad.rungs
+           if r.role not in (decide.RECHECK, decide.KNEE_RECHECK) and r.status == "ok"
            and (xy := knee_operating_point(r))]
     for p in pts:
         p["front"] = not any(q["user"] >= p["user"] and q["gpu"] >= p["gpu"] and (q["user"], q["gpu"]) !=
@@ -980,26 +996,26 @@ def pareto_labels(pts: list[dict], ax) -> None:
                     textcoords="offset points", xytext=(7, 5), fontsize=8)
 
 
-def rung_ids(lad: dict) -> dict[int, str]:
+def rung_ids(lad: LadderRecord) -> dict[int, str]:
     """id(rung) -> its label on the plot: its number, with a letter where candidates share one (5a, 5b)."""
-    runs = [r for r in lad["rungs"] if r.get("role") not in (decide.RECHECK, decide.KNEE_RECHECK)]
-    count = {i: sum(r["index"] == i for r in runs) for i in {r["index"] for r in runs}}
+    runs = [r for r in lad.rungs if r.role not in (decide.RECHECK, decide.KNEE_RECHECK)]
+    count = {i: sum(r.index == i for r in runs) for i in {r.index for r in runs}}
     seen: dict[int, int] = {}
     out = {}
     for r in runs:
-        n = seen[r["index"]] = seen.get(r["index"], -1) + 1
-        out[id(r)] = f"#{r['index']}" + ("abcdefghijklmnopqrstuvwxyz"[n] if count[r["index"]] > 1 else "")
+        n = seen[r.index] = seen.get(r.index, -1) + 1
+        out[id(r)] = f"#{r.index}" + ("abcdefghijklmnopqrstuvwxyz"[n] if count[r.index] > 1 else "")
     return out
 
 
-def pareto_plot(lad: dict, out: Path, plt) -> None:
+def pareto_plot(lad: LadderRecord, out: Path, plt) -> None:
     ids = rung_ids(lad)
     pts = [{**p, "id": ids[id(p["r"])]} for p in pareto_points(lad)]
-    final = lad.get("final_exp")
+    final = lad.final_exp
     fig, ax = plt.subplots(figsize=(10, max(5.5, 0.17 * len(ids) + 3.5)))
     for key, (m, c, label) in PARETO_STYLE.items():
-        mine = [p for p in pts if (p["r"].get("role") == "baseline") == (key == "baseline")
-                and (key != "kept" or p["r"].get("kept")) and (key != "other" or not p["r"].get("kept"))]
+        mine = [p for p in pts if (p["r"].role == "baseline") == (key == "baseline")
+                and (key != "kept" or p["r"].kept) and (key != "other" or not p["r"].kept)]
         if mine:  # a legend entry only for what is drawn
             ax.scatter([p["user"] for p in mine], [p["gpu"] for p in mine], marker=m, s=60, color=c, label=label,
                        zorder=3)
@@ -1008,22 +1024,22 @@ def pareto_plot(lad: dict, out: Path, plt) -> None:
         # the boundary of what the front's points serve: no config beyond it on both axes was measured
         ax.step([p["user"] for p in front], [p["gpu"] for p in front], "--", where="pre", color="tab:orange",
                 lw=1.5, label="Pareto front", zorder=2)
-    top = [p for p in pts if final and p["r"].get("exp") == final]
+    top = [p for p in pts if final and p["r"].exp == final]
     if top:
         ax.scatter([top[0]["user"]], [top[0]["gpu"]], marker="*", s=320, facecolor="none", edgecolor="black",
                    linewidth=1.4, label="final stack", zorder=4)
     ax.margins(0.15)
     fig.canvas.draw()  # the labels group by where the points land on screen
     pareto_labels(pts, ax)
-    unit = "GPU" if lad["environment"].get("device") == "gpu" else "instance (CPU)"  # old records: no `gpus`
+    unit = "GPU" if lad.environment.device == "gpu" else "instance (CPU)"  # old records: no `gpus`
     ax.set(xlabel="output tok/s per user (1 / median TPOT at the knee's rate)",
            ylabel=f"output tok/s per {unit} at the knee's rate",
            title=f"Output tok/s per user vs per {unit.split()[0]}, each rung at its knee's rate (SLO "
-                 f"{slo_text(lad['slo'])})")
+                 f"{slo_text(lad.slo)})")
     ax.title.set_fontsize(10)
     ax.grid(alpha=0.3)
-    key = "\n".join(f"{ids[id(r)]:<4} {r['name']}" + ("" if any(p["r"] is r for p in pts) else " (no knee)")
-                    for r in lad["rungs"] if id(r) in ids)
+    key = "\n".join(f"{ids[id(r)]:<4} {r.name}" + ("" if any(p["r"] is r for p in pts) else " (no knee)")
+                    for r in lad.rungs if id(r) in ids)
     ax.text(1.02, 1.0, key, transform=ax.transAxes, va="top", fontsize=8, family="monospace")
     if not pts:  # rung 0 failed, or no rung met the SLO anywhere: the plot says so rather than the report failing
         ax.text(0.5, 0.5, "no rung has a knee: nothing to place", transform=ax.transAxes, ha="center")
@@ -1035,44 +1051,46 @@ def pareto_plot(lad: dict, out: Path, plt) -> None:
     plt.close(fig)
 
 
-def disturbed_lines(lad: dict) -> list[str]:
+def disturbed_lines(lad: LadderRecord) -> list[str]:
     """Every measurement a stage flagged as disturbed and measured again (measure/disturbed): a timed bench repeat far
     off its engine's others (bench.json `disturbed`), a knee look while other work kept the machine busy (a knee row's
     `disturbed_look`); or a line saying none were, or that the record predates the screen."""
     lines, screened = [], False
-    p = f"p{lad['slo'].get('percentile', 99):g}"
+    p = f"p{lad.slo.percentile:g}"
 
-    def read(x: dict) -> str:
-        return (f"{x.get('over_slo')} of {x.get('counted')} counted over the SLO, {p} TTFT "
-                f"{x.get('slo_ttft_ms') or 0:.0f} ms, achieved {x.get('achieved_rps') or 0:.2f} req/s")
-    for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or []):
-        who = f"{r.get('index', '')} {r['name']}".strip()
-        b, k = r.get("bench") or {}, r.get("knee") or {}
-        screened = screened or "far_share" in b or "busy_share" in k
-        for f in b.get("disturbed") or []:
-            load = f"; meanwhile {disturbed.busy_words(f['load'])}" if f.get("load") else ""
-            sibs = ", ".join(f"{v:.1f}" for v in f["siblings"])
-            fate = (f"replaced by repeat {f['replaced_by']} ({f['replacement']:.1f}): kept in bench.json, out of the "
-                    "median and interval" if f.get("replaced_by") else
+    def read(x: Look) -> str:
+        return (f"{x.over_slo} of {x.counted} counted over the SLO, {p} TTFT "
+                f"{x.slo_ttft_ms or 0:.0f} ms, achieved {x.achieved_rps or 0:.2f} req/s")
+    for r in lad.rungs + (lad.confirm.runs if lad.confirm else []):
+        who = f"{r.index} {r.name}".strip()
+        b, k = r.bench, r.knee
+        # a record from before the screen has neither threshold
+        screened = (screened or (b is not None and "far_share" in b.model_fields_set)
+                    or (k is not None and "busy_share" in k.model_fields_set))
+        for f in b.disturbed if b else []:
+            load = f"; meanwhile {disturbed.busy_words(f.load)}" if f.load else ""
+            sibs = ", ".join(f"{v:.1f}" for v in f.siblings)
+            fate = (f"replaced by repeat {f.replaced_by} ({f.replacement:.1f}): kept in bench.json, out of the "
+                    "median and interval" if f.replaced_by else
                     "no extra repeat left (bench.extra_repeats): it stays in the median and interval")
-            lines.append(f"- **{who}** bench repeat {f['repeat']}: {f['output_tps']:.1f} output tok/s against its "
-                         f"siblings {sibs} ({f['off']:+.0%} off its engine's median {f['median']:.1f}, beyond "
-                         f"bench.far_share {b.get('far_share', 0):.0%}){load}; {fate}")
-        for row in k.get("rows") or []:
-            d = row.get("disturbed_look")
+            lines.append(f"- **{who}** bench repeat {f.repeat}: {f.output_tps:.1f} output tok/s against its "
+                         f"siblings {sibs} ({f.off:+.0%} off its engine's median {f.median:.1f}, beyond "
+                         f"bench.far_share {b.far_share or 0:.0%}){load}; {fate}")
+        for row in k.rows if k else []:
+            d = row.disturbed_look
             if not d:
                 continue
-            lines.append(f"- **{who}** knee look at {row['offered_rps']:g} req/s (trace seed {row.get('seed')}): ran "
-                         f"while {disturbed.busy_words(d['busy'])}, over knee.busy_share {k.get('busy_share', 0):.0%}: "
-                         f"{read(d)} (kept in knee.json, {d.get('file')}); looked at again on the same trace: "
+            lines.append(f"- **{who}** knee look at {row.offered_rps:g} req/s (trace seed {row.seed}): ran "
+                         f"while {disturbed.busy_words(d.busy)}, over knee.busy_share {k.busy_share or 0:.0%}: "
+                         f"{read(d)} (kept in knee.json, {d.file}); looked at again on the same trace: "
                          f"{read(row)}, judged on that"
-                         + (f" (it ran busy too, {row['other_work_share']:.0%}: no look left)"
-                            if row.get("busy_again") else ""))
+                         + (f" (it ran busy too, {row.other_work_share:.0%}: no look left)"
+                            if row.busy_again else ""))
     if lines:
         return lines
     if not screened:
         return ["- not screened: this record predates the screen (bench.far_share, knee.busy_share)"]
-    s = lad.get("settings") or {}
+    s = lad.settings  # the params it ran with: open (config.Params as dumped)
     far, busy = (s.get("bench") or {}).get("far_share"), (s.get("knee") or {}).get("busy_share")
     return ["- none: no timed bench repeat was more than " + (f"{far:.0%}" if far else "bench.far_share")
             + " off its engine's others, and no knee look ran while other work held more than "
@@ -1085,7 +1103,7 @@ def floor_lines(lad: LadderRecord) -> list[str]:
     out = []
     if lad.noise_floor:
         out.append("- **Start-to-start floor** (output tok/s, fresh engines of one config): "
-                   + lad.noise_floor["words"])
+                   + lad.noise_floor.words)
     sp = (lad.settings.get("knee") or {}).get("server_spread") or {}  # params knee.server_spread, as it ran
     again = ("in the rule's words (What I kept and why)" if stats.KNEE_AGAIN_OPENING in (lad.rule or "")
              else stats.knee_again_words((lad.settings.get("knee") or {}).get("better_pairs") or
@@ -1106,80 +1124,83 @@ def floor_lines(lad: LadderRecord) -> list[str]:
     return out
 
 
-def time_lines(lad: dict) -> list[str]:
+def time_lines(lad: LadderRecord) -> list[str]:
     """Where the ladder's time went, as the record has it (record.annotate_time): per rung starting engines,
     measuring, the stages' other time, DVC overhead; in total device-minutes, the share spent starting, cost."""
-    tot = lad.get("time")
-    if not tot:  # a record from before the split: the stages' wall times only
+    tot = lad.time
+    if tot is None:  # a record from before the split: the stages' wall times only
         return ["- measured engine time (eval + bench + knee stages): "
-                f"{lad.get('engine_seconds', 0) / 60:.1f} min; "
-                f"ladder wall time {lad.get('wall_seconds', 0) / 60:.1f} min",
-                *[f"- {r['index']} {r['name']}: "
-                  + ", ".join(f"{s} {v:.0f} s" for s, v in (r.get("stage_seconds") or {}).items())
-                  for r in lad["rungs"] if r.get("stage_seconds")]]
-    unit = tot["unit"]
+                f"{(lad.engine_seconds or 0) / 60:.1f} min; "
+                f"ladder wall time {(lad.wall_seconds or 0) / 60:.1f} min",
+                *[f"- {r.index} {r.name}: " + ", ".join(f"{s} {v:.0f} s" for s, v in r.stage_seconds.items())
+                  for r in lad.rungs if r.stage_seconds]]
+    unit = tot.unit
     rows = []
-    for r in lad["rungs"] + ((lad.get("confirm") or {}).get("runs") or []):
-        t = r.get("time")
+    for r in lad.rungs + (lad.confirm.runs if lad.confirm else []):
+        t = r.time
         if not t:
             continue
-        split = r.get("status") == "ok" and t["seconds"]
-        cells = {k: f"{t[k]:.0f} s ({t[k] / t['seconds']:.0%})" if split else "—"
-                 for k in ("start_s", "measure_s", "other_s", "dvc_s")}
+        split = r.status == "ok" and t.seconds
+        parts = {"start_s": t.start_s, "measure_s": t.measure_s, "other_s": t.other_s, "dvc_s": t.dvc_s}
+        cells = {k: f"{v:.0f} s ({v / t.seconds:.0%})" if split else "—" for k, v in parts.items()}
         skipped = " (bench, knee: not measured, gate failed)" if gate_skipped(r) else ""
-        rows.append({"rung": f"{r['index']} {r['name']}{skipped}", "wall": f"{t['seconds']:.0f} s",
-                     f"{unit}s": t["gpus"],
+        rows.append({"rung": f"{r.index} {r.name}{skipped}", "wall": f"{t.seconds:.0f} s",
+                     f"{unit}s": t.gpus,
                      "starting engines": cells["start_s"], "measuring": cells["measure_s"],
                      "other (imports, teardown)": cells["other_s"], "DVC overhead": cells["dvc_s"],
-                     f"{unit}-minutes": f"{t['seconds'] * t['gpus'] / 60:.1f}"
-                     + ("" if split else f" ({r.get('status')}: not split)")})
-    cost = (f" ≈ **${tot['cost_usd']:.2f}** at ${tot['price_per_hour']:.2f} per {unit}-hour" if tot["price_per_hour"]
+                     f"{unit}-minutes": f"{t.seconds * t.gpus / 60:.1f}"
+                     + ("" if split else f" ({r.status}: not split)")})
+    cost = (f" ≈ **${tot.cost_usd:.2f}** at ${tot.price_per_hour:.2f} per {unit}-hour" if tot.price_per_hour
             else " (no price: cost.gpu_price_per_hour is 0)")
-    share = f"{tot['start_share']:.0%}" if tot["start_share"] is not None else "—"
-    starts = (f": {tot['engine_starts']} starts × {tot['seconds_per_start']:.0f} s" if tot.get("engine_starts")
-              else "")
-    lines = [f"**{tot['minutes']:.1f} {unit}-minutes**{cost}; **{share}** of them spent starting engines "
-             f"({tot['start_minutes']:.1f} min{starts}), {tot['measure_minutes']:.1f} min measuring, "
-             f"{tot['other_minutes']:.1f} min in the stages' imports and teardown, "
-             f"{tot['dvc_minutes']:.1f} min of DVC overhead; "
-             f"ladder wall time {lad.get('wall_seconds', 0) / 60:.1f} min.",
+    share = f"{tot.start_share:.0%}" if tot.start_share is not None else "—"
+    starts = f": {tot.engine_starts} starts × {tot.seconds_per_start:.0f} s" if tot.engine_starts else ""
+    lines = [f"**{tot.minutes:.1f} {unit}-minutes**{cost}; **{share}** of them spent starting engines "
+             f"({tot.start_minutes:.1f} min{starts}), {tot.measure_minutes:.1f} min measuring, "
+             f"{tot.other_minutes:.1f} min in the stages' imports and teardown, "
+             f"{tot.dvc_minutes:.1f} min of DVC overhead; "
+             f"ladder wall time {(lad.wall_seconds or 0) / 60:.1f} min.",
              ""]
-    conf = tot.get("confirm")
+    conf = tot.confirm
     if conf:  # what confirming the kept gains cost: record.confirm_time
-        lines[-1:-1] = ["", f"The confirm step: {conf['runs']} runs ({(lad.get('confirm') or {}).get('pairs')} "
-                            f"pair(s)), **{conf['minutes']:.1f} {unit}-minutes**: {conf['per_stack']['stock']:.1f} "
-                            f"re-measuring stock (rung 0), {conf['per_stack']['final']:.1f} the final stack."]
+        lines[-1:-1] = ["", f"The confirm step: {conf.runs} runs ({lad.confirm.pairs if lad.confirm else None} "
+                            f"pair(s)), **{conf.minutes:.1f} {unit}-minutes**: {conf.per_stack.stock:.1f} "
+                            f"re-measuring stock (rung 0), {conf.per_stack.final:.1f} the final stack."]
     if rows:
         lines += [tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False), ""]
     lines.append(f"Starting engines: process start to engine ready (bench and eval: the engine's process with its "
                  f"imports; knee: `vllm serve` until healthy); measuring: warm-up passes, timed repeats, knee probes, "
                  f"eval generation; DVC overhead: the rung's `dvc exp run` minus its engine stages (DVC, fingerprint, "
                  f"download, gate); stages DVC restored cost nothing. {unit}-minutes: wall × {unit}s held."
-                 + (" Some splits are estimated from a record older than the stages' own split." if tot["estimated"]
+                 + (" Some splits are estimated from a record older than the stages' own split." if tot.estimated
                     else ""))
     return lines
+
+
+def as_record(lad: LadderRecord | dict) -> LadderRecord:
+    """`lad` the record, or a dict of its shape (validated here: an older one upgraded, a key the record does not
+    declare refused)."""
+    return lad if isinstance(lad, LadderRecord) else LadderRecord.model_validate(lad)
 
 
 def render(lad: LadderRecord | dict, out: Path) -> str:
     """The first screen (headline, the seed's table, one line a rung: `first_screen`), then the evidence every line
     rests on, the rule's words once, and the long table as an appendix. `lad` the record, or a dict of its shape
-    (validated here: an older one upgraded, a key the record does not declare refused)."""
-    rec = lad if isinstance(lad, LadderRecord) else LadderRecord.model_validate(lad)
-    lad = rec.as_dict()
-    md = [f"# Before → after: vLLM serving ladder ({lad['profile']} profile)", "",
-          headline(lad), "", *first_screen(lad), "",
+    (as_record)."""
+    rec = as_record(lad)
+    md = [f"# Before → after: vLLM serving ladder ({rec.profile} profile)", "",
+          headline(rec), "", *first_screen(rec), "",
           "## Setup", *header(rec), "",
-          "## What I kept and why", *([f"Rule: {lad['rule']}", ""] if lad.get("rule") else []), *kept_why(lad), "",
-          *gate_power_lines(lad),
+          "## What I kept and why", *([f"Rule: {rec.rule}", ""] if rec.rule else []), *kept_why(rec), "",
+          *gate_power_lines(rec),
           "## Disturbed measurements", "A bench repeat far off its engine's others is replaced by one more pass (up to "
           "bench.extra_repeats), a knee look while other work kept the machine busy is looked at again on its trace "
           "(once); the flagged one is kept beside what replaced it and judged on by nothing:",
-          *disturbed_lines(lad), "",
-          "## Capacity plan", *capacity_lines(lad), "",
+          *disturbed_lines(rec), "",
+          "## Capacity plan", *capacity_lines(rec), "",
           "## Plots", "![knee evidence per rung](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
           f"![{PARETO_ALT}](pareto.png)", "",
-          "## Time", *time_lines(lad), "",
-          f"## Appendix: the full table ({len(lad['rungs'])} runs)", "", table(lad, rec), "",
+          "## Time", *time_lines(rec), "",
+          f"## Appendix: the full table ({len(rec.rungs)} runs)", "", table(rec), "",
           "Output tok/s: median of one engine's repeats with their 95 % t-interval. " + stats.DELTA_WORDS + ". Knee: "
           "highest offered rate meeting the SLO, with the first rate that broke it.", ""]
     return "\n".join(md)
@@ -1188,7 +1209,7 @@ def render(lad: LadderRecord | dict, out: Path) -> str:
 def main(src: Path, out: Path):
     rec = LadderRecord.load_file(src)  # an older record upgraded, as the report reads it
     out.mkdir(parents=True, exist_ok=True)
-    plots(rec.as_dict(), out)
+    plots(rec, out)
     common.write_text(out / "before_after.md", render(rec, out))
     print(f"report: {out / 'before_after.md'}")
 

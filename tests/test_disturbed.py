@@ -18,6 +18,7 @@ import knee
 import report
 from conftest import FIXTURES
 from measure import disturbed
+from records.ladder import LadderRecord
 from serving import vllm_compat
 from test_knee_sweep import SLO, FakeProber, FakeServer
 from test_knee_sweep import K as KNEE
@@ -227,16 +228,20 @@ def test_the_cpu_watch_counts_another_process_tree_and_not_its_own():
 
 
 # ---------------------------------------------------------------- the report
+def disturbed_lines(lad: dict) -> list[str]:
+    return report.disturbed_lines(LadderRecord.model_validate(lad))
+
+
 def test_the_report_names_each_disturbed_repeat_and_look_or_says_none_were(tmp_path):
     lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
-    assert report.disturbed_lines(lad) == ["- not screened: this record predates the screen (bench.far_share, "
+    assert disturbed_lines(lad) == ["- not screened: this record predates the screen (bench.far_share, "
                                            "knee.busy_share)"]
     lad["settings"]["bench"]["far_share"], lad["settings"]["knee"]["busy_share"] = 0.2, 0.25
     base, placebo = lad["rungs"][0], lad["rungs"][1]
     for r in lad["rungs"]:
         r.setdefault("bench", {})["far_share"] = 0.2
         r.setdefault("knee", {})["busy_share"] = 0.25
-    assert report.disturbed_lines(lad)[0].startswith("- none: no timed bench repeat was more than 20% off")
+    assert disturbed_lines(lad)[0].startswith("- none: no timed bench repeat was more than 20% off")
     busy = {"wall_s": 78.0, "cores": 2, "other_cpu_s": 101.4, "steal_s": 0.0, "ours_cpu_s": 54.6, "share": 0.65}
     placebo["bench"].update(bench.figures(runs_of([175.0, 52.0, 181.0, 178.0], {1: busy}), B))
     row = base["knee"]["rows"][0]
@@ -244,7 +249,7 @@ def test_the_report_names_each_disturbed_repeat_and_look_or_says_none_were(tmp_p
     row.update(relooked=True, seed=20_141, disturbed_look={
         **row, "over_slo": 260, "counted": 331, "slo_ttft_ms": 63_000.0, "achieved_rps": 1.98, "busy": busy,
         "other_work_share": 0.65, "file": "probe-01-2rps-disturbed.json"})
-    knee_line, bench_line = report.disturbed_lines(lad)  # rung by rung: the base's knee, then the placebo's bench
+    knee_line, bench_line = disturbed_lines(lad)  # rung by rung: the base's knee, then the placebo's bench
     assert bench_line == (f"- **1 {placebo['name']}** bench repeat 2: 52.0 output tok/s against its siblings 175.0, "
                           "181.0 (-70% off its engine's median 175.0, beyond bench.far_share 20%); meanwhile other "
                           "work took 65% of the machine's 2 cores over its 78 s (101.4 CPU-s); replaced by repeat 4 "

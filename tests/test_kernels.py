@@ -3,6 +3,7 @@ gate's flips (report.kernels_line), so a regression only a GPU kernel shows is a
 vLLM 0.26.0's own format strings (platforms/cuda.py, flash_attn.py, compressed_tensors_wNa16.py, config/cache.py)
 as its logger prints them. No engine."""
 import report
+from records.ladder import LadderRecord
 from serving import vllm_compat
 
 P = "(EngineCore_DP0 pid=4242) INFO 11-30 09:00:02 "
@@ -46,8 +47,17 @@ def test_a_log_without_these_lines_names_none(tmp_path):
 
 
 def rung(index, name, exp, base, facts, knee_facts=None):
-    return {"index": index, "name": name, "exp": exp, "base": base, "status": "ok", "eval": {"engine": facts},
-            "bench": {"engine": facts}, "knee": {"applied": knee_facts or facts}}
+    return {"index": index, "name": name, "exp": exp, "base": base, "role": "rung", "status": "ok",
+            "eval": {"status": "ok", "n": 0, "engine": facts}, "bench": {"status": "ok", "engine": facts},
+            "knee": knee(knee_facts or facts)}
+
+
+def knee(facts):
+    return {"status": "inside", "mode": "search", "applied": facts}
+
+
+def ladder(*rungs) -> LadderRecord:
+    return LadderRecord.model_validate({"profile": "test", "rungs": list(rungs)})
 
 
 def test_the_report_prints_each_rungs_kernels_beside_its_flips_and_its_base_where_they_differ():
@@ -55,14 +65,16 @@ def test_the_report_prints_each_rungs_kernels_beside_its_flips_and_its_base_wher
                   "kv_cache_dtype": "auto"}
     w4 = {**base_facts, "kernels": ["MarlinLinearKernel"], "quantization": "compressed-tensors"}
     fp8_knee = {**w4, "attention_backend": "FLASHINFER", "flash_attn_version": None, "kv_cache_dtype": "fp8"}
-    lad = {"rungs": [
+    lad = ladder(
         rung(0, "baseline", "g-0", None, base_facts),
-        {**rung(1, "w4a16", "g-1", "g-0", w4), "gate": {"flipped": {"right_to_wrong": ["m3"], "wrong_to_right": []}},
-         "decision": "kept"},
+        {**rung(1, "w4a16", "g-1", "g-0", w4), "decision": "kept",
+         "gate": {"keep": True, "gated": True, "verdict": "pass", "reasons": [],
+                  "flipped": {"right_to_wrong": ["m3"], "wrong_to_right": []}}},
         {**rung(2, "seed", "g-2", "g-1", w4), "decision": "reverted"},
         {**rung(3, "fp8-kv", "g-3", "g-1", {**w4, "kv_cache_dtype": "fp8"}, fp8_knee), "decision": "reverted"},
-        {"index": 4, "name": "broken", "exp": "g-4", "base": "g-1", "status": "failed", "decision": "failed"},
-    ]}
+        {"index": 4, "name": "broken", "exp": "g-4", "base": "g-1", "role": "rung", "status": "failed",
+         "decision": "failed"},
+    )
     lines = report.kept_why(lad)
     i = next(i for i, ln in enumerate(lines) if ln.startswith("- **w4a16**"))
     assert lines[i + 1] == ("  - kernels: attention FLASH_ATTN (FA3), weights MarlinLinearKernel, KV auto "
@@ -80,8 +92,9 @@ def test_the_report_prints_each_rungs_kernels_beside_its_flips_and_its_base_wher
 
 def test_a_base_that_ran_the_same_kernels_in_fewer_stages_is_the_same():
     facts = {"attention_backend": "FLASH_ATTN", "kernels": [], "quantization": None, "kv_cache_dtype": "auto"}
-    base = {"index": 0, "name": "baseline", "exp": "g-0", "knee": {"applied": facts}}  # eval and bench n/a there
-    r = rung(1, "dp2", "g-1", "g-0", facts)
-    assert report.kernels_line(r, {"rungs": [base, r]}) == [
+    base = {"index": 0, "name": "baseline", "exp": "g-0", "role": "baseline", "status": "ok",
+            "knee": knee(facts)}  # eval and bench n/a there
+    lad = ladder(base, rung(1, "dp2", "g-1", "g-0", facts))
+    assert report.kernels_line(lad.rungs[1], lad) == [
         "  - kernels: attention FLASH_ATTN, weights unquantized, KV auto (eval, bench, knee); same as its base "
         "(0 baseline)"]

@@ -9,7 +9,8 @@ import report
 from conftest import FIXTURES
 from judgement import decide, stats
 from records.eval import EvalResult
-from records.ladder import RungRecord
+from records.gate import GateResult
+from records.ladder import LadderRecord, RungRecord
 
 
 def render(name, tmp_path):
@@ -55,6 +56,10 @@ def rung(**kw) -> RungRecord:
     return RungRecord.model_validate({"index": 1, "name": "r", "role": "rung", "status": "ok", **kw})
 
 
+def ladder(*rungs: RungRecord) -> LadderRecord:
+    return LadderRecord(profile="test", rungs=list(rungs))
+
+
 def test_restored_rows_say_so_and_where_they_were_measured():
     fresh = {"status": "ok", "reused": ["download"], "measured": {"host_id": "abc123", "at": "2026-11-30T12:00:00Z"}}
     restored = {**fresh, "reused": ["download", "eval", "bench", "knee"]}
@@ -74,21 +79,23 @@ def test_the_report_says_what_drop_each_category_can_detect_and_lists_flips_per_
                                                        "by_category": {"math": 0, "zh": 3}, "method": "twice",
                                                        "recheck_s": 1.0})
     result = gate.evaluate(ev, ev, lambda: base, lambda: cur, g)
-    lad = {"rungs": [{"name": "baseline", "gate": gate.evaluate(ev, ev, lambda: base, lambda: base, g)},
-                     {"name": "r1", "gate": result}]}
+    lad = ladder(rung(name="baseline", gate=gate.evaluate(ev, ev, lambda: base, lambda: base, g)),
+                 rung(name="r1", gate=result))
     lines = report.gate_power_lines(lad)
     assert "3 item(s) flipped by themselves" in lines[2]
     assert ("- math: this set can detect a drop of ≥ 0.21 (6 of 28 items, floor 0 included); rung 0 20/28 right"
             in lines)
     assert any(x.startswith("- zh: this set can detect a drop of ≥ 0.32 (9 of 28 items, floor 3 included)")
                and x.endswith("**cannot judge** a drop of 0.25") for x in lines)
-    assert report.flip_lines(result) == ["  - math: flipped right→wrong: math-0; wrong→right: none",
-                                         "  - zh: flipped right→wrong: none; wrong→right: zh-25"]
+    assert report.flip_lines(GateResult.model_validate(result)) == [
+        "  - math: flipped right→wrong: math-0; wrong→right: none",
+        "  - zh: flipped right→wrong: none; wrong→right: zh-25"]
     few = {f"f-{i}": {"id": f"f-{i}", "category": "format", "correct": i < 4} for i in range(28)}
-    lad = {"rungs": [{"gate": gate.evaluate(ev, ev, lambda: few, lambda: few, g)}]}
+    lad = ladder(rung(gate=gate.evaluate(ev, ev, lambda: few, lambda: few, g)))
     assert report.gate_power_lines(lad)[4].endswith("rung 0 4/28 right (fewer right than the 6 flips a regression "
                                                     "needs)")
-    assert report.gate_power_lines({"rungs": [{"gate": {"gated": False}}]}) == []  # dummy weights: nothing to say
+    dummy = {"keep": True, "gated": False, "verdict": "not gated", "reasons": []}
+    assert report.gate_power_lines(ladder(rung(gate=dummy))) == []  # dummy weights: nothing to say
 
 
 def test_the_headline_comes_from_the_confirm_step_when_there_is_one(tmp_path):

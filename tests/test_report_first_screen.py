@@ -11,6 +11,7 @@ import report
 from conftest import FIXTURES, ROOT
 from judgement import decide, stats
 from measure import disturbed
+from records.ladder import LadderRecord
 
 LADDERS = ["ladder_cpu.json", "ladder_cpu_7ce1c08.json", "ladder_gpu_shape.json", "ladder_h200x2_c536b45.json"]
 SEED_HEADER = ["stage", "eval acc", "per-category regressions", "output tok/s", "speedup", "knee req/s @ SLO",
@@ -46,7 +47,7 @@ def test_the_first_screen_is_the_headline_the_seed_table_and_one_short_line_a_ru
     md = report.render(lad, tmp_path)
     screen = first_screen(md)
     assert len(screen) <= 40
-    assert screen[2] == report.headline(lad)
+    assert screen[2] == report.headline(LadderRecord.model_validate(lad))
     table = seed_table(screen)
     assert table[0] == SEED_HEADER and all(len(row) == 7 for row in table)
     assert [row[0] for row in table[1:]] == [f"#{r['index']} {r['name']}" for r in lad["rungs"]]
@@ -116,7 +117,7 @@ def test_a_bench_engine_that_held_fewer_kv_tokens_than_its_server_is_marked_with
     # one config, one card: a bench engine's KV cache smaller than its server's came from a cold compile (vLLM issue
     # 54122), and where KV binds its tok/s reads low; equal counts (every committed fixture) are not marked
     lad = load("ladder_cpu.json")
-    assert not any(report.short_kv(r) for r in lad["rungs"])
+    assert not any(report.short_kv(r) for r in LadderRecord.model_validate(lad).rungs)
     cold, warm = lad["rungs"][2], lad["rungs"][3]
     cold["bench"]["kv_cache_tokens"], cold["knee"]["kv_cache_tokens"] = 104064, 118160
     warm["bench"]["kv_cache_tokens"], warm["knee"]["kv_cache_tokens"] = 117500, 118160  # within KV_SHORT
@@ -141,12 +142,12 @@ def kept_on_knee(lad: dict, pairs_held: bool) -> dict:
 
 
 def test_a_rung_kept_on_its_knee_names_the_knee_first_and_the_servers_it_held_on(tmp_path):
-    lad = kept_on_knee(load("ladder_cpu.json"), pairs_held=True)
-    line = report.why_line(lad["rungs"][3], lad)
+    lad = LadderRecord.model_validate(kept_on_knee(load("ladder_cpu.json"), pairs_held=True))
+    line = report.why_line(lad.rungs[3], lad)
     assert line.startswith("Rung 3 spend-memory: kept — knee 6 → 7 req/s on 3 servers a side, tok/s +25 % [+17, +33] "
                            "(better)")
-    lad = kept_on_knee(load("ladder_cpu.json"), pairs_held=False)
-    line = report.why_line(lad["rungs"][3], lad)
+    lad = LadderRecord.model_validate(kept_on_knee(load("ladder_cpu.json"), pairs_held=False))
+    line = report.why_line(lad.rungs[3], lad)
     assert "knee 6 → 7 req/s (read better on one server a side, not on fresh ones) (within noise)" in line
 
 
@@ -164,7 +165,7 @@ def test_a_failed_rung_s_line_is_cut_to_the_width_and_its_words_stay_in_the_evid
 
 def test_the_pareto_plot_places_each_rung_at_its_knee_and_marks_the_front(tmp_path):
     lad = load("ladder_cpu.json")
-    pts = {p["r"]["name"]: p for p in report.pareto_points(lad)}
+    pts = {p["r"].name: p for p in report.pareto_points(LadderRecord.model_validate(lad))}
     assert set(pts) == {r["name"] for r in lad["rungs"]}  # every rung of this ladder met the SLO somewhere
     base = lad["rungs"][0]
     at = [x for x in base["knee"]["rows"] if x["offered_rps"] == base["knee"]["knee_rps"]][-1]
@@ -175,13 +176,13 @@ def test_the_pareto_plot_places_each_rung_at_its_knee_and_marks_the_front(tmp_pa
         dominated = any(q["user"] > p["user"] and q["gpu"] > p["gpu"] for q in pts.values())
         assert p["front"] != dominated, n
     # per GPU on a GPU ladder; a rung with no pass has no point; candidates sharing a number are told apart
-    gpu = load("ladder_h200x2_c536b45.json")
-    tp = next(p for p in report.pareto_points(gpu) if p["r"]["gpus"] == 2)
-    row = [x for x in tp["r"]["knee"]["rows"] if x["offered_rps"] == tp["r"]["knee"]["knee_rps"]][-1]
-    assert tp["gpu"] == pytest.approx(row["output_tps"] / 2)
+    gpu = LadderRecord.model_validate(load("ladder_h200x2_c536b45.json"))
+    tp = next(p for p in report.pareto_points(gpu) if p["r"].gpus == 2)
+    row = [x for x in tp["r"].knee.rows if x.offered_rps == tp["r"].knee.knee_rps][-1]
+    assert tp["gpu"] == pytest.approx(row.output_tps / 2)
     assert sorted(report.rung_ids(gpu).values()) == ["#0", "#1a", "#1b"]
-    old = load("ladder_cpu_7ce1c08.json")
-    assert {p["r"]["name"] for p in report.pareto_points(old)} == {"baseline", "spend-memory", "batched-tokens"}
+    old = LadderRecord.model_validate(load("ladder_cpu_7ce1c08.json"))
+    assert {p["r"].name for p in report.pareto_points(old)} == {"baseline", "spend-memory", "batched-tokens"}
     for name in ("ladder_cpu.json", "ladder_gpu_shape.json"):
         report.plots(load(name), tmp_path)
         assert (tmp_path / "pareto.png").read_bytes()[:4] == b"\x89PNG"

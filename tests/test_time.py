@@ -11,6 +11,7 @@ import download
 import report
 from conftest import FIXTURES
 from judgement import record
+from records.ladder import LadderRecord
 from serving import vllm_compat
 
 
@@ -19,13 +20,18 @@ def stage(wall, start, measure):
 
 
 def rung(index, name, seconds, gpus=None, status="ok", reused=(), **stage_time):
-    return {"index": index, "name": name, "status": status, "seconds": seconds, "gpus": gpus, "reused": list(reused),
+    return {"index": index, "name": name, "role": "rung", "status": status, "seconds": seconds, "gpus": gpus,
+            "reused": list(reused),
             "stage_seconds": {s: t["wall_s"] for s, t in stage_time.items()}, "stage_time": stage_time}
 
 
 def ladder(*rungs, device="gpu", price=4.0):
     return {"profile": "gpu-shape", "environment": {"device": device}, "wall_seconds": 700.0,
             "settings": {"cost": {"gpu_price_per_hour": price}, "bench": {"num_prompts": 32}}, "rungs": list(rungs)}
+
+
+def time_lines(lad: dict) -> list[str]:
+    return report.time_lines(LadderRecord.model_validate(lad))
 
 
 def test_stage_time_puts_what_is_not_start_or_measure_in_other():
@@ -93,16 +99,16 @@ def test_totals_weigh_each_rung_by_its_gpus_and_price_them():
 
 def test_a_bench_that_warmed_the_machine_counts_two_engine_starts():
     r = rung(0, "baseline", 400.0, bench=stage(200, 120, 60), knee=stage(150, 50, 90))
-    r["bench"] = {"warm_up_engine": {"output_tps": 6790.0, "wall_s": 60.0}}
+    r["bench"] = {"status": "ok", "warm_up_engine": {"output_tps": 6790.0, "wall_s": 60.0}}
     assert record.time_split(r)["starts"] == 3
-    assert "3 starts × " in "\n".join(report.time_lines(record.annotate_time(ladder(r))))
+    assert "3 starts × " in "\n".join(time_lines(record.annotate_time(ladder(r))))
 
 
 def test_time_section_shows_each_rung_its_split_and_the_totals():
     lad = record.annotate_time(ladder(rung(0, "baseline", 600.0, gpus=1, knee=stage(540, 300, 200)),
                                       rung(1, "tp2", 300.0, gpus=2, knee=stage(240, 60, 150)),
                                       rung(2, "awq", 90.0, gpus=1, status="failed")))
-    md = "\n".join(report.time_lines(lad))
+    md = "\n".join(time_lines(lad))
     assert md.startswith("**21.5 GPU-minutes** ≈ **$1.43** at $4.00 per GPU-hour; **33%** of them spent starting")
     row = {m.group(1): m.group(0) for m in re.finditer(r"^\| (\d \w+)\s*\|.*$", md, re.M)}
     assert set(row) == {"0 baseline", "1 tp2", "2 awq"}
@@ -113,7 +119,7 @@ def test_time_section_shows_each_rung_its_split_and_the_totals():
 
 def test_time_section_on_a_cpu_box_counts_cpu_minutes_and_says_there_is_no_price():
     lad = record.annotate_time(ladder(rung(0, "baseline", 120.0, knee=stage(100, 20, 70)), device="cpu", price=0))
-    md = "\n".join(report.time_lines(lad))
+    md = "\n".join(time_lines(lad))
     assert md.startswith("**2.0 CPU-minutes** (no price: cost.gpu_price_per_hour is 0); **17%**")
     assert "CPU-minutes: wall × CPUs held" in md
 
@@ -163,7 +169,7 @@ def test_the_confirm_step_s_minutes_count_in_the_totals_and_per_stack():
     tot = record.annotate_time(lad)["time"]
     assert tot["minutes"] == (600 + 2 * 300 + 2 * 240) / 60 and tot["engine_starts"] == 5
     assert tot["confirm"] == {"runs": 4, "minutes": 18.0, "per_stack": {"stock": 10.0, "final": 8.0}}
-    md = "\n".join(report.time_lines(lad))
+    md = "\n".join(time_lines(lad))
     assert ("The confirm step: 4 runs (2 pair(s)), **18.0 GPU-minutes**: 10.0 re-measuring stock (rung 0), 8.0 the "
             "final stack.") in md
     assert re.search(r"^\| 3 confirm-2-final\s*\| 240 s", md, re.M)

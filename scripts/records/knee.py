@@ -49,6 +49,7 @@ class Look(BaseModel):
     sent: int | None = None
     achieved_rps: float | None = None
     output_tps: float | None = None
+    p50_tpot_ms: float | None = None   # vLLM's median TPOT over the look: what one user gets (the Pareto plot)
     goodput_rps: float | None = None
     completed: int | None = None
     failed: int | None = None
@@ -76,7 +77,7 @@ class Look(BaseModel):
     other_work_share: float | None = None
     busy_again: bool | None = None
     relooked: bool | None = None
-    disturbed_look: dict | None = None
+    disturbed_look: DisturbedLook | None = None
     evidence: str | None = None
     pooled_counted: int | None = None
     pooled_over: int | None = None
@@ -85,6 +86,12 @@ class Look(BaseModel):
     repeats: int | None = None
     visit_verdict: str | None = None
     frontend: FrontEndLook | None = None  # None: a look from before schema 3, or not watched
+
+
+class DisturbedLook(Look):
+    """A look that ran while other work kept the machine busy (knee.probe): kept beside the look that replaced
+    it, in its own file."""
+    file: str | None = None
 
 
 class Recheck(Closed):

