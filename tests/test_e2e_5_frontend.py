@@ -51,13 +51,13 @@ def drive(out: str) -> None:
     import knee
     from measure import frontend, probing, workload
     from serving import engine, vllm_compat
-    params = common.stage_start()
-    cfg, slo = common.engine_config(params), params["slo"]
+    params = common.stage_start()  # the typed Params; the probe path reads the knee's settings and SLO as mappings,
+    cfg, slo = common.engine_config(params), params.slo.model_dump()  # as knee.main hands them over
     entry = common.model_entry(cfg["model"]["name"])
     logs = common.ROOT / "results" / "logs" / "frontend"
-    sent, _ = workload.prepare(params["workload"], entry["path"], logs)
-    k = {**params["knee"], "workload": sent, "start_rate": RATE, "anchor": None, "mode": "sweep", "rates": [RATE],
-         "min_prompts": PROMPTS, "max_prompts": PROMPTS}
+    sent, _ = workload.prepare(params.workload.model_dump(), entry["path"], logs)
+    k = {**params.knee.model_dump(), "workload": sent, "start_rate": RATE, "anchor": None, "mode": "sweep",
+         "rates": [RATE], "min_prompts": PROMPTS, "max_prompts": PROMPTS}
     phi = probing.Dispersion.of(k["dispersion"]).phi
     with engine.Server(entry["path"], cfg["engine"], cfg["env"], logs / "server.log",
                        start_timeout=k["start_timeout_s"]) as srv:
