@@ -590,7 +590,8 @@ class Driver:
         d = rec["delta"]["knee_rps"] = {**rec["delta"]["knee_rps"], "pairs": self.better_pairs}
         side = d["verdict"]
         gb, g = (capacity.gpus_per_instance(r.get("knobs") or {}) for r in (base, rec))
-        rate = stats.verdict_rate(self.searched(base)["knee"], rec["knee"], side, g / gb)
+        searched = self.searched(base)
+        rate = stats.verdict_rate(searched["knee"], rec["knee"], side, g / gb)
         rate = rate and float(f"{rate:.4g}")
         key = remeasure_key([rec])
 
@@ -608,19 +609,21 @@ class Driver:
                                  if again["status"] == "ok" else
                                  f"could not be measured: {again.get('error', 'no reason recorded')}")
             return self.finish(again)
+        # what the base's search and the rung's measured sizes each fresh server's look, in that server's units
+        sized = {who: {"latency": seen} if (seen := latencies(*pair)) else {}
+                 for who, pair in (("base", ((searched, 1.0), (rec, gb / g))),
+                                   ("rung", ((rec, 1.0), (searched, g / gb))))}
         rounds: list[tuple] = []
         for n in range(1, stats.recheck_rounds(d) + 1):
             if not rate:
                 break
-            seen = latencies((self.searched(base), 1.0), (rec, gb / g))  # what either measured sizes the look
-            fresh_base = look("base", base, {"look": rate, "side": side, **({"latency": seen} if seen else {})}, n)
+            fresh_base = look("base", base, {"look": rate, "side": side, **sized["base"]}, n)
             if fresh_base["status"] != "ok":
                 break
             base_rows = fresh_base["knee"]["rows"]
             # the rung is looked at where the fresh base was judged, in its own units
-            seen = latencies((rec, 1.0), (self.searched(base), g / gb))
             fresh_rung = look("rung", rec, {"look": float(f"{stats.recheck_rate(base_rows) * g / gb:.4g}"),
-                                            **({"latency": seen} if seen else {})}, n)
+                                            **sized["rung"]}, n)
             rounds.append((base_rows, fresh_rung["knee"]["rows"] if fresh_rung["status"] == "ok" else None))
             if not stats.pair_holds(side, *rounds[-1]):  # this pair did not hold: no pair after it
                 break
