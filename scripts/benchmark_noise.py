@@ -44,11 +44,10 @@ import bench
 import common
 import config
 import download
-import fingerprint
 import knee
 import plan as planning
 from judgement import stats
-from measure import evidence, frontend, probing, summary, workload
+from measure import evidence, frontend, host, probing, summary, workload
 from measure import spread as server_spread_fit
 from serving import engine, vllm_compat
 
@@ -560,7 +559,7 @@ def probe_repeats(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: l
 def this_machine() -> dict:
     """The fingerprint of the machine this benchmark runs on, taken once: a block it prints names the machine that
     measured it, never a results/fingerprint.json another machine or an older checkout left in the workspace."""
-    return fingerprint.fingerprint()
+    return host.fingerprint()
 
 
 def machine(fp: dict) -> str:

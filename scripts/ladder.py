@@ -32,10 +32,9 @@ from dvc.exceptions import DvcException
 
 import bench
 import common
-import fingerprint
 import plan as planning
 from judgement import capacity, decide, record, stats
-from measure import score
+from measure import host, score
 from records.ladder import LadderRecord
 from serving import engine
 
@@ -204,7 +203,7 @@ class Driver:
     def environment(self) -> dict:
         """The machine and software this run measures on (the fingerprint stage writes the same into results/,
         where a replayed experiment's results bring the other machine's)."""
-        return fingerprint.fingerprint()
+        return host.fingerprint()
 
     @property
     def machine(self) -> dict:
@@ -714,7 +713,7 @@ def main() -> int:
                          "ends): what finished is kept, `make ladder` resumes")
     args = ap.parse_args()
     os.chdir(common.ROOT)
-    gpu_list = fingerprint.gpus()
+    gpu_list = host.gpus()
     gpus = len(gpu_list)
     profile = args.profile or ("gpu" if gpus else "cpu")
     try:  # every bad input is reported here, before any engine starts

@@ -13,11 +13,11 @@ import pytest
 import bench
 import common
 import config
-import fingerprint
 import plan as planning
 import report
 from conftest import FIXTURES, ROOT
 from judgement import decide, record
+from measure import host
 from records.bench import BenchResult
 from records.knee import KneeResult
 from serving import engine, vllm_compat
@@ -122,7 +122,7 @@ def test_the_plan_checks_every_rung_budget_against_this_machine():
         planning.resolve(copy.deepcopy(RAW), lad, "gpu-shape-4090", RAW, gpus=1)
 
 
-@pytest.mark.skipif(bool(fingerprint.gpus()), reason="the refusal is for a machine without a GPU")
+@pytest.mark.skipif(bool(host.gpus()), reason="the refusal is for a machine without a GPU")
 def test_ladder_check_on_this_cpu_box_refuses_the_4090_profile_before_any_engine_starts():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "ladder.py"), "--check", "--profile",
                           "gpu-shape-4090"], cwd=ROOT, capture_output=True, text=True, timeout=300)
