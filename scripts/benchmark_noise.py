@@ -43,13 +43,12 @@ import yaml
 import bench
 import common
 import config
-import download
 import knee
 import plan as planning
 from judgement import stats
 from measure import evidence, frontend, host, probing, summary, workload
 from measure import spread as server_spread_fit
-from serving import engine, vllm_compat
+from serving import engine, model_store, vllm_compat
 
 BENCHMARK_LOGS = common.RESULTS / "logs" / "benchmark"   # git-ignored: everything this benchmark writes
 
@@ -589,9 +588,9 @@ def profile_params(params: dict, profile: str) -> dict:
     eff = planning.effective_params(params, planning.load_ladder(planning.LADDER_YAML), profile,
                                     planning.committed_params())
     dl = config.section(eff, "download")
-    store, done = download.store_path(dl), {}
+    store, done = model_store.store_path(dl), {}
     for name in dl["fetch"]:
-        download.provide(name, dl["catalog"], store, done)
+        model_store.provide(name, dl["catalog"], store, done)
     common.side_results(BENCHMARK_LOGS)
     common.write_json(common.models_json(), {"store": str(store), "models": done})
     common.write_json(common.fingerprint_json(), this_machine())
