@@ -40,7 +40,6 @@ import time
 
 import yaml
 
-import bench
 import common
 import config
 import knee
@@ -48,6 +47,7 @@ import plan as planning
 from judgement import stats
 from measure import evidence, frontend, host, probing, summary, workload
 from measure import spread as server_spread_fit
+from runner import throughput
 from serving import engine, model_store, vllm_compat
 
 BENCHMARK_LOGS = common.RESULTS / "logs" / "benchmark"   # git-ignored: everything this benchmark writes
@@ -110,14 +110,15 @@ def main():
     logs = BENCHMARK_LOGS
     sent, _ = workload.prepare(params["workload"], entry["path"], logs)
     k = {**k, "workload": sent}
-    argv = bench.throughput_argv(entry["path"], b, sent, cfg["engine"])
+    argv = throughput.throughput_argv(entry["path"], b, sent, cfg["engine"])
     print(f"rung: {cfg['model']['name']}, {b['num_prompts']} prompts, {workload.describe(sent)['text']}")
 
     if 1 in parts:
         t0 = time.monotonic()
         for e in range(args.engines):
-            runs, facts = bench.run_in_engine(argv, args.repeats, logs / "in-engine" / f"engine{e}", cfg["env"], 1800,
-                                              b["warmup_repeats"], bench.job_of(sent), b["warmup_prompts"])
+            runs, facts = throughput.run_in_engine(argv, args.repeats, logs / "in-engine" / f"engine{e}", cfg["env"],
+                                                   1800, b["warmup_repeats"], throughput.job_of(sent),
+                                                   b["warmup_prompts"])
             print(f"1. engine {e}: untimed pass(es) {facts['warmup_output_tps']} ({b['warmup_prompts'] or 'all'} "
                   f"prompts), then timed {[round(r['output_tps'], 1) for r in runs]} tok/s; start "
                   f"{facts['timing']['start_s']:.0f} s, engine init {facts.get('engine_init_s')} s", flush=True)
@@ -599,8 +600,8 @@ def profile_params(params: dict, profile: str) -> dict:
 
 def engine_means(argv: list[str], b: dict, logs, env: dict, sent: dict) -> tuple[float, dict]:
     """One fresh engine (its own process) of `b["repeats"]` timed repeats: their mean and its timing."""
-    runs, facts = bench.run_in_engine(argv, b["repeats"], logs, env, b["timeout_s"], b["warmup_repeats"],
-                                      bench.job_of(sent), b["warmup_prompts"])
+    runs, facts = throughput.run_in_engine(argv, b["repeats"], logs, env, b["timeout_s"], b["warmup_repeats"],
+                                           throughput.job_of(sent), b["warmup_prompts"])
     return statistics.fmean(r["output_tps"] for r in runs), {**facts["timing"], "runs": [r["output_tps"] for r in runs]}
 
 
@@ -615,7 +616,7 @@ def compare_rule(params: dict, b: dict, logs, cands: list[dict]) -> None:
         cfg = common.engine_config(common.parse(p))  # the change laid over validated params, checked as a rung
         entry = common.model_entry(cfg["model"]["name"])
         sent, _ = workload.prepare(p["workload"], entry["path"], folder)
-        argv = bench.throughput_argv(entry["path"], b, sent, cfg["engine"])
+        argv = throughput.throughput_argv(entry["path"], b, sent, cfg["engine"])
         mean, timing = engine_means(argv, b, folder, cfg["env"], sent)
         print(f"5. {name}: {mean:.1f} output tok/s (repeats {', '.join(f'{x:.0f}' for x in timing['runs'])}; "
               f"start {timing['start_s']:.0f} s, measure {timing['measure_s']:.0f} s)", flush=True)

@@ -30,12 +30,12 @@ import dvc.api
 import yaml
 from dvc.exceptions import DvcException
 
-import bench
 import common
 import plan as planning
 from judgement import capacity, decide, record, stats
 from measure import host, score
 from records.ladder import LadderRecord
+from runner import throughput
 from serving import engine
 
 LADDER_JSON = common.ROOT / "report" / "ladder.json"
@@ -196,8 +196,8 @@ class Driver:
         self.final_exp = None
         self.confirm: dict | None = None
         self.dvc: subprocess.Popen | None = None
-        # the first bench of this run that starts an engine warms the machine first (bench.warm_up)
-        os.environ[bench.WARM_MARK] = str(LOGS / f"warm-up-{time.time():.0f}.done")
+        # the first bench of this run that starts an engine warms the machine first (runner.throughput.warm_up)
+        os.environ[throughput.WARM_MARK] = str(LOGS / f"warm-up-{time.time():.0f}.done")
 
     @functools.cached_property
     def environment(self) -> dict:
@@ -317,7 +317,7 @@ class Driver:
         costs = self.unit_costs[kind] or (self.unit_costs["rung"] if kind == "pair" else []) \
             or self.unit_costs["rung 0"]
         est = max(costs) if costs and max(costs) > 0 else None
-        mark = os.environ.get(bench.WARM_MARK)
+        mark = os.environ.get(throughput.WARM_MARK)
         if est is not None and mark and not Path(mark).exists() and self.records:
             est += ((self.records[0].get("bench") or {}).get("warm_up_engine") or {}).get("wall_s") or 0
         if why := budget_stop(self.budget_s, time.monotonic() - _STARTED, est, what):

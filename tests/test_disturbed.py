@@ -134,7 +134,7 @@ def test_the_in_engine_loop_times_one_more_pass_for_a_far_one_and_prints_each_pa
     monkeypatch.setattr(throughput, "_run_vllm_requests", passes)
     monkeypatch.setattr(throughput, "main", lambda args: throughput.run_vllm(
         list(range(10)), 1, type("EngineArgs", (), {"enable_lora": False})(), False))
-    more = lambda done: disturbed.screen(done, 3, 0.2, 2)["more"]  # noqa: E731 -- as bench.worker builds it
+    more = lambda done: disturbed.screen(done, 3, 0.2, 2)["more"]  # noqa: E731 -- as throughput.worker builds it
     vllm_compat.run_throughput(["--model", "m", "--num-prompts", "10"], 3, 0, more=more, watch=Watch)
     text = capsys.readouterr().out
     assert vllm_compat.timed_passes(text) == 4  # 3, and one for the far one; never the fifth

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-import bench
 import common
 import config
 import plan as planning
@@ -20,6 +19,7 @@ from judgement import decide, record
 from measure import host
 from records.bench import BenchResult
 from records.knee import KneeResult
+from runner import throughput
 from serving import engine, vllm_compat
 
 RAW = config.read_params(ROOT / "params.yaml")
@@ -77,7 +77,7 @@ def test_eval_bench_and_knee_all_build_their_engine_from_the_converted_knobs():
             {k: v for k, v in p.engine.items() if k != "gpu_memory_utilization"}
     cfg = common.engine_config(p, "rung", H200)
     flag = ["--gpu-memory-utilization", str(FRACTION)]
-    argv = bench.throughput_argv("models/m", p.bench, p.workload.model_dump(), cfg["engine"])   # bench
+    argv = throughput.throughput_argv("models/m", p.bench, p.workload.model_dump(), cfg["engine"])   # bench
     assert any(argv[i:i + 2] == flag for i in range(len(argv)))
     assert engine.llm_kwargs(cfg["engine"])["gpu_memory_utilization"] == FRACTION        # eval: LLM(**kwargs)
     serve = engine.cli_flags(cfg["engine"])                                               # knee: vllm serve flags
