@@ -42,12 +42,11 @@ import yaml
 
 import common
 import config
-import knee
 import plan as planning
 from judgement import stats
 from measure import evidence, frontend, host, probing, summary, workload
 from measure import spread as server_spread_fit
-from runner import throughput
+from runner import knee_looks, throughput
 from serving import engine, model_store, vllm_compat
 
 BENCHMARK_LOGS = common.RESULTS / "logs" / "benchmark"   # git-ignored: everything this benchmark writes
@@ -172,13 +171,13 @@ def main():
     for label, over in searches:
         kk = {**k, **over}
         out = logs / (over["mode"] + (f"-server-{over['server']}" if "server" in over else ""))
-        prober = knee.Prober(out / "probes.log")
+        prober = knee_looks.Prober(out / "probes.log")
         began = time.monotonic()
         with engine.Server(entry["path"], cfg["engine"], cfg["env"], out / "server.log", serve=cfg["serve"]) as srv:
             warming = time.monotonic()
-            knee.warm_up(prober, srv, entry["path"], kk, slo, out)
+            knee_looks.warm_up(prober, srv, entry["path"], kk, slo, out)
             t0 = time.monotonic()
-            rows, probes = knee.sweep(prober, srv, entry["path"], kk, slo, out)
+            rows, probes = knee_looks.sweep(prober, srv, entry["path"], kk, slo, out)
             probed = time.monotonic()
         res = probing.knee_result(probes, rates if over["mode"] == "sweep" else None)
         print(f"{label}: knee {res['knee_rps']} req/s (first break {res['first_fail_rps']}), {res['probes']} probes, "
@@ -217,13 +216,13 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
         nonlocal seq
         seq += 1
         kk = {**k, "e2e_warm_s": srv_e2e[0]}
-        n = knee.prompts_for(rate, kk, slo, knee.e2e_estimate(rows, kk["e2e_warm_s"], rate))
+        n = knee_looks.prompts_for(rate, kk, slo, knee_looks.e2e_estimate(rows, kk["e2e_warm_s"], rate))
         name = f"probe-{seq:02d}-{rate:g}rps.json"
         t0 = time.monotonic()
-        prober(knee.probe_args(srv.url, model_path, kk, slo, rate, n, folder, name, seed), k["probe_timeout_s"],
-               f"study probe at {rate:g} req/s")
-        result, reqs = knee.slim(folder / name)
-        row = knee.row_from(result, reqs, rate, n, kk, slo)
+        prober(knee_looks.probe_args(srv.url, model_path, kk, slo, rate, n, folder, name, seed),
+               k["probe_timeout_s"], f"study probe at {rate:g} req/s")
+        result, reqs = knee_looks.slim(folder / name)
+        row = knee_looks.row_from(result, reqs, rate, n, kk, slo)
         ev = probing.slo_evidence(row["counted"], row["over_slo"], slo["percentile"])
         row.update(seed=seed, label=label, evidence=ev["verdict"], wall_s=round(time.monotonic() - t0, 1),
                    requests=reqs, server_seq=len(out["servers"]))
@@ -245,8 +244,8 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
         with engine.Server(model_path, cfg["engine"], cfg["env"], folder / "server.log", serve=cfg["serve"]) as srv:
             out["servers"].append({"ready_s": round(srv.ready_s, 1), "rows": rows})
             print(f"6. server {s_i + 1} ready in {srv.ready_s:.0f} s", flush=True)
-            prober = knee.Prober(folder / "probes.log")
-            srv_e2e[0] = knee.warm_up(prober, srv, model_path, {**k, "start_rate": coarse[0]}, slo, folder)
+            prober = knee_looks.Prober(folder / "probes.log")
+            srv_e2e[0] = knee_looks.warm_up(prober, srv, model_path, {**k, "start_rate": coarse[0]}, slo, folder)
             if s_i == 0:
                 passed = None
                 for r in coarse:
@@ -365,9 +364,9 @@ def server_spread(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: l
             out["servers"].append(entry)
             print(f"4. server {s_i}{'' if timed else ' (untimed)'} ready in {srv.ready_s:.0f} s: "
                   + ", ".join(f"{x} {facts.get(x)}" for x in SERVER_FACTS), flush=True)
-            prober = knee.Prober(folder / "probes.log")
-            kk = {**k, "e2e_warm_s": knee.warm_up(prober, srv, model_path, {**k, "start_rate": min(rates)}, slo,
-                                                  folder)}
+            prober = knee_looks.Prober(folder / "probes.log")
+            kk = {**k, "e2e_warm_s": knee_looks.warm_up(prober, srv, model_path, {**k, "start_rate": min(rates)},
+                                                        slo, folder)}
             entry["api_servers"] = srv.api_servers()  # did serve.api_server_count take effect (after the warm-up)
             print(f"4. server {s_i}: API server processes {entry['api_servers']['found']} (asked "
                   f"{entry['api_servers']['asked']})", flush=True)
@@ -377,8 +376,8 @@ def server_spread(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: l
                 for j in range(looks if timed else 1):
                     t0 = time.monotonic()
                     seed = probing.probe_seed(rate, [(rate, False)] * j, steps)  # a visit's look j: one trace
-                    row = knee.probe(prober, srv, model_path, kk, slo, folder, rate, rows, seed=seed, visit=[],
-                                     curtail=False)
+                    row = knee_looks.probe(prober, srv, model_path, kk, slo, folder, rate, rows, seed=seed,
+                                           visit=[], curtail=False)
                     rows.append(row)
                     ev, bound, why = judge_look(row, k, slo)
                     entry["looks"].append(look_entry(row, rate, seed, ev, bound, why, time.monotonic() - t0))
@@ -507,32 +506,33 @@ SERVER_FACTS = ("kv_cache_tokens", "max_concurrency", "kv_cache_gib", "activatio
 
 def visit_again(prober, srv, model_path: str, k: dict, slo: dict, logs, rate: float, rows: list[dict],
                 visit: int) -> list[dict]:
-    """Part 7's visit of `rate` (its number `visit`): the stage's looks (knee.probe) and visit (probing.visit), on
+    """Part 7's visit of `rate` (its number `visit`): the stage's looks (knee_looks.probe) and visit (probing.visit), on
     the traces every visit of part 7 sends: seed 90,000 + look. Appends its looks to `rows` and returns them."""
     first = len(rows)
 
     def look(rate, rows):
         t0 = time.monotonic()
-        row = knee.probe(prober, srv, model_path, k, slo, logs, rate, rows, seed=90_000 + len(rows) - first,
-                         visit=rows[first:])
+        row = knee_looks.probe(prober, srv, model_path, k, slo, logs, rate, rows, seed=90_000 + len(rows) - first,
+                               visit=rows[first:])
         return {**row, "wall_s": round(time.monotonic() - t0, 1), "visit": visit}
 
     def report(rows, ev):
         row = rows[-1]
-        print(f"7. {rate:g} req/s visit {visit} look {len(rows) - first} x{knee.sent_words(row)}: {row['over_slo']} of "
-              f"{row['counted']} over the SLO (pooled {ev['over_slo']} of {ev['counted']}): {ev['verdict']}; "
-              f"p{slo['percentile']} TTFT {row['slo_ttft_ms'] or 0:.0f} ms; {row['wall_s']:.0f} s", flush=True)
+        print(f"7. {rate:g} req/s visit {visit} look {len(rows) - first} x{knee_looks.sent_words(row)}: "
+              f"{row['over_slo']} of {row['counted']} over the SLO (pooled {ev['over_slo']} of {ev['counted']}): "
+              f"{ev['verdict']}; p{slo['percentile']} TTFT {row['slo_ttft_ms'] or 0:.0f} ms; {row['wall_s']:.0f} s",
+              flush=True)
     return probing.visit(look, rate, rows, k, slo, report)
 
 
 def probe_repeats(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: list[float], repeats: int) -> None:
-    """Part 7 (see the module's docstring): each look sized as the stage sizes one (knee.prompts_for) and judged as
-    the stage judges a visit (probing.judge: the visit's looks pooled, each at the visit's look confidence)."""
+    """Part 7 (see the module's docstring): each look sized as the stage sizes one (knee_looks.prompts_for) and judged
+    as the stage judges a visit (probing.judge: the visit's looks pooled, each at the visit's look confidence)."""
     out: dict = {"slo": slo, "rates": {}}
     with engine.Server(model_path, cfg["engine"], cfg["env"], logs / "server.log", serve=cfg["serve"]) as srv:
         print(f"7. server ready in {srv.ready_s:.0f} s", flush=True)
-        prober = knee.Prober(logs / "probes.log")
-        warm = knee.warm_up(prober, srv, model_path, {**k, "start_rate": rates[0]}, slo, logs)
+        prober = knee_looks.Prober(logs / "probes.log")
+        warm = knee_looks.warm_up(prober, srv, model_path, {**k, "start_rate": rates[0]}, slo, logs)
         out["api_servers"] = srv.api_servers()  # did serve.api_server_count take effect (after the warm-up)
         print(f"7. API server processes: {out['api_servers']['found']} (asked {out['api_servers']['asked']})",
               flush=True)
