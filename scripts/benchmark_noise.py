@@ -69,7 +69,7 @@ def split(name: str, wall: float, timing: dict) -> None:
           f"{measure:.0f} s ({measure / wall:.0%}), other {other:.0f} s ({other / wall:.0%})")
 
 
-def main():
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--engines", type=int, default=1, help="part 1: fresh engines one after another")
@@ -95,7 +95,11 @@ def main():
                     "would end past this many seconds from the start (a lease that ends)")
     ap.add_argument("--study-rates", default="", help="part 6: the coarse rates (default: every 2nd grid rate "
                     "from the profile's knee.start_rate)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main():
+    args = parse_args()
     parts = {int(x) for x in args.parts.split(",")}
     params = common.stage_start().model_dump(by_alias=True)  # a dict: the profile and --set lay dotted keys over it
     if args.profile:
@@ -113,36 +117,10 @@ def main():
     print(f"rung: {cfg['model']['name']}, {b['num_prompts']} prompts, {workload.describe(sent)['text']}")
 
     if 1 in parts:
-        t0 = time.monotonic()
-        for e in range(args.engines):
-            runs, facts = throughput.run_in_engine(argv, args.repeats, logs / "in-engine" / f"engine{e}", cfg["env"],
-                                                   1800, b["warmup_repeats"], throughput.job_of(sent),
-                                                   b["warmup_prompts"])
-            print(f"1. engine {e}: untimed pass(es) {facts['warmup_output_tps']} ({b['warmup_prompts'] or 'all'} "
-                  f"prompts), then timed {[round(r['output_tps'], 1) for r in runs]} tok/s; start "
-                  f"{facts['timing']['start_s']:.0f} s, engine init {facts.get('engine_init_s')} s", flush=True)
-        spread(f"1. {args.repeats} repeats in one engine ({time.monotonic() - t0:.0f} s)",
-               [r["output_tps"] for r in runs])
-        split("1", time.monotonic() - t0, facts["timing"])
+        in_one_engine(argv, b, cfg, logs, sent, args.repeats, args.engines)
 
-    t0 = time.monotonic()
-    if 2 in parts:  # the first engine is discarded: it reads slow (a fresh H200: 6,639 then 7,242 and 7,337 tok/s)
-        got = []
-        for e in range(args.repeats + 1):  # each engine printed as it ends: a run cut off keeps what it measured
-            got.append(engine_means(argv, b, logs / "cli" / f"engine{e}", cfg["env"], sent))
-            print(f"2. engine {e}{' (discarded)' if not e else ''}: {got[-1][0]:.1f} output tok/s (start "
-                  f"{got[-1][1]['start_s']:.0f} s, measure {got[-1][1]['measure_s']:.0f} s)", flush=True)
-        means = [m for m, _ in got]
-        spread(f"2. {args.repeats} fresh engines after a discarded first ({time.monotonic() - t0:.0f} s)", means[1:])
-        print(f"   the first engine: {means[0]:.1f} tok/s, {(means[0] / statistics.fmean(means[1:]) - 1) * 100:+.1f} % "
-              "vs the mean of the rest")
-        split("2", time.monotonic() - t0, {k_: sum(t[k_] for _, t in got) for k_ in ("start_s", "measure_s")})
-        fp = this_machine()
-        block = {"cv": round(statistics.stdev(means[1:]) / statistics.fmean(means[1:]), 4), "engines": len(means) - 1,
-                 "measured_on": machine(fp), "vllm": fp.get("vllm"), "measured": time.strftime("%Y-%m-%d")}
-        print("   the profile's bench.noise_floor (ladder.yaml settings, or params.yaml for the cpu profile):\n"
-              + yaml.safe_dump({"bench.noise_floor": block}, sort_keys=False, width=200))
-        common.write_json(logs / "noise_floor.json", {**block, "engine_means": means})
+    if 2 in parts:
+        fresh_engines(argv, b, cfg, logs, sent, args.repeats)
 
     if 7 in parts:
         probe_repeats(entry["path"], cfg, k, slo, logs / "repeats", [float(x) for x in str(args.study_at).split(",")],
@@ -162,22 +140,67 @@ def main():
         server_spread(entry["path"], cfg, k, slo, logs / "spread", rates, args.knee_servers, looks,
                       args.untimed_servers, args.deadline_s)
         parts.discard(4)
-    rates = [float(x) for x in args.sweep_rates.split(",")]
+    knee_searches(entry["path"], cfg, k, slo, logs, [float(x) for x in args.sweep_rates.split(",")], 3 in parts,
+                  args.knee_servers if 4 in parts else 0)
+
+
+def in_one_engine(argv: list[str], b: dict, cfg: dict, logs, sent: dict, repeats: int, engines: int) -> None:
+    """Part 1 (see the module's docstring): `repeats` timed repeats in each of `engines` engines, one after another."""
+    t0 = time.monotonic()
+    for e in range(engines):
+        runs, facts = throughput.run_in_engine(argv, repeats, logs / "in-engine" / f"engine{e}", cfg["env"],
+                                               1800, b["warmup_repeats"], throughput.job_of(sent),
+                                               b["warmup_prompts"])
+        print(f"1. engine {e}: untimed pass(es) {facts['warmup_output_tps']} ({b['warmup_prompts'] or 'all'} "
+              f"prompts), then timed {[round(r['output_tps'], 1) for r in runs]} tok/s; start "
+              f"{facts['timing']['start_s']:.0f} s, engine init {facts.get('engine_init_s')} s", flush=True)
+    spread(f"1. {repeats} repeats in one engine ({time.monotonic() - t0:.0f} s)",
+           [r["output_tps"] for r in runs])
+    split("1", time.monotonic() - t0, facts["timing"])
+
+
+def fresh_engines(argv: list[str], b: dict, cfg: dict, logs, sent: dict, repeats: int) -> None:
+    """Part 2 (see the module's docstring): `repeats` fresh engines after a discarded first, each its own
+    process; their start-to-start floor printed as the profile's bench.noise_floor block."""
+    t0 = time.monotonic()
+    # the first engine is discarded: it reads slow (a fresh H200: 6,639 then 7,242 and 7,337 tok/s)
+    got = []
+    for e in range(repeats + 1):  # each engine printed as it ends: a run cut off keeps what it measured
+        got.append(engine_means(argv, b, logs / "cli" / f"engine{e}", cfg["env"], sent))
+        print(f"2. engine {e}{' (discarded)' if not e else ''}: {got[-1][0]:.1f} output tok/s (start "
+              f"{got[-1][1]['start_s']:.0f} s, measure {got[-1][1]['measure_s']:.0f} s)", flush=True)
+    means = [m for m, _ in got]
+    spread(f"2. {repeats} fresh engines after a discarded first ({time.monotonic() - t0:.0f} s)", means[1:])
+    print(f"   the first engine: {means[0]:.1f} tok/s, {(means[0] / statistics.fmean(means[1:]) - 1) * 100:+.1f} % "
+          "vs the mean of the rest")
+    split("2", time.monotonic() - t0, {k_: sum(t[k_] for _, t in got) for k_ in ("start_s", "measure_s")})
+    fp = this_machine()
+    block = {"cv": round(statistics.stdev(means[1:]) / statistics.fmean(means[1:]), 4), "engines": len(means) - 1,
+             "measured_on": machine(fp), "vllm": fp.get("vllm"), "measured": time.strftime("%Y-%m-%d")}
+    print("   the profile's bench.noise_floor (ladder.yaml settings, or params.yaml for the cpu profile):\n"
+          + yaml.safe_dump({"bench.noise_floor": block}, sort_keys=False, width=200))
+    common.write_json(logs / "noise_floor.json", {**block, "engine_means": means})
+
+
+def knee_searches(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: list[float], fixed: bool,
+                  servers: int) -> None:
+    """Parts 3 and 4 (see the module's docstring): the search and a fixed sweep over `rates` (`fixed`), then the
+    search on `servers` fresh servers, and how far apart their brackets sat."""
     searches = [("3a. search", {"mode": "search"}),
-                (f"3b. fixed {len(rates)}-rate sweep", {"mode": "sweep", "rates": rates})] if 3 in parts else []
+                (f"3b. fixed {len(rates)}-rate sweep", {"mode": "sweep", "rates": rates})] if fixed else []
     searches += [(f"4. search on fresh server {i + 1}", {"mode": "search", "server": i + 1})
-                 for i in range(args.knee_servers if 4 in parts else 0)]
+                 for i in range(servers)]
     fresh = []
     for label, over in searches:
         kk = {**k, **over}
         out = logs / (over["mode"] + (f"-server-{over['server']}" if "server" in over else ""))
         prober = knee_looks.Prober(out / "probes.log")
         began = time.monotonic()
-        with engine.Server(entry["path"], cfg["engine"], cfg["env"], out / "server.log", serve=cfg["serve"]) as srv:
+        with engine.Server(model_path, cfg["engine"], cfg["env"], out / "server.log", serve=cfg["serve"]) as srv:
             warming = time.monotonic()
-            knee_looks.warm_up(prober, srv, entry["path"], kk, slo, out)
+            knee_looks.warm_up(prober, srv, model_path, kk, slo, out)
             t0 = time.monotonic()
-            rows, probes = knee_looks.sweep(prober, srv, entry["path"], kk, slo, out)
+            rows, probes = knee_looks.sweep(prober, srv, model_path, kk, slo, out)
             probed = time.monotonic()
         res = probing.knee_result(probes, rates if over["mode"] == "sweep" else None)
         print(f"{label}: knee {res['knee_rps']} req/s (first break {res['first_fail_rps']}), {res['probes']} probes, "
@@ -246,33 +269,49 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
             print(f"6. server {s_i + 1} ready in {srv.ready_s:.0f} s", flush=True)
             prober = knee_looks.Prober(folder / "probes.log")
             srv_e2e[0] = knee_looks.warm_up(prober, srv, model_path, {**k, "start_rate": coarse[0]}, slo, folder)
+            look = functools.partial(one, srv, prober, folder)
             if s_i == 0:
-                passed = None
-                for r in coarse:
-                    row = one(srv, prober, folder, r, probing.SEED_BASE + 100 * probing.grid_index(r, steps), "coarse")
-                    if row["evidence"] == "fail" or row["backlog"]:
-                        top = r
-                        break
-                    passed = r
-                else:
-                    top = coarse[-1]
-                lo_i = probing.grid_index(passed or coarse[0], steps)
-                fine = [probing.grid_rate(i, steps) for i in range(lo_i, probing.grid_index(top, steps) + 1)
-                        if i in {probing.grid_index(c, steps) for c in coarse}]
-                for j in range(repeats):
-                    one(srv, prober, folder, at, 90_000, f"at {at:g} #{j + 1}")
-                for r in fine:
-                    one(srv, prober, folder, r, probing.SEED_BASE + 100 * probing.grid_index(r, steps) + 1, "fine")
-                for r in extra:
-                    for j in (1, 2):
-                        one(srv, prober, folder, r, 91_000 + j, "extra")
+                fine = first_server_looks(look, coarse, at, repeats, extra, steps)
             else:
                 for r in fine:
-                    one(srv, prober, folder, r, probing.SEED_BASE + 100 * probing.grid_index(r, steps) + 1, "fine")
+                    look(r, probing.SEED_BASE + 100 * probing.grid_index(r, steps) + 1, "fine")
                 for j in range(2):
-                    one(srv, prober, folder, at, 90_000, f"at {at:g} #{j + 1}")
+                    look(at, 90_000, f"at {at:g} #{j + 1}")
         out["servers"][-1]["wall_s"] = round(time.monotonic() - began, 1)
         common.write_json(logs / "study.json", out)
+    study_dispersion(out, k, slo, logs)
+
+
+def first_server_looks(look, coarse: list[float], at: float, repeats: int, extra: list[float],
+                       steps: int) -> list[float]:
+    """Part 6's first server (`look(rate, seed, label)`: one probe on it): the coarse rates up to the first that fails
+    on evidence, `at` `repeats` times on one seed, the grid rates between the highest coarse pass and that fail twice
+    each with fresh seeds, then the `extra` rates twice each. Returns those fine rates."""
+    passed = None
+    for r in coarse:
+        row = look(r, probing.SEED_BASE + 100 * probing.grid_index(r, steps), "coarse")
+        if row["evidence"] == "fail" or row["backlog"]:
+            top = r
+            break
+        passed = r
+    else:
+        top = coarse[-1]
+    lo_i = probing.grid_index(passed or coarse[0], steps)
+    fine = [probing.grid_rate(i, steps) for i in range(lo_i, probing.grid_index(top, steps) + 1)
+            if i in {probing.grid_index(c, steps) for c in coarse}]
+    for j in range(repeats):
+        look(at, 90_000, f"at {at:g} #{j + 1}")
+    for r in fine:
+        look(r, probing.SEED_BASE + 100 * probing.grid_index(r, steps) + 1, "fine")
+    for r in extra:
+        for j in (1, 2):
+            look(r, 91_000 + j, "extra")
+    return fine
+
+
+def study_dispersion(out: dict, k: dict, slo: dict, logs) -> None:
+    """Part 6's dispersion of the count over the SLO, fitted from every probe's counted window (study.json's
+    servers), written into study.json and printed with the profile's knee.dispersion block."""
     probes = []
     for row in (r for srv in out["servers"] for r in srv["rows"]):
         reqs = sorted(row["requests"], key=lambda r: r["start"])
