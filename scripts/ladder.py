@@ -111,7 +111,7 @@ def knee_anchor(base: dict, knobs: dict, bracket: bool = False, floor: float = 0
 def latencies(*recs: tuple[dict, float]) -> list[list[float]]:
     """run.anchor.latency: the median end-to-end latency of each (record, rate scale)'s looks that passed, their
     window opened on a filled server and with no backlog (a queue's latency is not the server's), the longest per
-    rate, in the units of the rung the anchor is for: a look at such a rate is sized by it (knee.e2e_estimate)."""
+    rate, in the units of the rung the anchor is for: a look at such a rate is sized by it (knee_looks.e2e_estimate)."""
     at: dict[float, float] = {}
     for rec, scale in recs:
         for r in (rec.get("knee") or {}).get("rows") or []:
