@@ -12,7 +12,6 @@ not measured (status n/a, no engine started) unless gate.measure_failed: it is r
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from config import Bench, Params
 from measure import disturbed, summary, workload
 from records.bench import BenchResult
 from records.gate import gate_failed
+from runner import throughput
 from serving import engine, vllm_compat
 
 
@@ -43,69 +43,6 @@ def check_shape(run: dict, num_prompts: int, input_len: int | tuple[int, int], o
     return applied
 
 
-def worker(job_path: str) -> None:
-    """In the child: vLLM's own throughput benchmark, one engine, warm-up then `repeats` timed runs, and one more for
-    each that is far off the others (disturbed.screen, up to bench.extra_repeats); each pass's other work measured."""
-    job = common.read_json(job_path)
-    far, extra = job.get("far_share"), job.get("extra_repeats") or 0
-    more = (lambda done: disturbed.screen(done, job["repeats"], far, extra)["more"]) if far and extra else None
-    vllm_compat.run_throughput(job["argv"], job["repeats"], job["warmup_repeats"], job.get("prompts"),
-                               job.get("output_len"), job["dataset_seed"], job.get("warmup_prompts"), more=more,
-                               watch=disturbed.watch)
-
-
-def throughput_argv(model_path: str, b: Bench, w: dict, engine_knobs: dict) -> list[str]:
-    """`vllm bench throughput` arguments: the workload (as workload.prepare made it), params `bench`, the rung's
-    knobs unchanged."""
-    return (["--model", model_path] + vllm_compat.dataset_flags(w, "throughput") +
-            ["--num-prompts", str(b.num_prompts), "--num-warmups", str(b.warmups)] +
-            engine.cli_flags(engine_knobs))
-
-
-def job_of(sent: dict, b: Bench | None = None) -> dict:
-    """What the worker needs besides its argv: the seed its prompts are drawn with (never the engine's: a rung
-    that changes engine.seed must not change the traffic), a rendered prompts file, if any, and (params `bench`
-    `b`) how a repeat far off the others is replaced (disturbed.screen)."""
-    return {"dataset_seed": workload.SEED,
-            **({"prompts": sent["prompts"], "output_len": sent["output_len"]} if sent.get("prompts") else {}),
-            **({"far_share": b.far_share, "extra_repeats": b.extra_repeats} if b else {})}
-
-
-def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float, warmup_repeats: int,
-                  job: dict, warmup_prompts: int | None = None) -> tuple[list[dict], dict]:
-    """`repeats` timed runs inside one engine (bench.mode engine), after `warmup_repeats` untimed ones: their
-    results and the engine's facts (with the warm-up passes' tok/s and the `timing` split of the worker's wall).
-    `job`: job_of(the workload sent)."""
-    spawned = time.time()
-    proc = engine.run_worker(__file__, {"argv": argv, "repeats": repeats, "warmup_repeats": warmup_repeats,
-                                        "warmup_prompts": warmup_prompts, **job}, logs, env_knobs, timeout,
-                             "vllm bench throughput (in-engine repeats)")
-    text = proc.log.read_text(encoding="utf-8", errors="replace")
-    runs = vllm_compat.parse_output(text)[:vllm_compat.timed_passes(text) or repeats]
-    loads = vllm_compat.pass_loads(text)
-    for i, run in enumerate(runs, 1):
-        run["load"] = loads.get(i)  # the other work on the machine during the pass (disturbed.CpuWatch)
-    return (runs, {**vllm_compat.engine_facts(proc.log), "warmup_output_tps": vllm_compat.warmup_passes(text),
-                   "timing": vllm_compat.bench_timing(text, spawned)})
-
-
-def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float, job: dict) -> tuple[list[dict], dict]:
-    """vLLM's bench throughput once per repeat, each its own process and engine (bench.mode cli), so the spread
-    holds the start-to-start noise: results and the first engine's facts, `timing` summed over the runs. A run far off
-    the others is replaced by one more engine (disturbed.screen, job's far_share and extra_repeats)."""
-    runs, facts, timing = [], {}, {"start_s": 0.0, "measure_s": 0.0}
-    one = {k: v for k, v in job.items() if k not in ("far_share", "extra_repeats")}  # one pass each: nothing inside
-    while len(runs) < repeats or disturbed.screen([x["output_tps"] for x in runs], repeats, job.get("far_share"),
-                                                  job.get("extra_repeats") or 0)["more"]:
-        r = len(runs)
-        got, f = run_in_engine(argv, 1, Path(logs) / f"run{r + 1}", env_knobs, timeout, 0, one)
-        runs += got
-        facts = facts or f
-        for k in timing:
-            timing[k] += f["timing"][k] or 0.0
-    return runs, {**facts, "timing": {k: round(v, 2) for k, v in timing.items()}}
-
-
 def method(b: Bench, mode: str) -> str:
     """How the figures were measured, in the words the report prints."""
     untimed = f" of {b.warmup_prompts} prompts" if b.warmup_prompts else ""
@@ -119,26 +56,6 @@ def method(b: Bench, mode: str) -> str:
     return (f"`vllm bench throughput`, {b.num_prompts} prompts, {timed}, the prefix cache reset before each; "
             "median with a 95 % t-interval of the repeats; each Δ counts fresh engines as the unit (the card's "
             "start-to-start floor, bench.noise_floor, pooled with the ladder's own re-measures; stats.delta)")
-
-
-# The ladder names a file here per run (ladder.Driver): the first bench of the run that starts an engine finds it
-# missing, warms the machine with an untimed engine of its own config, and creates it.
-WARM_MARK = "LADDER_WARM_MARK"
-
-
-def warm_up(argv: list[str], logs: Path, env_knobs: dict, timeout: float, job: dict) -> dict | None:
-    """An untimed engine before the first timed one of a ladder run (bench.warm_up_engine): whatever runs first on a
-    machine reads slow. Its tok/s is kept (the first engine vs the timed one), never compared."""
-    mark = os.environ.get(WARM_MARK)
-    if not mark or Path(mark).exists():
-        return None
-    t0 = time.monotonic()
-    runs, facts = run_in_engine(argv, 1, logs / "warm-up", env_knobs, timeout, 0, job)
-    Path(mark).parent.mkdir(parents=True, exist_ok=True)
-    Path(mark).write_text(f"{time.time():.0f}\n")
-    out = {"output_tps": runs[0]["output_tps"] if runs else None, "wall_s": round(time.monotonic() - t0, 1)}
-    print(f"bench: warm-up engine (untimed): {out['output_tps'] or 0:.1f} output tok/s in {out['wall_s']:.0f} s")
-    return out
 
 
 def screen_runs(runs: list[dict], b: Bench) -> tuple[dict, list[dict]]:
@@ -209,13 +126,14 @@ def main(out: Path, logs: Path, gate_json: Path):
     engine.check_start(params, "rung", cfg, entry["path"], logs)  # what vLLM would refuse, before any engine starts
     mode, t0 = b.mode, time.monotonic()
     sent, input_len = workload.prepare(w.model_dump(), entry["path"], logs)  # a dict: sent as the result records it
-    argv = throughput_argv(entry["path"], b, sent, cfg["engine"])
-    warm = warm_up(argv, logs, cfg["env"], b.timeout_s, job_of(sent)) if b.warm_up_engine else None
+    argv = throughput.throughput_argv(entry["path"], b, sent, cfg["engine"])
+    warm = (throughput.warm_up(argv, logs, cfg["env"], b.timeout_s, throughput.job_of(sent)) if b.warm_up_engine
+            else None)
     if mode == "engine":
-        runs, facts = run_in_engine(argv, b.repeats, logs, cfg["env"], b.timeout_s, b.warmup_repeats,
-                                    job_of(sent, b), b.warmup_prompts)
+        runs, facts = throughput.run_in_engine(argv, b.repeats, logs, cfg["env"], b.timeout_s, b.warmup_repeats,
+                                               throughput.job_of(sent, b), b.warmup_prompts)
     else:
-        runs, facts = run_cli(argv, b.repeats, logs, cfg["env"], b.timeout_s, job_of(sent, b))
+        runs, facts = throughput.run_cli(argv, b.repeats, logs, cfg["env"], b.timeout_s, throughput.job_of(sent, b))
     for i, run in enumerate(runs, 1):
         run["applied"] = check_shape(run, b.num_prompts, input_len, w.output_len)
         print(f"bench: run {i}/{len(runs)}: {run['output_tps']:.1f} output tok/s")
@@ -246,7 +164,7 @@ def main(out: Path, logs: Path, gate_json: Path):
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
-        worker(sys.argv[2])
+        throughput.worker(sys.argv[2])
         sys.exit(0)
     args = common.paths(__doc__.split("\n")[0], bench="results/bench.json", logs="results/logs/bench",
                         gate="results/gate.json")

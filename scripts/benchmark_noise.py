@@ -40,17 +40,14 @@ import time
 
 import yaml
 
-import bench
 import common
 import config
-import download
-import fingerprint
-import knee
 import plan as planning
 from judgement import stats
-from measure import evidence, frontend, probing, summary, workload
+from measure import evidence, frontend, host, probing, summary, workload
 from measure import spread as server_spread_fit
-from serving import engine, vllm_compat
+from runner import knee_looks, throughput
+from serving import engine, model_store, vllm_compat
 
 BENCHMARK_LOGS = common.RESULTS / "logs" / "benchmark"   # git-ignored: everything this benchmark writes
 
@@ -72,7 +69,7 @@ def split(name: str, wall: float, timing: dict) -> None:
           f"{measure:.0f} s ({measure / wall:.0%}), other {other:.0f} s ({other / wall:.0%})")
 
 
-def main():
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--engines", type=int, default=1, help="part 1: fresh engines one after another")
@@ -98,7 +95,11 @@ def main():
                     "would end past this many seconds from the start (a lease that ends)")
     ap.add_argument("--study-rates", default="", help="part 6: the coarse rates (default: every 2nd grid rate "
                     "from the profile's knee.start_rate)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main():
+    args = parse_args()
     parts = {int(x) for x in args.parts.split(",")}
     params = common.stage_start().model_dump(by_alias=True)  # a dict: the profile and --set lay dotted keys over it
     if args.profile:
@@ -112,39 +113,14 @@ def main():
     logs = BENCHMARK_LOGS
     sent, _ = workload.prepare(params["workload"], entry["path"], logs)
     k = {**k, "workload": sent}
-    argv = bench.throughput_argv(entry["path"], b, sent, cfg["engine"])
+    argv = throughput.throughput_argv(entry["path"], b, sent, cfg["engine"])
     print(f"rung: {cfg['model']['name']}, {b['num_prompts']} prompts, {workload.describe(sent)['text']}")
 
     if 1 in parts:
-        t0 = time.monotonic()
-        for e in range(args.engines):
-            runs, facts = bench.run_in_engine(argv, args.repeats, logs / "in-engine" / f"engine{e}", cfg["env"], 1800,
-                                              b["warmup_repeats"], bench.job_of(sent), b["warmup_prompts"])
-            print(f"1. engine {e}: untimed pass(es) {facts['warmup_output_tps']} ({b['warmup_prompts'] or 'all'} "
-                  f"prompts), then timed {[round(r['output_tps'], 1) for r in runs]} tok/s; start "
-                  f"{facts['timing']['start_s']:.0f} s, engine init {facts.get('engine_init_s')} s", flush=True)
-        spread(f"1. {args.repeats} repeats in one engine ({time.monotonic() - t0:.0f} s)",
-               [r["output_tps"] for r in runs])
-        split("1", time.monotonic() - t0, facts["timing"])
+        in_one_engine(argv, b, cfg, logs, sent, args.repeats, args.engines)
 
-    t0 = time.monotonic()
-    if 2 in parts:  # the first engine is discarded: it reads slow (a fresh H200: 6,639 then 7,242 and 7,337 tok/s)
-        got = []
-        for e in range(args.repeats + 1):  # each engine printed as it ends: a run cut off keeps what it measured
-            got.append(engine_means(argv, b, logs / "cli" / f"engine{e}", cfg["env"], sent))
-            print(f"2. engine {e}{' (discarded)' if not e else ''}: {got[-1][0]:.1f} output tok/s (start "
-                  f"{got[-1][1]['start_s']:.0f} s, measure {got[-1][1]['measure_s']:.0f} s)", flush=True)
-        means = [m for m, _ in got]
-        spread(f"2. {args.repeats} fresh engines after a discarded first ({time.monotonic() - t0:.0f} s)", means[1:])
-        print(f"   the first engine: {means[0]:.1f} tok/s, {(means[0] / statistics.fmean(means[1:]) - 1) * 100:+.1f} % "
-              "vs the mean of the rest")
-        split("2", time.monotonic() - t0, {k_: sum(t[k_] for _, t in got) for k_ in ("start_s", "measure_s")})
-        fp = this_machine()
-        block = {"cv": round(statistics.stdev(means[1:]) / statistics.fmean(means[1:]), 4), "engines": len(means) - 1,
-                 "measured_on": machine(fp), "vllm": fp.get("vllm"), "measured": time.strftime("%Y-%m-%d")}
-        print("   the profile's bench.noise_floor (ladder.yaml settings, or params.yaml for the cpu profile):\n"
-              + yaml.safe_dump({"bench.noise_floor": block}, sort_keys=False, width=200))
-        common.write_json(logs / "noise_floor.json", {**block, "engine_means": means})
+    if 2 in parts:
+        fresh_engines(argv, b, cfg, logs, sent, args.repeats)
 
     if 7 in parts:
         probe_repeats(entry["path"], cfg, k, slo, logs / "repeats", [float(x) for x in str(args.study_at).split(",")],
@@ -164,22 +140,67 @@ def main():
         server_spread(entry["path"], cfg, k, slo, logs / "spread", rates, args.knee_servers, looks,
                       args.untimed_servers, args.deadline_s)
         parts.discard(4)
-    rates = [float(x) for x in args.sweep_rates.split(",")]
+    knee_searches(entry["path"], cfg, k, slo, logs, [float(x) for x in args.sweep_rates.split(",")], 3 in parts,
+                  args.knee_servers if 4 in parts else 0)
+
+
+def in_one_engine(argv: list[str], b: dict, cfg: dict, logs, sent: dict, repeats: int, engines: int) -> None:
+    """Part 1 (see the module's docstring): `repeats` timed repeats in each of `engines` engines, one after another."""
+    t0 = time.monotonic()
+    for e in range(engines):
+        runs, facts = throughput.run_in_engine(argv, repeats, logs / "in-engine" / f"engine{e}", cfg["env"],
+                                               1800, b["warmup_repeats"], throughput.job_of(sent),
+                                               b["warmup_prompts"])
+        print(f"1. engine {e}: untimed pass(es) {facts['warmup_output_tps']} ({b['warmup_prompts'] or 'all'} "
+              f"prompts), then timed {[round(r['output_tps'], 1) for r in runs]} tok/s; start "
+              f"{facts['timing']['start_s']:.0f} s, engine init {facts.get('engine_init_s')} s", flush=True)
+    spread(f"1. {repeats} repeats in one engine ({time.monotonic() - t0:.0f} s)",
+           [r["output_tps"] for r in runs])
+    split("1", time.monotonic() - t0, facts["timing"])
+
+
+def fresh_engines(argv: list[str], b: dict, cfg: dict, logs, sent: dict, repeats: int) -> None:
+    """Part 2 (see the module's docstring): `repeats` fresh engines after a discarded first, each its own
+    process; their start-to-start floor printed as the profile's bench.noise_floor block."""
+    t0 = time.monotonic()
+    # the first engine is discarded: it reads slow (a fresh H200: 6,639 then 7,242 and 7,337 tok/s)
+    got = []
+    for e in range(repeats + 1):  # each engine printed as it ends: a run cut off keeps what it measured
+        got.append(engine_means(argv, b, logs / "cli" / f"engine{e}", cfg["env"], sent))
+        print(f"2. engine {e}{' (discarded)' if not e else ''}: {got[-1][0]:.1f} output tok/s (start "
+              f"{got[-1][1]['start_s']:.0f} s, measure {got[-1][1]['measure_s']:.0f} s)", flush=True)
+    means = [m for m, _ in got]
+    spread(f"2. {repeats} fresh engines after a discarded first ({time.monotonic() - t0:.0f} s)", means[1:])
+    print(f"   the first engine: {means[0]:.1f} tok/s, {(means[0] / statistics.fmean(means[1:]) - 1) * 100:+.1f} % "
+          "vs the mean of the rest")
+    split("2", time.monotonic() - t0, {k_: sum(t[k_] for _, t in got) for k_ in ("start_s", "measure_s")})
+    fp = this_machine()
+    block = {"cv": round(statistics.stdev(means[1:]) / statistics.fmean(means[1:]), 4), "engines": len(means) - 1,
+             "measured_on": machine(fp), "vllm": fp.get("vllm"), "measured": time.strftime("%Y-%m-%d")}
+    print("   the profile's bench.noise_floor (ladder.yaml settings, or params.yaml for the cpu profile):\n"
+          + yaml.safe_dump({"bench.noise_floor": block}, sort_keys=False, width=200))
+    common.write_json(logs / "noise_floor.json", {**block, "engine_means": means})
+
+
+def knee_searches(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: list[float], fixed: bool,
+                  servers: int) -> None:
+    """Parts 3 and 4 (see the module's docstring): the search and a fixed sweep over `rates` (`fixed`), then the
+    search on `servers` fresh servers, and how far apart their brackets sat."""
     searches = [("3a. search", {"mode": "search"}),
-                (f"3b. fixed {len(rates)}-rate sweep", {"mode": "sweep", "rates": rates})] if 3 in parts else []
+                (f"3b. fixed {len(rates)}-rate sweep", {"mode": "sweep", "rates": rates})] if fixed else []
     searches += [(f"4. search on fresh server {i + 1}", {"mode": "search", "server": i + 1})
-                 for i in range(args.knee_servers if 4 in parts else 0)]
+                 for i in range(servers)]
     fresh = []
     for label, over in searches:
         kk = {**k, **over}
         out = logs / (over["mode"] + (f"-server-{over['server']}" if "server" in over else ""))
-        prober = knee.Prober(out / "probes.log")
+        prober = knee_looks.Prober(out / "probes.log")
         began = time.monotonic()
-        with engine.Server(entry["path"], cfg["engine"], cfg["env"], out / "server.log", serve=cfg["serve"]) as srv:
+        with engine.Server(model_path, cfg["engine"], cfg["env"], out / "server.log", serve=cfg["serve"]) as srv:
             warming = time.monotonic()
-            knee.warm_up(prober, srv, entry["path"], kk, slo, out)
+            knee_looks.warm_up(prober, srv, model_path, kk, slo, out)
             t0 = time.monotonic()
-            rows, probes = knee.sweep(prober, srv, entry["path"], kk, slo, out)
+            rows, probes = knee_looks.sweep(prober, srv, model_path, kk, slo, out)
             probed = time.monotonic()
         res = probing.knee_result(probes, rates if over["mode"] == "sweep" else None)
         print(f"{label}: knee {res['knee_rps']} req/s (first break {res['first_fail_rps']}), {res['probes']} probes, "
@@ -218,13 +239,13 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
         nonlocal seq
         seq += 1
         kk = {**k, "e2e_warm_s": srv_e2e[0]}
-        n = knee.prompts_for(rate, kk, slo, knee.e2e_estimate(rows, kk["e2e_warm_s"], rate))
+        n = knee_looks.prompts_for(rate, kk, slo, knee_looks.e2e_estimate(rows, kk["e2e_warm_s"], rate))
         name = f"probe-{seq:02d}-{rate:g}rps.json"
         t0 = time.monotonic()
-        prober(knee.probe_args(srv.url, model_path, kk, slo, rate, n, folder, name, seed), k["probe_timeout_s"],
-               f"study probe at {rate:g} req/s")
-        result, reqs = knee.slim(folder / name)
-        row = knee.row_from(result, reqs, rate, n, kk, slo)
+        prober(knee_looks.probe_args(srv.url, model_path, kk, slo, rate, n, folder, name, seed),
+               k["probe_timeout_s"], f"study probe at {rate:g} req/s")
+        result, reqs = knee_looks.slim(folder / name)
+        row = knee_looks.row_from(result, reqs, rate, n, kk, slo)
         ev = probing.slo_evidence(row["counted"], row["over_slo"], slo["percentile"])
         row.update(seed=seed, label=label, evidence=ev["verdict"], wall_s=round(time.monotonic() - t0, 1),
                    requests=reqs, server_seq=len(out["servers"]))
@@ -246,35 +267,51 @@ def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: li
         with engine.Server(model_path, cfg["engine"], cfg["env"], folder / "server.log", serve=cfg["serve"]) as srv:
             out["servers"].append({"ready_s": round(srv.ready_s, 1), "rows": rows})
             print(f"6. server {s_i + 1} ready in {srv.ready_s:.0f} s", flush=True)
-            prober = knee.Prober(folder / "probes.log")
-            srv_e2e[0] = knee.warm_up(prober, srv, model_path, {**k, "start_rate": coarse[0]}, slo, folder)
+            prober = knee_looks.Prober(folder / "probes.log")
+            srv_e2e[0] = knee_looks.warm_up(prober, srv, model_path, {**k, "start_rate": coarse[0]}, slo, folder)
+            look = functools.partial(one, srv, prober, folder)
             if s_i == 0:
-                passed = None
-                for r in coarse:
-                    row = one(srv, prober, folder, r, probing.SEED_BASE + 100 * probing.grid_index(r, steps), "coarse")
-                    if row["evidence"] == "fail" or row["backlog"]:
-                        top = r
-                        break
-                    passed = r
-                else:
-                    top = coarse[-1]
-                lo_i = probing.grid_index(passed or coarse[0], steps)
-                fine = [probing.grid_rate(i, steps) for i in range(lo_i, probing.grid_index(top, steps) + 1)
-                        if i in {probing.grid_index(c, steps) for c in coarse}]
-                for j in range(repeats):
-                    one(srv, prober, folder, at, 90_000, f"at {at:g} #{j + 1}")
-                for r in fine:
-                    one(srv, prober, folder, r, probing.SEED_BASE + 100 * probing.grid_index(r, steps) + 1, "fine")
-                for r in extra:
-                    for j in (1, 2):
-                        one(srv, prober, folder, r, 91_000 + j, "extra")
+                fine = first_server_looks(look, coarse, at, repeats, extra, steps)
             else:
                 for r in fine:
-                    one(srv, prober, folder, r, probing.SEED_BASE + 100 * probing.grid_index(r, steps) + 1, "fine")
+                    look(r, probing.SEED_BASE + 100 * probing.grid_index(r, steps) + 1, "fine")
                 for j in range(2):
-                    one(srv, prober, folder, at, 90_000, f"at {at:g} #{j + 1}")
+                    look(at, 90_000, f"at {at:g} #{j + 1}")
         out["servers"][-1]["wall_s"] = round(time.monotonic() - began, 1)
         common.write_json(logs / "study.json", out)
+    study_dispersion(out, k, slo, logs)
+
+
+def first_server_looks(look, coarse: list[float], at: float, repeats: int, extra: list[float],
+                       steps: int) -> list[float]:
+    """Part 6's first server (`look(rate, seed, label)`: one probe on it): the coarse rates up to the first that fails
+    on evidence, `at` `repeats` times on one seed, the grid rates between the highest coarse pass and that fail twice
+    each with fresh seeds, then the `extra` rates twice each. Returns those fine rates."""
+    passed = None
+    for r in coarse:
+        row = look(r, probing.SEED_BASE + 100 * probing.grid_index(r, steps), "coarse")
+        if row["evidence"] == "fail" or row["backlog"]:
+            top = r
+            break
+        passed = r
+    else:
+        top = coarse[-1]
+    lo_i = probing.grid_index(passed or coarse[0], steps)
+    fine = [probing.grid_rate(i, steps) for i in range(lo_i, probing.grid_index(top, steps) + 1)
+            if i in {probing.grid_index(c, steps) for c in coarse}]
+    for j in range(repeats):
+        look(at, 90_000, f"at {at:g} #{j + 1}")
+    for r in fine:
+        look(r, probing.SEED_BASE + 100 * probing.grid_index(r, steps) + 1, "fine")
+    for r in extra:
+        for j in (1, 2):
+            look(r, 91_000 + j, "extra")
+    return fine
+
+
+def study_dispersion(out: dict, k: dict, slo: dict, logs) -> None:
+    """Part 6's dispersion of the count over the SLO, fitted from every probe's counted window (study.json's
+    servers), written into study.json and printed with the profile's knee.dispersion block."""
     probes = []
     for row in (r for srv in out["servers"] for r in srv["rows"]):
         reqs = sorted(row["requests"], key=lambda r: r["start"])
@@ -366,9 +403,9 @@ def server_spread(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: l
             out["servers"].append(entry)
             print(f"4. server {s_i}{'' if timed else ' (untimed)'} ready in {srv.ready_s:.0f} s: "
                   + ", ".join(f"{x} {facts.get(x)}" for x in SERVER_FACTS), flush=True)
-            prober = knee.Prober(folder / "probes.log")
-            kk = {**k, "e2e_warm_s": knee.warm_up(prober, srv, model_path, {**k, "start_rate": min(rates)}, slo,
-                                                  folder)}
+            prober = knee_looks.Prober(folder / "probes.log")
+            kk = {**k, "e2e_warm_s": knee_looks.warm_up(prober, srv, model_path, {**k, "start_rate": min(rates)},
+                                                        slo, folder)}
             entry["api_servers"] = srv.api_servers()  # did serve.api_server_count take effect (after the warm-up)
             print(f"4. server {s_i}: API server processes {entry['api_servers']['found']} (asked "
                   f"{entry['api_servers']['asked']})", flush=True)
@@ -378,8 +415,8 @@ def server_spread(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: l
                 for j in range(looks if timed else 1):
                     t0 = time.monotonic()
                     seed = probing.probe_seed(rate, [(rate, False)] * j, steps)  # a visit's look j: one trace
-                    row = knee.probe(prober, srv, model_path, kk, slo, folder, rate, rows, seed=seed, visit=[],
-                                     curtail=False)
+                    row = knee_looks.probe(prober, srv, model_path, kk, slo, folder, rate, rows, seed=seed,
+                                           visit=[], curtail=False)
                     rows.append(row)
                     ev, bound, why = judge_look(row, k, slo)
                     entry["looks"].append(look_entry(row, rate, seed, ev, bound, why, time.monotonic() - t0))
@@ -508,32 +545,33 @@ SERVER_FACTS = ("kv_cache_tokens", "max_concurrency", "kv_cache_gib", "activatio
 
 def visit_again(prober, srv, model_path: str, k: dict, slo: dict, logs, rate: float, rows: list[dict],
                 visit: int) -> list[dict]:
-    """Part 7's visit of `rate` (its number `visit`): the stage's looks (knee.probe) and visit (probing.visit), on
+    """Part 7's visit of `rate` (its number `visit`): the stage's looks (knee_looks.probe) and visit (probing.visit), on
     the traces every visit of part 7 sends: seed 90,000 + look. Appends its looks to `rows` and returns them."""
     first = len(rows)
 
     def look(rate, rows):
         t0 = time.monotonic()
-        row = knee.probe(prober, srv, model_path, k, slo, logs, rate, rows, seed=90_000 + len(rows) - first,
-                         visit=rows[first:])
+        row = knee_looks.probe(prober, srv, model_path, k, slo, logs, rate, rows, seed=90_000 + len(rows) - first,
+                               visit=rows[first:])
         return {**row, "wall_s": round(time.monotonic() - t0, 1), "visit": visit}
 
     def report(rows, ev):
         row = rows[-1]
-        print(f"7. {rate:g} req/s visit {visit} look {len(rows) - first} x{knee.sent_words(row)}: {row['over_slo']} of "
-              f"{row['counted']} over the SLO (pooled {ev['over_slo']} of {ev['counted']}): {ev['verdict']}; "
-              f"p{slo['percentile']} TTFT {row['slo_ttft_ms'] or 0:.0f} ms; {row['wall_s']:.0f} s", flush=True)
+        print(f"7. {rate:g} req/s visit {visit} look {len(rows) - first} x{knee_looks.sent_words(row)}: "
+              f"{row['over_slo']} of {row['counted']} over the SLO (pooled {ev['over_slo']} of {ev['counted']}): "
+              f"{ev['verdict']}; p{slo['percentile']} TTFT {row['slo_ttft_ms'] or 0:.0f} ms; {row['wall_s']:.0f} s",
+              flush=True)
     return probing.visit(look, rate, rows, k, slo, report)
 
 
 def probe_repeats(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: list[float], repeats: int) -> None:
-    """Part 7 (see the module's docstring): each look sized as the stage sizes one (knee.prompts_for) and judged as
-    the stage judges a visit (probing.judge: the visit's looks pooled, each at the visit's look confidence)."""
+    """Part 7 (see the module's docstring): each look sized as the stage sizes one (knee_looks.prompts_for) and judged
+    as the stage judges a visit (probing.judge: the visit's looks pooled, each at the visit's look confidence)."""
     out: dict = {"slo": slo, "rates": {}}
     with engine.Server(model_path, cfg["engine"], cfg["env"], logs / "server.log", serve=cfg["serve"]) as srv:
         print(f"7. server ready in {srv.ready_s:.0f} s", flush=True)
-        prober = knee.Prober(logs / "probes.log")
-        warm = knee.warm_up(prober, srv, model_path, {**k, "start_rate": rates[0]}, slo, logs)
+        prober = knee_looks.Prober(logs / "probes.log")
+        warm = knee_looks.warm_up(prober, srv, model_path, {**k, "start_rate": rates[0]}, slo, logs)
         out["api_servers"] = srv.api_servers()  # did serve.api_server_count take effect (after the warm-up)
         print(f"7. API server processes: {out['api_servers']['found']} (asked {out['api_servers']['asked']})",
               flush=True)
@@ -560,7 +598,7 @@ def probe_repeats(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: l
 def this_machine() -> dict:
     """The fingerprint of the machine this benchmark runs on, taken once: a block it prints names the machine that
     measured it, never a results/fingerprint.json another machine or an older checkout left in the workspace."""
-    return fingerprint.fingerprint()
+    return host.fingerprint()
 
 
 def machine(fp: dict) -> str:
@@ -590,9 +628,9 @@ def profile_params(params: dict, profile: str) -> dict:
     eff = planning.effective_params(params, planning.load_ladder(planning.LADDER_YAML), profile,
                                     planning.committed_params())
     dl = config.section(eff, "download")
-    store, done = download.store_path(dl), {}
+    store, done = model_store.store_path(dl), {}
     for name in dl["fetch"]:
-        download.provide(name, dl["catalog"], store, done)
+        model_store.provide(name, dl["catalog"], store, done)
     common.side_results(BENCHMARK_LOGS)
     common.write_json(common.models_json(), {"store": str(store), "models": done})
     common.write_json(common.fingerprint_json(), this_machine())
@@ -601,8 +639,8 @@ def profile_params(params: dict, profile: str) -> dict:
 
 def engine_means(argv: list[str], b: dict, logs, env: dict, sent: dict) -> tuple[float, dict]:
     """One fresh engine (its own process) of `b["repeats"]` timed repeats: their mean and its timing."""
-    runs, facts = bench.run_in_engine(argv, b["repeats"], logs, env, b["timeout_s"], b["warmup_repeats"],
-                                      bench.job_of(sent), b["warmup_prompts"])
+    runs, facts = throughput.run_in_engine(argv, b["repeats"], logs, env, b["timeout_s"], b["warmup_repeats"],
+                                           throughput.job_of(sent), b["warmup_prompts"])
     return statistics.fmean(r["output_tps"] for r in runs), {**facts["timing"], "runs": [r["output_tps"] for r in runs]}
 
 
@@ -617,7 +655,7 @@ def compare_rule(params: dict, b: dict, logs, cands: list[dict]) -> None:
         cfg = common.engine_config(common.parse(p))  # the change laid over validated params, checked as a rung
         entry = common.model_entry(cfg["model"]["name"])
         sent, _ = workload.prepare(p["workload"], entry["path"], folder)
-        argv = bench.throughput_argv(entry["path"], b, sent, cfg["engine"])
+        argv = throughput.throughput_argv(entry["path"], b, sent, cfg["engine"])
         mean, timing = engine_means(argv, b, folder, cfg["env"], sent)
         print(f"5. {name}: {mean:.1f} output tok/s (repeats {', '.join(f'{x:.0f}' for x in timing['runs'])}; "
               f"start {timing['start_s']:.0f} s, measure {timing['measure_s']:.0f} s)", flush=True)

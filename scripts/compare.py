@@ -14,7 +14,7 @@ from dvc.exceptions import DvcException
 from tabulate import tabulate
 
 import common
-import report
+from judgement.decide import change_cell
 from records.ladder import LadderRecord
 
 METRICS = {"results/eval.json": ["overall"], "results/bench.json": ["output_tps"],
@@ -36,7 +36,7 @@ def rows(lad: LadderRecord, exps: dict[str, dict]) -> list[dict]:
     out = []
     for r in lad.rungs:
         e = exps.get(r.exp or "")
-        row = {"rung": f"{r.index} {r.name}", "experiment": r.exp or "—", "change": report.change_cell(r)}
+        row = {"rung": f"{r.index} {r.name}", "experiment": r.exp or "—", "change": change_cell(r)}
         for path, keys in METRICS.items():
             for key in keys:
                 row[key] = (e["metrics"].get(path) or {}).get(key) if e else None

@@ -30,13 +30,12 @@ import dvc.api
 import yaml
 from dvc.exceptions import DvcException
 
-import bench
 import common
-import fingerprint
 import plan as planning
 from judgement import capacity, decide, record, stats
-from measure import score
+from measure import host, score
 from records.ladder import LadderRecord
+from runner import throughput
 from serving import engine
 
 LADDER_JSON = common.ROOT / "report" / "ladder.json"
@@ -112,7 +111,7 @@ def knee_anchor(base: dict, knobs: dict, bracket: bool = False, floor: float = 0
 def latencies(*recs: tuple[dict, float]) -> list[list[float]]:
     """run.anchor.latency: the median end-to-end latency of each (record, rate scale)'s looks that passed, their
     window opened on a filled server and with no backlog (a queue's latency is not the server's), the longest per
-    rate, in the units of the rung the anchor is for: a look at such a rate is sized by it (knee.e2e_estimate)."""
+    rate, in the units of the rung the anchor is for: a look at such a rate is sized by it (knee_looks.e2e_estimate)."""
     at: dict[float, float] = {}
     for rec, scale in recs:
         for r in (rec.get("knee") or {}).get("rows") or []:
@@ -197,14 +196,14 @@ class Driver:
         self.final_exp = None
         self.confirm: dict | None = None
         self.dvc: subprocess.Popen | None = None
-        # the first bench of this run that starts an engine warms the machine first (bench.warm_up)
-        os.environ[bench.WARM_MARK] = str(LOGS / f"warm-up-{time.time():.0f}.done")
+        # the first bench of this run that starts an engine warms the machine first (runner.throughput.warm_up)
+        os.environ[throughput.WARM_MARK] = str(LOGS / f"warm-up-{time.time():.0f}.done")
 
     @functools.cached_property
     def environment(self) -> dict:
         """The machine and software this run measures on (the fingerprint stage writes the same into results/,
         where a replayed experiment's results bring the other machine's)."""
-        return fingerprint.fingerprint()
+        return host.fingerprint()
 
     @property
     def machine(self) -> dict:
@@ -318,7 +317,7 @@ class Driver:
         costs = self.unit_costs[kind] or (self.unit_costs["rung"] if kind == "pair" else []) \
             or self.unit_costs["rung 0"]
         est = max(costs) if costs and max(costs) > 0 else None
-        mark = os.environ.get(bench.WARM_MARK)
+        mark = os.environ.get(throughput.WARM_MARK)
         if est is not None and mark and not Path(mark).exists() and self.records:
             est += ((self.records[0].get("bench") or {}).get("warm_up_engine") or {}).get("wall_s") or 0
         if why := budget_stop(self.budget_s, time.monotonic() - _STARTED, est, what):
@@ -714,7 +713,7 @@ def main() -> int:
                          "ends): what finished is kept, `make ladder` resumes")
     args = ap.parse_args()
     os.chdir(common.ROOT)
-    gpu_list = fingerprint.gpus()
+    gpu_list = host.gpus()
     gpus = len(gpu_list)
     profile = args.profile or ("gpu" if gpus else "cpu")
     try:  # every bad input is reported here, before any engine starts

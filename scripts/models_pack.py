@@ -29,7 +29,7 @@ from pathlib import Path
 
 import common
 import config
-import download
+from serving import model_store
 
 MANIFEST = "ladder-models.json"
 FORMAT = 1
@@ -208,11 +208,11 @@ def packable(models_json: Path, only: list[str] | None) -> dict:
                   f"download stage's build (copy a Hugging Face cache or your own folder as it is)")
             continue
         folder = Path(m["path"])
-        marker = folder / download.MARKER
+        marker = folder / model_store.MARKER
         if not marker.is_file():
             raise PackError(f"{name}: {marker} is missing: {folder} is not a finished build; run the download stage")
         info = common.read_json(marker)
-        if info.get("sha256") != m.get("sha256") or download.tree_sha256(info["files"]) != info.get("sha256"):
+        if info.get("sha256") != m.get("sha256") or model_store.tree_sha256(info["files"]) != info.get("sha256"):
             raise PackError(f"{name}: {models_json} lists sha256 {m.get('sha256')}, but {marker} holds "
                             f"{info.get('sha256')}; run the download stage again (`dvc repro download`)")
         out[name] = (folder, {k: m.get(k) for k in ("source", "id", "revision")} | {
@@ -239,7 +239,7 @@ def pack(models_json: Path, out: Path, part_mb: float | None = None, only: list[
             tar.addfile(_info(MANIFEST, len(manifest)), io.BytesIO(manifest))
             for name, (folder, entry) in chosen.items():
                 tar.addfile(_info(name, 0, 0o755, tarfile.DIRTYPE))
-                for rel in [download.MARKER, *sorted(entry["files"])]:
+                for rel in [model_store.MARKER, *sorted(entry["files"])]:
                     path = folder / rel
                     with open(path, "rb") as f:
                         src = _Hashing(f)
@@ -247,7 +247,7 @@ def pack(models_json: Path, out: Path, part_mb: float | None = None, only: list[
                     want = entry["files"].get(rel)
                     if want and src.h.hexdigest() != want:
                         raise PackError(f"{name}: file {path}: sha256 {src.h.hexdigest()}, expected {want} (its "
-                                        f"{download.MARKER}); the store is damaged: run the download stage again")
+                                        f"{model_store.MARKER}); the store is damaged: run the download stage again")
         files = writer.close()
     except BaseException:
         writer.abort()  # no half archive is left to be copied
@@ -268,7 +268,7 @@ def _member_path(ti: tarfile.TarInfo, models: dict) -> tuple[str, str] | None:
     if len(parts) < 2 or parts[0] not in models or any(p in ("", ".", "..") for p in parts) or not ti.isfile():
         raise PackError(f"{ti.name}: not a file of a model in {MANIFEST}; refused (is this a ladder models archive?)")
     rel = "/".join(parts[1:])
-    if rel != download.MARKER and rel not in models[parts[0]]["files"]:
+    if rel != model_store.MARKER and rel not in models[parts[0]]["files"]:
         raise PackError(f"{ti.name}: not listed in {MANIFEST}; refused")
     return parts[0], rel
 
@@ -312,10 +312,10 @@ def _extract(tar: tarfile.TarFile, work: Path, where: str) -> dict:
             if got[(model, rel)] != want:
                 raise PackError(f"{model}/{rel}: sha256 {got[(model, rel)]}, expected {want} ({MANIFEST}); "
                                 f"the file is corrupt: copy the archive again")
-        marker = work / model / download.MARKER
+        marker = work / model / model_store.MARKER
         info = common.read_json(marker) if marker.is_file() else {}
-        if info.get("files") != entry["files"] or download.tree_sha256(entry["files"]) != entry["sha256"]:
-            raise PackError(f"{model}/{download.MARKER}: does not list the files and hashes of {MANIFEST}; "
+        if info.get("files") != entry["files"] or model_store.tree_sha256(entry["files"]) != entry["sha256"]:
+            raise PackError(f"{model}/{model_store.MARKER}: does not list the files and hashes of {MANIFEST}; "
                             f"pack it again")
     return models
 
@@ -354,12 +354,12 @@ def recipe_notes(store: Path, names, catalog: dict) -> list[str]:
     notes = []
     for name in names:
         spec = catalog.get(name)
-        built = common.read_json(store / name / download.MARKER).get("spec")
+        built = common.read_json(store / name / model_store.MARKER).get("spec")
         if spec and (catalog.get(spec.get("from")) or {}).get("source") == "local":
             continue  # its recipe includes the local model's hash, known only to the download stage
         if spec is None:
             notes.append(f"{name}: not in download.catalog of params.yaml: no profile here serves it")
-        elif spec.get("source") in BUILT and download.spec_hash(spec) != built:
+        elif spec.get("source") in BUILT and model_store.spec_hash(spec) != built:
             notes.append(f"{name}: download.catalog.{name} here is not the recipe it was built with: the download "
                          f"stage will rebuild it (and need its source); pack it with this params.yaml's catalog")
     return notes
@@ -382,10 +382,10 @@ def main(argv: list[str] | None = None) -> int:
             pack(args.manifest, args.out, args.part_mb, [m for m in (args.models or "").split(",") if m] or None)
         else:
             cfg = config.section(common.read_params(), "download")
-            store = args.store or download.store_path(cfg)
+            store = args.store or model_store.store_path(cfg)
             for note in recipe_notes(store, unpack(args.archive, store), cfg["catalog"]):
                 print(f"unpack: note: {note}")
-    except (PackError, download.ModelError, common.ParamsError, OSError) as e:
+    except (PackError, model_store.ModelError, common.ParamsError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

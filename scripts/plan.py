@@ -523,14 +523,14 @@ def as_it_stands_errors(here: dict, gpus: list[dict], paths: dict, refuse) -> tu
 
 
 def provide_models(p: Plan) -> dict:
-    """Model name -> folder for every model of download.fetch, by the download stage's own logic (download.provide)
+    """Model name -> folder for every model of download.fetch, by the download stage's own logic (model_store.provide)
     with this plan's download section (MODEL= and QUANT_MODEL= included): the same store and markers, so the first
     rung's download stage finds them built and verified. vLLM builds a config from the folder's config.json."""
-    import download
+    from serving import model_store
     cfg = p.params["download"]
-    store, done = download.store_path(cfg), {}
+    store, done = model_store.store_path(cfg), {}
     for name in cfg["fetch"]:
-        download.provide(name, cfg["catalog"], store, done)
+        model_store.provide(name, cfg["catalog"], store, done)
     return {name: entry["path"] for name, entry in done.items()}
 
 
@@ -550,8 +550,7 @@ def serve_errors(p: Plan, here: dict | None, result: dict) -> None:
 
 def _preflight_worker(job_path: str, out_path: str) -> None:
     """The child: vLLM's parser on every engine arg, then the models, then vLLM's engine configs; a JSON result."""
-    import download
-    from serving import vllm_compat
+    from serving import model_store, vllm_compat
     t0, job = time.monotonic(), common.read_json(job_path)
     p, here = Plan(**job["plan"]), job.get("here")
     here_args = common.engine_args(typed(here)) if here else []
@@ -574,7 +573,7 @@ def _preflight_worker(job_path: str, out_path: str) -> None:
     if not result["errors"] and not result["params_errors"]:  # a value the parser refuses builds no config: fix it
         try:
             paths = provide_models(p)
-        except (download.ModelError, common.ParamsError) as e:
+        except (model_store.ModelError, common.ParamsError) as e:
             result["errors"] = [str(e)]
         else:
             result["errors"], result["unchecked"], _ = engine_config_errors(p, job["gpus"], paths, refuse)

@@ -13,6 +13,7 @@ from tabulate import tabulate
 import common
 import config
 from judgement import decide, stats
+from judgement.decide import change_cell
 from measure import disturbed, probing
 from records.bench import BenchResult
 from records.gate import GateResult
@@ -267,13 +268,6 @@ def per_gpu_cell(r: RungRecord):
         return na_cell(r.knee.label or r.knee.reason)
     knee = "—" if pg.knee_rps is None else f"{pg.knee_rps:g}–{fmt(pg.first_fail_rps, 'g', '∞')}"
     return f"{fmt(pg.output_tps, '.0f')} tok/s · knee {knee} req/s"
-
-
-def change_cell(r: RungRecord) -> str:
-    """What a row changed vs its base (a base's re-measure changes nothing: it says what it re-measures)."""
-    return ", ".join(f"{k}={v}" for k, v in (r.change or {}).items()) or (
-        f"none: re-measures {r.base}" if r.role == decide.RECHECK else
-        f"none: {r.of} on a fresh server" if r.role == decide.KNEE_RECHECK else "stock")
 
 
 def not_reproduced(lad: LadderRecord, why: bool = False) -> str | None:

@@ -194,15 +194,16 @@ ENGINE_FLOOR_TPS = 120.0
 
 
 def engine_speed() -> tuple[float | None, str]:
-    """This box's cpu rung 0 output tok/s: params.yaml's rung 0 as the bench stage runs it (bench.throughput_argv),
-    in the engine tests' dtype, one `vllm bench throughput`; and how it was read."""
+    """This box's cpu rung 0 output tok/s: params.yaml's rung 0 as the bench stage runs it
+    (runner.throughput.throughput_argv), in the engine tests' dtype, one `vllm bench throughput`; and how it was
+    read."""
     import json
     import re
     import tempfile
 
-    import bench
     import common
     import config
+    from runner import throughput
     params = config.load_params()
     cfg = common.engine_config(params)
     engine_knobs = {**cfg["engine"], "dtype": DTYPE.get("engine__dtype", cfg["engine"]["dtype"])}
@@ -214,7 +215,7 @@ def engine_speed() -> tuple[float | None, str]:
         if got.returncode:
             return None, f"the model could not be prepared: {got.stderr[-300:]}"
         path = json.loads(Path(f"{tmp}/models.json").read_text())["models"][cfg["model"]["name"]]["path"]
-    argv = bench.throughput_argv(path, params.bench, params.workload.model_dump(), engine_knobs)
+    argv = throughput.throughput_argv(path, params.bench, params.workload.model_dump(), engine_knobs)
     got = subprocess.run(["vllm", "bench", "throughput", *argv], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=1800)
     m = re.search(r"([\d.]+) output tokens/s", got.stdout + got.stderr)

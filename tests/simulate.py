@@ -144,7 +144,8 @@ GPU4090 = KneeModel(KNEE_SETTINGS, KNEE_SLO, PHI)
 def look(rng, n: int, share: float, need: int | None = None, phi: float = PHI) -> tuple[int, int]:
     """One look of n counted requests: (over the SLO, counted). The requests over it come in clusters (Poisson) of
     geometric size, mean (phi + 1) / 2 (variance phi x n s), each at a uniform place in the look. With `need` (the
-    look stops sending once its fail is certain: knee.Curtail), it ends at the request where the count reaches it."""
+    look stops sending once its fail is certain: knee_looks.Curtail), it ends at the request where the count reaches
+    it."""
     m = (phi + 1) / 2
     clusters = rng.poisson(n * share / m)
     if not clusters:
@@ -171,7 +172,7 @@ def server_probe(rng, k: dict, server: float, true_phi: float = PHI, curtail: bo
                                         k["max_prompts"], phi=phi, looks=k["max_repeats"])
         share = min(q * (rate / server) ** model.gamma, 1.0)
         visit = [r for r in rows if r["offered_rps"] == rate]  # the search visits a rate once
-        need = probing.stop_count(counted, visit, slo["percentile"], phi, k["max_repeats"])  # as knee.Curtail
+        need = probing.stop_count(counted, visit, slo["percentile"], phi, k["max_repeats"])  # as knee_looks.Curtail
         over, seen = look(rng, counted, share, need if curtail else None, true_phi)
         return {"offered_rps": rate, "counted": seen, "over_slo": over, "failed": 0, "backlog": False,
                 "seconds": seen / rate + LOOK_S}

@@ -11,12 +11,11 @@ import pytest
 
 import common
 import config
-import download
 import plan as planning
 import report
 from conftest import FIXTURES, ROOT
 from measure import workload
-from serving import vllm_compat
+from serving import model_store, vllm_compat
 
 PARAMS = common.read_params(ROOT / "params.yaml")
 LADDER = planning.load_ladder(ROOT / "ladder.yaml")
@@ -268,14 +267,14 @@ def test_workload_choice_sets_the_kind_or_the_file():
 
 def test_a_local_model_is_used_in_place_and_its_files_hashed(tmp_path):
     folder = model_folder(tmp_path / "ft")
-    path, info = download.from_local("ft", {"source": "local", "path": str(folder)}, tmp_path / "store")
+    path, info = model_store.from_local("ft", {"source": "local", "path": str(folder)}, tmp_path / "store")
     assert path == folder and set(info["files"]) == {"config.json", "model.safetensors"}
     assert info["files"]["config.json"] == common.sha256_file(folder / "config.json")
     (folder / "model.safetensors").write_bytes(b"v" * 65)  # a changed checkpoint, same name
-    _, again = download.from_local("ft", {"source": "local", "path": str(folder)}, tmp_path / "store")
+    _, again = model_store.from_local("ft", {"source": "local", "path": str(folder)}, tmp_path / "store")
     assert again["sha256"] != info["sha256"] and again["files"]["config.json"] == info["files"]["config.json"]
-    with pytest.raises(download.ModelError, match=r"download.catalog.ft.path: .*no such folder"):
-        download.from_local("ft", {"source": "local", "path": str(tmp_path / "gone")}, tmp_path / "store")
+    with pytest.raises(model_store.ModelError, match=r"download.catalog.ft.path: .*no such folder"):
+        model_store.from_local("ft", {"source": "local", "path": str(tmp_path / "gone")}, tmp_path / "store")
 
 
 def hf_cache(root, repo: str, revision: str, folder) -> None:
@@ -298,10 +297,10 @@ REV = "0123456789abcdef0123456789abcdef01234567"
 
 
 def hub(tmp_path, catalog_entry: dict) -> subprocess.CompletedProcess:
-    """download.provide for one hf entry, offline against the test's cache (the hub setting is read at import)."""
-    code = (f"import json, sys; sys.path.insert(0, {str(SCRIPTS)!r}); import download\n"
-            f"try: print(json.dumps(download.provide('m', {{'m': {catalog_entry!r}}}, None, {{}})))\n"
-            f"except download.ModelError as e: print(e, file=sys.stderr); sys.exit(2)")
+    """model_store.provide for one hf entry, offline against the test's cache (the hub setting is read at import)."""
+    code = (f"import json, sys; sys.path.insert(0, {str(SCRIPTS)!r}); from serving import model_store\n"
+            f"try: print(json.dumps(model_store.provide('m', {{'m': {catalog_entry!r}}}, None, {{}})))\n"
+            f"except model_store.ModelError as e: print(e, file=sys.stderr); sys.exit(2)")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path)}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
 

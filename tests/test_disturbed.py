@@ -14,11 +14,11 @@ import pytest
 
 import bench
 import config
-import knee
 import report
 from conftest import FIXTURES
 from measure import disturbed
 from records.ladder import LadderRecord
+from runner import knee_looks
 from serving import vllm_compat
 from test_knee_sweep import SLO, FakeProber, FakeServer
 from test_knee_sweep import K as KNEE
@@ -134,7 +134,7 @@ def test_the_in_engine_loop_times_one_more_pass_for_a_far_one_and_prints_each_pa
     monkeypatch.setattr(throughput, "_run_vllm_requests", passes)
     monkeypatch.setattr(throughput, "main", lambda args: throughput.run_vllm(
         list(range(10)), 1, type("EngineArgs", (), {"enable_lora": False})(), False))
-    more = lambda done: disturbed.screen(done, 3, 0.2, 2)["more"]  # noqa: E731 -- as bench.worker builds it
+    more = lambda done: disturbed.screen(done, 3, 0.2, 2)["more"]  # noqa: E731 -- as throughput.worker builds it
     vllm_compat.run_throughput(["--model", "m", "--num-prompts", "10"], 3, 0, more=more, watch=Watch)
     text = capsys.readouterr().out
     assert vllm_compat.timed_passes(text) == 4  # 3, and one for the far one; never the fifth
@@ -164,7 +164,7 @@ def test_a_busy_look_is_kept_aside_and_looked_at_again_on_its_trace(tmp_path, mo
     monkeypatch.setattr(disturbed, "CpuWatch", Watch)
     prober, k = FakeProber(), {**KNEE, "busy_share": 0.25}
     rows: list[dict] = []
-    row = knee.probe(prober, FakeServer(), "model", k, SLO, tmp_path, 4.0, rows)
+    row = knee_looks.probe(prober, FakeServer(), "model", k, SLO, tmp_path, 4.0, rows)
     assert [c["seed"] for c in prober.calls] == [prober.calls[0]["seed"]] * 2  # the same trace twice
     assert [c["n"] for c in prober.calls] == [prober.calls[0]["n"]] * 2
     assert row["relooked"] and row["other_work_share"] == 0.05 and not row.get("busy_again")
@@ -174,10 +174,10 @@ def test_a_busy_look_is_kept_aside_and_looked_at_again_on_its_trace(tmp_path, mo
     # a look that runs busy again is judged anyway, and says so; a quiet one is not looked at twice
     monkeypatch.setattr(disturbed, "CpuWatch", lambda: type("W", (), {"stop": lambda self: {
         "wall_s": 40.0, "cores": 2, "other_cpu_s": 60.0, "steal_s": 0.0, "ours_cpu_s": 60.0, "share": 0.75}})())
-    again = knee.probe(prober, FakeServer(), "model", k, SLO, tmp_path, 4.0, rows)
+    again = knee_looks.probe(prober, FakeServer(), "model", k, SLO, tmp_path, 4.0, rows)
     assert again["busy_again"] and again["disturbed_look"]["other_work_share"] == 0.75 and len(prober.calls) == 4
     monkeypatch.setattr(disturbed, "CpuWatch", lambda: type("W", (), {"stop": lambda self: None})())
-    quiet = knee.probe(prober, FakeServer(), "model", k, SLO, tmp_path, 4.0, rows)
+    quiet = knee_looks.probe(prober, FakeServer(), "model", k, SLO, tmp_path, 4.0, rows)
     assert "disturbed_look" not in quiet and len(prober.calls) == 5
 
 
@@ -192,7 +192,7 @@ def test_a_search_judges_the_clean_look_and_keeps_the_busy_one_in_its_row(tmp_pa
             return {"wall_s": 40.0, "cores": 2, "other_cpu_s": 60.0 if self.busy else 1.0, "steal_s": 0.0,
                     "ours_cpu_s": 60.0, "share": 0.75 if self.busy else 0.0125}
     monkeypatch.setattr(disturbed, "CpuWatch", Watch)
-    rows, probes = knee.sweep(FakeProber(), FakeServer(), "model", {**KNEE, "busy_share": 0.25}, SLO, tmp_path)
+    rows, probes = knee_looks.sweep(FakeProber(), FakeServer(), "model", {**KNEE, "busy_share": 0.25}, SLO, tmp_path)
     assert len(rows) == len(probes) and rows[0]["disturbed_look"]["other_work_share"] == 0.75
     assert [r for r in rows[1:] if r.get("disturbed_look")] == []
     assert "a second look on its trace" in (tmp_path / "sweep.log").read_text().splitlines()[0]

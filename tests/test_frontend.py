@@ -14,10 +14,10 @@ import types
 
 import pytest
 
-import knee
 from conftest import FIXTURES
 from measure import frontend
 from records.knee import FrontEndLook, KneeResult
+from runner import knee_looks
 from serving import vllm_compat, watch
 from test_knee_sweep import SLO, FakeProber, K
 
@@ -230,7 +230,7 @@ def test_a_look_s_row_carries_what_its_watcher_read(tmp_path):
     srv = types.SimpleNamespace(url="http://127.0.0.1:1", title_prefix="VLLM",
                                 proc=types.SimpleNamespace(pid=os.getpid()), alive=lambda: True,
                                 metrics=Pages(TTFT_PAGE, planted(TTFT_PAGE, {0.1: 500})))
-    row = knee.probe(FakeProber(), srv, "model", K, SLO, tmp_path, 4.0, [])
+    row = knee_looks.probe(FakeProber(), srv, "model", K, SLO, tmp_path, 4.0, [])
     got = FrontEndLook.model_validate(row["frontend"])
     assert got.counted == row["sent"] and got.client_over_ttft == 0 and got.api_processes == 1
     assert got.server_reason is None and got.waiting_peak == 0 and got.bound is None

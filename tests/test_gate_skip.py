@@ -14,6 +14,7 @@ import report
 from conftest import FIXTURES
 from judgement import capacity, decide, record, stats
 from records.gate import gate_failed
+from runner import knee_looks
 from serving import engine
 
 FAILED = {"keep": False, "gated": True, "verdict": "fail",
@@ -54,7 +55,7 @@ def test_a_failed_gate_writes_na_bench_and_knee_without_starting_an_engine(tmp_p
     k = out["knee"]
     assert k["knee_rps"] is None and k["first_fail_rps"] is None and k["rows"] == [] and k["probes"] == 0
     with open(tmp_path / "results/knee.csv") as f:  # `dvc plots` reads it: the header, no rows
-        assert tuple(next(csv.reader(f))) == tuple(knee.COLUMNS) and not list(f)
+        assert tuple(next(csv.reader(f))) == tuple(knee_looks.COLUMNS) and not list(f)
 
 
 def test_only_a_failed_gate_skips_and_the_knob_turns_it_off(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 import config
 import knee
 from records.bench import BenchResult
+from runner import knee_looks
 
 # the knee section as the stage gets it: validated, the model's defaults filled (timeouts, min_rate), and the
 # workload the stage adds (workload.prepare)
@@ -73,8 +74,8 @@ class FakeProber:
 
 def test_search_brackets_the_synthetic_knee_and_every_call_has_its_own_seed(tmp_path):
     prober, srv = FakeProber(), FakeServer()
-    knee.warm_up(prober, srv, "model", K, SLO, tmp_path)
-    rows, probes = knee.sweep(prober, srv, "model", K, SLO, tmp_path)
+    knee_looks.warm_up(prober, srv, "model", K, SLO, tmp_path)
+    rows, probes = knee_looks.sweep(prober, srv, "model", K, SLO, tmp_path)
     res = knee.probing.knee_result(probes, rel_tol=K["rel_tol"])
     lo, hi = res["last_pass_rps"], res["first_fail_rps"]
     assert lo <= CAPACITY < hi and res["resolved"]
@@ -97,7 +98,7 @@ def test_a_whole_overloaded_look_fails_on_evidence_also_where_its_latency_outran
     class WholeLooks(FakeProber):  # a look that never stops early: it counts its second half
         def __call__(self, argv, timeout, what, watch=None):
             super().__call__(argv, timeout, what)
-    rows, _ = knee.sweep(WholeLooks(), FakeServer(), "model", K, SLO, tmp_path)
+    rows, _ = knee_looks.sweep(WholeLooks(), FakeServer(), "model", K, SLO, tmp_path)
     assert all(r["evidence"] == "fail" for r in rows if not r["passed"])
     assert any(not r["settled"] for r in rows if not r["passed"])
 
@@ -111,11 +112,11 @@ def test_the_search_starts_from_the_bench_estimate_and_falls_back_to_start_rate(
 
 def test_the_batch1_probe_sends_one_request_at_a_time_with_its_own_seed(tmp_path):
     prober = FakeProber()
-    one = knee.batch1(prober, FakeServer(), "model", K, SLO, tmp_path)
+    one = knee_looks.batch1(prober, FakeServer(), "model", K, SLO, tmp_path)
     call = prober.calls[-1]
     assert one["requests"] == 3 and one["tpot_ms"] == 20.0
     assert call["n"] == 3 and call["concurrency"] == "1" and call["seed"] == "10000"
-    assert knee.batch1(prober, FakeServer(), "model", {**K, "batch1_requests": 0}, SLO, tmp_path) is None
+    assert knee_looks.batch1(prober, FakeServer(), "model", {**K, "batch1_requests": 0}, SLO, tmp_path) is None
 
 
 def test_watched_serve_stops_arrivals_once_watch_says_so_and_restores_vllms_module():
@@ -252,7 +253,7 @@ def test_the_benchmark_cancelled_from_outside_is_not_answered_for():
 
 
 def test_a_request_is_past_the_slos_reach_after_ttft_plus_its_tokens_at_tpot():
-    stop = knee.Curtail(4.0, 100, K, {**SLO, "ttft_ms": 1000, "tpot_ms": 200}, [])
+    stop = knee_looks.Curtail(4.0, 100, K, {**SLO, "ttft_ms": 1000, "tpot_ms": 200}, [])
     # with 10 % and 0.1 s to spare (the watch's clock starts before vLLM's; a stream ends after its last token)
     assert stop.certain_s(types.SimpleNamespace(output_len=32)) == pytest.approx((1 + 31 * 0.2) * 1.1 + 0.1)
     assert stop.certain_s(types.SimpleNamespace(output_len=1)) == pytest.approx(1.0 * 1.1 + 0.1)
@@ -264,11 +265,11 @@ def test_a_cut_look_row_counts_its_cut_requests_over_the_slo_and_not_as_failures
             for i in range(60)]
     reqs += [{"start": 1006 + i * 0.1, "ttft": None, "end": 1006 + i * 0.1, "ok": False, "tpot": None, "cut": True}
              for i in range(40)]
-    row = knee.row_from({"completed": 60, "failed": 40, "duration": 20.0}, reqs, 10.0, 100, K, SLO)
+    row = knee_looks.row_from({"completed": 60, "failed": 40, "duration": 20.0}, reqs, 10.0, 100, K, SLO)
     assert row["cut"] == 40 and row["failed"] == 0 and row["sent"] == 100
     assert 0 < row["over_slo"] <= 40  # the ok ones met the SLO: what is over is cut
     row.update(stopped_early=True)
-    assert "40 then in flight past the SLO's reach cut, counted over it" in knee.sent_words(row)
+    assert "40 then in flight past the SLO's reach cut, counted over it" in knee_looks.sent_words(row)
     fe = frontend.look({"ttft_start": {1.0: 0, math.inf: 0}, "ttft_stop": {1.0: 90, math.inf: 100}}, reqs, 1000)
     assert fe["server_counted"] is None and "cut in flight" in fe["server_reason"]
 
@@ -293,24 +294,25 @@ def test_a_look_above_the_rates_probed_is_sized_on_its_latency_rising_toward_the
     # the cpu's rung 0 (one search): 5.657 req/s ran 1.145 s, 8 ran 1.356, 11.31 failed with a backlog at 2.855
     rows = [{"offered_rps": 5.657, "e2e_p50_s": 1.145}, {"offered_rps": 11.31, "e2e_p50_s": 2.855, "backlog": True},
             {"offered_rps": 8.0, "e2e_p50_s": 1.356}]
-    assert knee.e2e_estimate(rows, 1.131, 9.514) == pytest.approx(1.356 + 0.211 / 2.343 * 1.514)  # 1.492: ran 1.389
-    assert knee.e2e_estimate(rows, 1.131, 8.0) == 1.356  # one rate below 8 draws no line: the longest at or below
-    assert knee.e2e_estimate(rows[:1], 1.131, 8.0) == 1.145  # one rate below: the longest seen, as before
-    assert knee.e2e_estimate([], 1.131, 11.31) == 1.131  # none: the warm-up's
+    # 1.492: ran 1.389
+    assert knee_looks.e2e_estimate(rows, 1.131, 9.514) == pytest.approx(1.356 + 0.211 / 2.343 * 1.514)
+    assert knee_looks.e2e_estimate(rows, 1.131, 8.0) == 1.356  # one rate below 8 draws no line: the longest at or below
+    assert knee_looks.e2e_estimate(rows[:1], 1.131, 8.0) == 1.145  # one rate below: the longest seen, as before
+    assert knee_looks.e2e_estimate([], 1.131, 11.31) == 1.131  # none: the warm-up's
     # a queue's latency draws no line: only looks without a backlog do; latency that fell gives no slope below zero
-    assert knee.e2e_estimate(rows, 1.131, 13.45) == 2.855
-    assert knee.e2e_estimate([{"offered_rps": 4.0, "e2e_p50_s": 1.2}, {"offered_rps": 5.657, "e2e_p50_s": 1.1}],
+    assert knee_looks.e2e_estimate(rows, 1.131, 13.45) == 2.855
+    assert knee_looks.e2e_estimate([{"offered_rps": 4.0, "e2e_p50_s": 1.2}, {"offered_rps": 5.657, "e2e_p50_s": 1.1}],
                              None, 8.0) == 1.2
     # the base's latency at a rate (run.anchor.latency) sizes a rung's look there: the H100 rungs' first look at
     # their base's pass, sized by the warm-up's 1.9 s where the base met 3.4-3.8 s, counted too few to pass
     known = [[26.91, 3.775], [13.45, 2.074]]
-    assert knee.e2e_estimate([], 1.9, 26.91, known) == 3.775
-    assert knee.e2e_estimate([], 1.9, 26.9100001, known) == 3.775  # the grid's rounding
-    assert knee.e2e_estimate([], 1.9, 32.0, known) == 1.9  # no latency known there: as before
-    assert knee.e2e_estimate([{"offered_rps": 26.91, "e2e_p50_s": 4.1}], 1.9, 26.91, known) == 4.1  # the longest
+    assert knee_looks.e2e_estimate([], 1.9, 26.91, known) == 3.775
+    assert knee_looks.e2e_estimate([], 1.9, 26.9100001, known) == 3.775  # the grid's rounding
+    assert knee_looks.e2e_estimate([], 1.9, 32.0, known) == 1.9  # no latency known there: as before
+    assert knee_looks.e2e_estimate([{"offered_rps": 26.91, "e2e_p50_s": 4.1}], 1.9, 26.91, known) == 4.1  # the longest
     # sized on the known latency, the first look plans the ~547 counted a pass needs (it counted 344-402 on 1.9 s)
     k = {"probe_seconds": 20, "ramp_fraction": 0.1, "min_prompts": 16, "max_prompts": 2000, "settle_latencies": 3,
          "tail_latencies": 1, "dispersion": {"phi": 6.9}, "max_repeats": 2}
-    short, right = (knee.prompts_for(26.91, k, {"percentile": 95}, e) for e in (1.9, 3.775))
+    short, right = (knee_looks.prompts_for(26.91, k, {"percentile": 95}, e) for e in (1.9, 3.775))
     assert right - short == pytest.approx(26.91 * 4 * (3.775 - 1.9), abs=1.5)
     assert (right - 26.91 * 4 * 3.4) >= 497  # met at 3.4 s, the window still counts what a pass needs (phi 6.9)

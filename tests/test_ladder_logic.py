@@ -536,7 +536,7 @@ def test_a_budget_stops_the_ladder_only_between_units_at_the_longest_unit_s_meas
     rung0 = {"role": decide.BASELINE, "seconds": 600.0, "reused": [], "bench": {"warm_up_engine": {"wall_s": 30.0}},
              "knee": {"status": "inside"}}
     drv.records = [rung0]
-    monkeypatch.setenv(ladder.bench.WARM_MARK, str(tmp_path / "warm.done"))  # this run's first bench: warmed
+    monkeypatch.setenv(ladder.throughput.WARM_MARK, str(tmp_path / "warm.done"))  # this run's first bench: warmed
     (tmp_path / "warm.done").write_text("")
     monkeypatch.setattr(ladder, "_STARTED", ladder.time.monotonic() - 610.0)  # ~610 s spent
     drv.unit_done("rung 0", [rung0])

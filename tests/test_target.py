@@ -10,16 +10,16 @@ import sys
 
 import pytest
 
-import bench
 import common
 import config
-import fingerprint
 import plan as planning
 import report
 from conftest import FIXTURES, ROOT
 from judgement import decide, record
+from measure import host
 from records.bench import BenchResult
 from records.knee import KneeResult
+from runner import throughput
 from serving import engine, vllm_compat
 
 RAW = config.read_params(ROOT / "params.yaml")
@@ -77,7 +77,7 @@ def test_eval_bench_and_knee_all_build_their_engine_from_the_converted_knobs():
             {k: v for k, v in p.engine.items() if k != "gpu_memory_utilization"}
     cfg = common.engine_config(p, "rung", H200)
     flag = ["--gpu-memory-utilization", str(FRACTION)]
-    argv = bench.throughput_argv("models/m", p.bench, p.workload.model_dump(), cfg["engine"])   # bench
+    argv = throughput.throughput_argv("models/m", p.bench, p.workload.model_dump(), cfg["engine"])   # bench
     assert any(argv[i:i + 2] == flag for i in range(len(argv)))
     assert engine.llm_kwargs(cfg["engine"])["gpu_memory_utilization"] == FRACTION        # eval: LLM(**kwargs)
     serve = engine.cli_flags(cfg["engine"])                                               # knee: vllm serve flags
@@ -122,7 +122,7 @@ def test_the_plan_checks_every_rung_budget_against_this_machine():
         planning.resolve(copy.deepcopy(RAW), lad, "gpu-shape-4090", RAW, gpus=1)
 
 
-@pytest.mark.skipif(bool(fingerprint.gpus()), reason="the refusal is for a machine without a GPU")
+@pytest.mark.skipif(bool(host.gpus()), reason="the refusal is for a machine without a GPU")
 def test_ladder_check_on_this_cpu_box_refuses_the_4090_profile_before_any_engine_starts():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "ladder.py"), "--check", "--profile",
                           "gpu-shape-4090"], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -7,12 +7,11 @@ import re
 import pytest
 
 import common
-import download
 import report
 from conftest import FIXTURES
 from judgement import record
 from records.ladder import LadderRecord
-from serving import vllm_compat
+from serving import model_store, vllm_compat
 
 
 def stage(wall, start, measure):
@@ -138,26 +137,26 @@ def built(tmp_path):
     (folder / "config.json").write_text('{"a": 1}')
     (folder / "model.safetensors").write_bytes(b"w" * 1000)
     spec = {"source": "quantize", "from": "x"}
-    download.finish(folder, spec, {"id": "m", "revision": "r"})
+    model_store.finish(folder, spec, {"id": "m", "revision": "r"})
     return folder, spec
 
 
 def test_an_unchanged_model_folder_is_trusted_by_its_stamps_and_a_changed_file_is_hashed_again(tmp_path):
     folder, spec = built(tmp_path)
-    assert download.verify("m", folder, spec)["id"] == "m"
+    assert model_store.verify("m", folder, spec)["id"] == "m"
     weights = folder / "model.safetensors"
     weights.write_bytes(b"x" * 1000)  # same size, new content: the mtime tells it apart
-    with pytest.raises(download.ModelError, match="model.safetensors is corrupt"):
-        download.verify("m", folder, spec)
+    with pytest.raises(model_store.ModelError, match="model.safetensors is corrupt"):
+        model_store.verify("m", folder, spec)
 
 
 def test_a_marker_from_before_the_stamps_is_hashed_once_then_stamped(tmp_path):
     folder, spec = built(tmp_path)
-    marker = folder / download.MARKER
+    marker = folder / model_store.MARKER
     info = json.loads(marker.read_text())
     del info["stamps"]
     marker.write_text(json.dumps(info))
-    assert download.verify("m", folder, spec)["sha256"] == info["sha256"]
+    assert model_store.verify("m", folder, spec)["sha256"] == info["sha256"]
     assert set(json.loads(marker.read_text())["stamps"]) == {"config.json", "model.safetensors"}
 
 

@@ -5,6 +5,7 @@ The driver (ladder.py) records what `decide` returns; the report prints it and n
 from __future__ import annotations
 
 from judgement import capacity, stats
+from records.ladder import RungRecord
 
 # The verdicts a rung record can carry (records.ladder.RungRecord.verdict); the report prints them as they are.
 BASELINE, KEPT, REVERTED, NOT_CHOSEN, FAILED, INTERRUPTED, SKIPPED, CONFIRM, RECHECK = (
@@ -198,6 +199,13 @@ def verdict(rec: dict) -> str:
     if rec.get("role") == BASELINE:
         return BASELINE
     return KEPT if rec.get("kept") else REVERTED
+
+
+def change_cell(r: RungRecord) -> str:
+    """What a row changed vs its base (a base's re-measure changes nothing: it says what it re-measures)."""
+    return ", ".join(f"{k}={v}" for k, v in (r.change or {}).items()) or (
+        f"none: re-measures {r.base}" if r.role == RECHECK else
+        f"none: {r.of} on a fresh server" if r.role == KNEE_RECHECK else "stock")
 
 
 def beats(a: dict, b: dict, objective: str, floor) -> tuple[bool, str]:
