@@ -48,8 +48,11 @@ report: setup ## re-render report/before_after.md and its plots from report/ladd
 compare: setup ## one row per rung of the last ladder: its change, headline metrics (dvc exp show) and verdict
 	python scripts/compare.py
 
-lint: setup ## ruff: style and common bugs in scripts/ and tests/ (CI runs it)
+# the typed core mypy checks ([tool.mypy] in pyproject.toml); tests/test_types.py checks the same list
+TYPED = scripts/config.py scripts/records/*.py scripts/judgement/record.py scripts/report.py
+lint: setup ## ruff: style and common bugs in scripts/ and tests/; mypy: types of config, the records, record.py, report.py (CI runs it)
 	ruff check scripts tests
+	mypy $(TYPED)
 
 test: setup ## the test suite: unit tests + the real-vLLM end-to-end ladder on the cpu profile
 	python -m pytest tests -v -rs --durations=0 --durations-min=5

@@ -34,7 +34,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from measure.evidence import pass_minimum  # a leaf: every stage imports config, so config stands on nothing more
 
@@ -61,7 +61,7 @@ JUDGEMENT = ("bench.noise_floor", "knee.noise_floor", "knee.server_spread", "kne
              "gate.max_overall_drop", "gate.max_category_drop", "gate.alpha", "gate.min_items")
 
 
-def knob_error(field: str, value, allowed: str) -> str:
+def knob_error(field: str, value, allowed: str | None) -> str:
     return f"{field}: {value!r} is not allowed; expected {allowed}"
 
 
@@ -81,7 +81,7 @@ def check_knob(field: str, value) -> str | None:
         ok = isinstance(value, (str, int, float)) and not isinstance(value, bool)
         return None if ok else knob_error(field, value, "a string or a number")
     if field == "model.name":
-        ok = isinstance(value, str) and value
+        ok = isinstance(value, str) and bool(value)
         return None if ok else knob_error(field, value, "a model name from download.fetch")
     return f"{field}: unknown knob; a rung may change model.name, engine.<vLLM engine arg> or env.VLLM_*"
 
@@ -620,7 +620,7 @@ def _value_at(data, keys: list, fallback):
     return data
 
 
-def _lines(err: dict, root, data) -> list[str]:
+def _lines(err: ErrorDetails, root, data) -> list[str]:
     """One pydantic error as our lines: "<field>: <value!r> is not allowed; expected <allowed>"."""
     loc, kind = tuple(err["loc"]), err["type"]
     if kind == "extra_forbidden":

@@ -6,6 +6,7 @@ Usage: python scripts/report.py [LADDER_JSON [OUT_DIR]]   (defaults: report/ladd
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from tabulate import tabulate
@@ -80,7 +81,7 @@ def tps_cell(r: RungRecord):
 
 
 def delta_cell(r: RungRecord):
-    d = r.delta and r.delta.output_tps
+    d = r.delta.output_tps if r.delta else None
     if d is None or d.rel is None:
         return "—"
     ci = d.ci or d.ci95  # ci95: records made before the interval's level was stated with it
@@ -142,9 +143,17 @@ def slo_text(slo: config.Slo) -> str:
     return f"p{p:g} TTFT ≤ {slo.ttft_ms:g} ms, p{p:g} TPOT ≤ {slo.tpot_ms:g} ms"
 
 
-VERDICT_CELL = {"baseline": "baseline", "kept": "**kept**", "reverted": "reverted", "not chosen": "not chosen",
-                "failed": "failed → reverted", "interrupted": "interrupted → reverted", "skipped": "skipped",
-                "re-measure": "its base again", "knee re-check": "knee re-check"}
+def slo_of(lad: LadderRecord) -> config.Slo:
+    """The SLO the ladder ran with: the driver states it in every record it writes (LadderRecord.slo is None only
+    in a record no ladder wrote, which the report cannot render)."""
+    assert lad.slo is not None, "the ladder record states no SLO"
+    return lad.slo
+
+
+VERDICT_CELL: dict[str | None, str] = {  # keyed by a verdict: a rung with none (None) reads its status
+    "baseline": "baseline", "kept": "**kept**", "reverted": "reverted", "not chosen": "not chosen",
+    "failed": "failed → reverted", "interrupted": "interrupted → reverted", "skipped": "skipped",
+    "re-measure": "its base again", "knee re-check": "knee re-check"}
 
 
 def kept_cell(r: RungRecord):
@@ -203,6 +212,7 @@ def roof_cell(r: RungRecord):
     rf = r.roofline
     if rf is None or not rf.tpot_floor_ms or not rf.tpot_low_load_ms:
         return "—"
+    assert rf.pct_of_floor is not None  # record.roofline writes it wherever it wrote the low-load TPOT
     # a record from before tpot_measured_at was written measured at batch 1
     at = rf.tpot_measured_at if "tpot_measured_at" in rf.model_fields_set else "batch 1"
     at = "" if at == "batch 1" else f" ({at or 'low load'})"
@@ -238,8 +248,9 @@ def target_lines(lad: LadderRecord) -> list[str]:
     runs = [r for r in lad.rungs if r.target]
     if not runs:
         return []
-    t = runs[0].target  # common.target_engine's conversion, as recorded
-    conv = {(r.target.gpu_memory_utilization, r.target.fraction, r.target.budget_gib) for r in runs}
+    targets = [r.target for r in runs if r.target]  # common.target_engine's conversions, as recorded: one a run
+    t = targets[0]
+    conv = {(c.gpu_memory_utilization, c.fraction, c.budget_gib) for c in targets}
     lines = [f"- **Emulated card**: {t.name}, {t.memory_gib:g} GiB, on this {t.real_gpu} "
              f"({t.real_total_gib:g} GiB, nvidia-smi): gpu_memory_utilization keeps its meaning on the "
              f"{t.name} and the engine gets u × {t.memory_gib:g} / {t.real_total_gib:g} of this card: "
@@ -264,7 +275,7 @@ def per_gpu_cell(r: RungRecord):
     pg = r.per_gpu
     if pg is None:
         return "—"
-    if gate_skipped(r):
+    if gate_skipped(r) and r.knee is not None:  # (gate_skipped: it has one)
         return na_cell(r.knee.label or r.knee.reason)
     knee = "—" if pg.knee_rps is None else f"{pg.knee_rps:g}–{fmt(pg.first_fail_rps, 'g', '∞')}"
     return f"{fmt(pg.output_tps, '.0f')} tok/s · knee {knee} req/s"
@@ -276,9 +287,9 @@ def not_reproduced(lad: LadderRecord, why: bool = False) -> str | None:
     the rungs they rested on (`why`: and the rule's reading of the pair); None where it confirmed them, or where no
     confirm step judged them."""
     conf = lad.confirm
-    words = conf.words if conf and conf.delta else None
-    if not words:
+    if conf is None or not conf.delta or not conf.words:
         return None
+    words = conf.words
     rested = conf.rested_on or [RestedOn(name=r.name) for r in lad.rungs if r.kept and r.role != "baseline"]
     names = ", ".join(f"{r.name}" + (f" (kept on {r.on})" if r.on else "") for r in rested)
     read = (conf.reproduced_why or "").removeprefix("no measurable gain: ").removesuffix(
@@ -345,10 +356,11 @@ def knee_flags(k: RungKnee | None) -> list[str]:
 
 def short_tps(r: RungRecord) -> str:
     b = r.bench
-    if no_tps(b):
-        return no_tps(b)
+    if (words := no_tps(b)) is not None:
+        return words
+    assert b is not None and b.output_tps is not None  # no_tps has words for every bench without a tok/s
     ci = b.output_tps_ci95
-    return (f"{b.output_tps:.0f}" + (f" {short_ci(*ci)}" if ci else "")
+    return (f"{b.output_tps:.0f}" + (f" {short_ci(ci[0], ci[1])}" if ci else "")
             + (MARKS["disturbed"] if was_disturbed(b) else "") + (MARKS["cold KV"] if short_kv(r) else ""))
 
 
@@ -445,7 +457,7 @@ def glance_notes(lad: LadderRecord) -> list[str]:
                          "vLLM issue 54122): where KV binds its tok/s reads low")}
     notes = [f"{MARKS[key]} {words[key]}: {', '.join(who)}" for key, who in named.items() if who]
     return [f"Output tok/s: median [95 % CI]; speedup vs rung 0; knee: last pass–first fail on evidence at the SLO "
-            f"({slo_text(lad.slo)}); regressions: accuracy lost per category vs rung 0 (✗ failed the gate). "
+            f"({slo_text(slo_of(lad))}); regressions: accuracy lost per category vs rung 0 (✗ failed the gate). "
             "Each figure's evidence (Δ intervals, engines, servers, counts per look): the sections below.",
             *[f"- {n}" for n in notes]]
 
@@ -461,6 +473,7 @@ def clip(text: str, width: int = LINE_WIDTH) -> str:
 def pct_ci(d: Change) -> str:
     """A Δ as the first screen shows it: +25 % [+17, +33]."""
     ci = d.ci or d.ci95
+    assert d.rel is not None  # tps_figure: only a Δ that read one
     return f"{d.rel * 100:+.0f} %" + (f" [{ci[0] * 100:+.0f}, {ci[1] * 100:+.0f}]" if ci else "")
 
 
@@ -482,7 +495,7 @@ def knee_point(r: RungRecord | None, per_gpu: bool) -> str:
 
 def knee_figure(r: RungRecord, lad: LadderRecord) -> str | None:
     """The knee's move vs the base, and on how many servers a side it held where fresh servers re-checked it."""
-    d = r.delta and r.delta.knee_rps
+    d = r.delta.knee_rps if r.delta else None
     if d is None or (d.rel is None and d.verdict == "unknown"):
         return None
     per = bool(d.per_gpu)
@@ -508,7 +521,7 @@ def speed_words(r: RungRecord, lad: LadderRecord, cost: str = "") -> str:
     """The figure that decided a measured rung first (decide.rests_on_tps), the other after it with its verdict, then
     `cost` (quality_cost)."""
     because = ""
-    dk, dt = r.delta and r.delta.knee_rps, r.delta and r.delta.output_tps
+    dk, dt = (r.delta.knee_rps, r.delta.output_tps) if r.delta else (None, None)
     knee, tps = knee_figure(r, lad), tps_figure(dt)
     if r.kept:
         # decide reads a rung as the driver builds it, a dict; the Δ is the part it reads
@@ -599,6 +612,7 @@ def headline(lad: LadderRecord) -> str:
     if not base or not final:
         return "No baseline was measured: no headline."
     kept = [r.name for r in lad.rungs if r.kept and r.role != "baseline"]
+    assert base.bench and final.bench and base.eval and final.eval  # measured rungs: each stage wrote its record
     bt, ft = base.bench.output_tps, final.bench.output_tps
     conf = lad.confirm
     if conf and conf.delta:  # the confirm step measured both back to back: the headline is that pair
@@ -609,14 +623,17 @@ def headline(lad: LadderRecord) -> str:
     elif ft is None:  # a final stack the offline bench cannot run (data parallel): its knee is the figure
         tps = f"{bt:.0f} output tok/s → n/a ({final.bench.label or final.bench.reason})"
     else:
+        assert bt is not None  # rung 0's tok/s: the headline starts from it
         tps = (f"{bt:.0f} output tok/s → {ft:.0f} tok/s ({ft / bt:.2f}×; rung 0 and the final rung as the ladder "
                f"measured them: {(conf and (conf.why or conf.summary)) or 'no confirm step'})")
     be, fe = base.eval, final.eval
-    acc = (f"acc {be.overall:.3f} → {fe.overall:.3f} ({(fe.overall - be.overall) * 100:+.1f} pts)"
-           if be.status == "ok" and fe.status == "ok" else
-           f"accuracy n/a ({na_label(final if fe.status != 'ok' else base)})")
+    if be.status == "ok" and fe.status == "ok":
+        assert be.overall is not None and fe.overall is not None  # an eval that measured holds its accuracy
+        acc = f"acc {be.overall:.3f} → {fe.overall:.3f} ({(fe.overall - be.overall) * 100:+.1f} pts)"
+    else:
+        acc = f"accuracy n/a ({na_label(final if fe.status != 'ok' else base)})"
     k = final.knee
-    slo = lad.slo
+    slo = slo_of(lad)
     p = f"p{slo.percentile:g}"
     at_knee = (f"{p} TTFT {fmt(k.ttft_ms_at_knee, '.0f')} ms / TPOT {fmt(k.tpot_ms_at_knee, '.1f')} ms "
                f"at {fmt(k.knee_rps, 'g')} req/s (SLO {slo_text(slo)})"
@@ -649,9 +666,9 @@ def kernels_text(facts: dict | None) -> str | None:
 
 def stage_kernels(r: RungRecord) -> dict:
     """stage -> the kernels its engine ran (eval: the gate's flips come from it; bench; knee)."""
-    per = {stage: kernels_text(facts) for stage, facts in (("eval", r.eval and r.eval.engine),
-                                                           ("bench", r.bench and r.bench.engine),
-                                                           ("knee", r.knee and r.knee.applied))}
+    per = {stage: kernels_text(facts) for stage, facts in (("eval", r.eval.engine if r.eval else None),
+                                                           ("bench", r.bench.engine if r.bench else None),
+                                                           ("knee", r.knee.applied if r.knee else None))}
     return {stage: text for stage, text in per.items() if text}
 
 
@@ -668,7 +685,7 @@ def kernels_line(r: RungRecord, lad: LadderRecord) -> list[str]:
         return []
     base = next((b for b in lad.rungs if b.exp and b.exp == r.base), None)
     theirs = stage_kernels(base) if base else {}
-    tail = ("" if not theirs else
+    tail = ("" if not theirs or base is None else
             f"; same as its base ({base.index} {base.name})" if set(theirs.values()) == set(mine.values()) else
             f"; its base ({base.index} {base.name}): {kernels_cell(theirs)}")
     return [f"  - kernels: {kernels_cell(mine)}{tail}"]
@@ -687,7 +704,7 @@ def kept_why(lad: LadderRecord) -> list[str]:
         lines.append(f"- **{r.name}** ({change}): {kept_cell(r).replace('**', '')} — {r.decision or ''}")
         if r.applied:
             lines.append(f"  - took effect? {applied_cell(r)}")
-        if gate_skipped(r):  # reverted by the gate: no engine started to measure its speed
+        if gate_skipped(r) and r.knee is not None:  # reverted by the gate: no engine started to measure its speed
             lines.append(f"  - bench and knee: not measured — {r.knee.reason}")
         elif r.bench and r.bench.status == "n/a":  # the offline engine (bench, eval) cannot run it
             lines.append(f"  - bench and eval: n/a — {r.bench.reason}")
@@ -719,9 +736,10 @@ def gate_power_lines(lad: LadderRecord) -> list[str]:
     as rung 0's gate recorded them (empty for records from before the gate recorded its power)."""
     gate = next((r.gate for r in lad.rungs if r.gate and r.gate.gated), None)
     cats = {c: v for c, v in (gate.by_category if gate else {}).items() if "detectable_drop" in v.model_fields_set}
-    if not cats:
+    if not cats or gate is None:
         return []
     g = gate.thresholds
+    assert g is not None  # a gate that recorded its power recorded the thresholds it judged with
     floor = gate.noise_floor
     lines = ["## What the quality gate can see", "",
              f"Threshold: a category drop > {g.max_category_drop} with McNemar p < {g.alpha}; "
@@ -758,8 +776,11 @@ def workload(lad: LadderRecord) -> dict:
 
 def header(lad: LadderRecord) -> list[str]:
     env = lad.environment
-    hw = env.gpu or f"CPU: {env.cpu.model} ({env.cpu.cores} cores, {env.cpu.memory_gib} GiB)"
-    slo, w = lad.slo, workload(lad)
+    hw = env.gpu
+    if not hw:
+        assert env.cpu is not None  # the fingerprint names the CPU of a box without a GPU
+        hw = f"CPU: {env.cpu.model} ({env.cpu.cores} cores, {env.cpu.memory_gib} GiB)"
+    slo, w = slo_of(lad), workload(lad)
     base = next((r for r in lad.rungs if r.status == "ok"), None)  # the stages say how they measured
     ev, gate = base and base.eval, base and base.gate
     lines = [
@@ -808,7 +829,7 @@ def capacity_lines(lad: LadderRecord) -> list[str]:
     if cap is None:
         return ["No capacity plan in this record."]
     gpu = cap.unit == "GPU"
-    lines = [f"Serving a peak of **{cap.peak_rps:g} req/s** of the knee workload at the SLO ({slo_text(lad.slo)}), "
+    lines = [f"Serving a peak of **{cap.peak_rps:g} req/s** of the knee workload at the SLO ({slo_text(slo_of(lad))}), "
              "each instance held to "
              f"{(1 - cap.headroom) * 100:.0f} % of its knee (headroom {cap.headroom:g})"
              + (f", at ${cap.price_per_gpu_hour:.2f} per GPU-hour." if cap.price_per_gpu_hour else
@@ -837,6 +858,7 @@ def capacity_lines(lad: LadderRecord) -> list[str]:
     if sv.plan != "ok":
         lines.append(f"**Tune vs scale**: no plan — {sv.why}.")
     else:
+        assert sv.saved_range is not None and sv.unit is not None  # a plan that is ok states both
         lo, hi = sv.saved_range
         b, a = getattr(cap.before, sv.unit), getattr(cap.after, sv.unit)  # the side plans' figure it compared
         lines.append(f"**Tune vs scale**: at {cap.peak_rps:g} req/s the ladder saves **{sv.saved} {unit}** "
@@ -881,11 +903,12 @@ def plots(lad: LadderRecord | dict, out: Path) -> None:
 
 def knee_plot(lad: LadderRecord, out: Path, plt) -> None:
     import matplotlib
-    slo = lad.slo
+    slo = slo_of(lad)
     searched = [r for r in lad.rungs + (lad.confirm.runs if lad.confirm else []) if r.knee and r.knee.rows]
     fig, ax = plt.subplots(figsize=(11, 0.55 * len(searched) + 1.8))
     for y, r in enumerate(reversed(searched)):
         k = r.knee
+        assert k is not None  # searched: rungs with knee rows
         # a record from before conclusive_fail_rps was written names the first failure as the evidence
         lo = k.knee_rps
         hi = k.conclusive_fail_rps if "conclusive_fail_rps" in k.model_fields_set else k.first_fail_rps
@@ -921,9 +944,10 @@ def rungs_plot(lad: LadderRecord, out: Path, plt) -> None:
     done = [r for r in lad.rungs if r.status == "ok" and r.bench and r.bench.output_tps]
     fig, ax = plt.subplots(figsize=(max(6, len(done) * 1.2), 4.5))
     names = [f"{r.index} {r.name}" for r in done]
-    tps = [r.bench.output_tps for r in done]
-    err = [[t - (r.bench.output_tps_ci95 or [t, t])[0] for t, r in zip(tps, done)],
-           [(r.bench.output_tps_ci95 or [t, t])[1] - t for t, r in zip(tps, done)]]
+    benches = [r.bench for r in done if r.bench]  # one a rung of done, each with a tok/s
+    tps = [b.output_tps for b in benches if b.output_tps]
+    err = [[t - (b.output_tps_ci95 or [t, t])[0] for t, b in zip(tps, benches)],
+           [(b.output_tps_ci95 or [t, t])[1] - t for t, b in zip(tps, benches)]]
     colors = ["tab:green" if r.kept or r.role == "baseline" else "tab:gray" for r in done]
     ax.bar(names, tps, yerr=err, color=colors, capsize=4)
     ax.set(ylabel="output tok/s (median, 95 % CI)", title="Throughput and accuracy per rung (grey: not kept)")
@@ -954,21 +978,22 @@ def knee_operating_point(r: RungRecord) -> tuple[float, float] | None:
     the knee's rate, and that probe's output tok/s over the rung's GPUs (one instance on a CPU); None without a
     knee (no pass, not measured) or without the probe's figures."""
     k = r.knee
-    rate = k and k.knee_rps
-    if rate is None or k.status == "n/a" or k.label == common.KNEE_RECHECK:
+    rate = k.knee_rps if k else None
+    if k is None or rate is None or k.status == "n/a" or k.label == common.KNEE_RECHECK:
         return None
     at = [x for x in k.rows if x.offered_rps == rate and x.p50_tpot_ms]
-    if not at or not at[-1].output_tps:
+    last = at[-1] if at else None
+    if last is None or not last.output_tps or not last.p50_tpot_ms:  # (at holds looks with a TPOT only)
         return None
-    return 1000 / at[-1].p50_tpot_ms, at[-1].output_tps / (r.gpus or 1)
+    return 1000 / last.p50_tpot_ms, last.output_tps / (r.gpus or 1)
 
 
 def pareto_points(lad: LadderRecord) -> list[dict]:
     """One point per rung with a knee (a base's re-measure or a knee re-check is no rung), the front marked: no
     other point serves more per user and more per GPU."""
-    pts = [{"r": r, "user": xy[0], "gpu": xy[1]} for r in lad.rungs
-           if r.role not in (decide.RECHECK, decide.KNEE_RECHECK) and r.status == "ok"
-           and (xy := knee_operating_point(r))]
+    pts: list[dict[str, Any]] = [{"r": r, "user": xy[0], "gpu": xy[1]} for r in lad.rungs
+                                 if r.role not in (decide.RECHECK, decide.KNEE_RECHECK) and r.status == "ok"
+                                 and (xy := knee_operating_point(r))]
     for p in pts:
         p["front"] = not any(q["user"] >= p["user"] and q["gpu"] >= p["gpu"] and (q["user"], q["gpu"]) !=
                              (p["user"], p["gpu"]) for q in pts)
@@ -1029,7 +1054,7 @@ def pareto_plot(lad: LadderRecord, out: Path, plt) -> None:
     ax.set(xlabel="output tok/s per user (1 / median TPOT at the knee's rate)",
            ylabel=f"output tok/s per {unit} at the knee's rate",
            title=f"Output tok/s per user vs per {unit.split()[0]}, each rung at its knee's rate (SLO "
-                 f"{slo_text(lad.slo)})")
+                 f"{slo_text(slo_of(lad))})")
     ax.title.set_fontsize(10)
     ax.grid(alpha=0.3)
     key = "\n".join(f"{ids[id(r)]:<4} {r.name}" + ("" if any(p["r"] is r for p in pts) else " (no knee)")
@@ -1050,7 +1075,7 @@ def disturbed_lines(lad: LadderRecord) -> list[str]:
     off its engine's others (bench.json `disturbed`), a knee look while other work kept the machine busy (a knee row's
     `disturbed_look`); or a line saying none were, or that the record predates the screen."""
     lines, screened = [], False
-    p = f"p{lad.slo.percentile:g}"
+    p = f"p{slo_of(lad).percentile:g}"
 
     def read(x: Look) -> str:
         return (f"{x.over_slo} of {x.counted} counted over the SLO, {p} TTFT "
@@ -1061,6 +1086,7 @@ def disturbed_lines(lad: LadderRecord) -> list[str]:
         # a record from before the screen has neither threshold
         screened = (screened or (b is not None and "far_share" in b.model_fields_set)
                     or (k is not None and "busy_share" in k.model_fields_set))
+        far_share, busy_share = (b.far_share if b else None) or 0, (k.busy_share if k else None) or 0
         for f in b.disturbed if b else []:
             load = f"; meanwhile {disturbed.busy_words(f.load)}" if f.load else ""
             sibs = ", ".join(f"{v:.1f}" for v in f.siblings)
@@ -1069,13 +1095,14 @@ def disturbed_lines(lad: LadderRecord) -> list[str]:
                     "no extra repeat left (bench.extra_repeats): it stays in the median and interval")
             lines.append(f"- **{who}** bench repeat {f.repeat}: {f.output_tps:.1f} output tok/s against its "
                          f"siblings {sibs} ({f.off:+.0%} off its engine's median {f.median:.1f}, beyond "
-                         f"bench.far_share {b.far_share or 0:.0%}){load}; {fate}")
+                         f"bench.far_share {far_share:.0%}){load}; {fate}")
         for row in k.rows if k else []:
             d = row.disturbed_look
             if not d:
                 continue
+            assert d.busy is not None  # what flagged it: the other work's share of the machine
             lines.append(f"- **{who}** knee look at {row.offered_rps:g} req/s (trace seed {row.seed}): ran "
-                         f"while {disturbed.busy_words(d.busy)}, over knee.busy_share {k.busy_share or 0:.0%}: "
+                         f"while {disturbed.busy_words(d.busy)}, over knee.busy_share {busy_share:.0%}: "
                          f"{read(d)} (kept in knee.json, {d.file}); looked at again on the same trace: "
                          f"{read(row)}, judged on that"
                          + (f" (it ran busy too, {row.other_work_share:.0%}: no look left)"
@@ -1110,8 +1137,8 @@ def floor_lines(lad: LadderRecord) -> list[str]:
         if sp.get("servers") else "not measured for this profile (`make benchmark ARGS=\"--parts 4 --spread-at R\"`)"))
     for r in lad.rungs:
         b = r.bench
-        warm = b and b.warm_up_engine
-        if warm and warm.output_tps and b.output_tps:
+        warm = b.warm_up_engine if b else None
+        if b and warm and warm.output_tps and b.output_tps:
             gap = warm.output_tps / b.output_tps - 1
             out.append(f"- **Warm-up engine** (untimed, before {r.exp}'s timed engine): {warm.output_tps:.0f} "
                        f"output tok/s vs the timed {b.output_tps:.0f} ({gap:+.1%})")

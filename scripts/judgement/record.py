@@ -194,7 +194,7 @@ def roofline(params: dict, rec: dict, models: dict) -> dict | None:
     gpu = (fp.get("gpus") or [{}])[0].get("name")
     bw = stats.bandwidth_gbs(gpu, params["roofline"]["bandwidth_gbs"])
     cfg = model_config(rec, models) if bw else None
-    if cfg is None:
+    if cfg is None or bw is None:  # bw is None only where cfg is: named so its type is narrowed
         return None
     bits, kv = stats.weight_bits(cfg.get("quantization_config")), kv_bytes(rec)
     shape = (rec.get("knee") or {}).get("shape") or {}
@@ -257,7 +257,7 @@ def confirm_summary(runs: list[dict], floor=None, objective: str = "knee_rps", k
     by = {m: stats.power(d[m]) for m in ("output_tps", "knee_rps")}
     if objective != "knee_rps":  # the knee keeps nothing: tok/s alone can confirm
         by["knee_rps"] = None
-    counted = [by[m] for m in (kept_gain or by) if by[m] is not None]
+    counted = [p for p in (by[m] for m in (kept_gain or by)) if p is not None]
     power = 1 - float(np.prod([1 - p for p in counted])) if counted else None
     power = None if power is None else round(power, 3)
     return {"baseline": {"output_tps": bt, "output_tps_runs": b["bench"]["output_tps_runs"], "knee": _knee(b["knee"])},
@@ -274,8 +274,8 @@ def confirm_summary(runs: list[dict], floor=None, objective: str = "knee_rps", k
 
 def _compound(recs: list[dict], measure: str) -> float | None:
     """The gain kept rungs read on one measure, compounded over them (each vs its base); None: none read one."""
-    rels = [((r.get("delta") or {}).get(measure) or {}).get("rel") for r in recs]
-    rels = [x for x in rels if x is not None]
+    read = [((r.get("delta") or {}).get(measure) or {}).get("rel") for r in recs]
+    rels = [x for x in read if x is not None]
     return float(np.prod([1 + x for x in rels]) - 1) if rels else None
 
 
