@@ -700,7 +700,7 @@ def stop_held(drv: Driver, why: str) -> None:
     drv.save()
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profile", default=os.environ.get("PROFILE") or None)
     ap.add_argument("--check", action="store_true", help="validate params and the ladder; run nothing")
@@ -712,11 +712,12 @@ def main() -> int:
     ap.add_argument("--budget-min", type=budget_minutes, default=None,
                     help="stop between rungs (or confirm pairs) before this many minutes run out (a lease that "
                          "ends): what finished is kept, `make ladder` resumes")
-    args = ap.parse_args()
-    os.chdir(common.ROOT)
-    gpu_list = fingerprint.gpus()
+    return ap.parse_args()
+
+
+def checked_plan(args: argparse.Namespace, profile: str, gpu_list: list[dict]) -> tuple[planning.Plan, dict]:
+    """The ladder's plan and its pre-flight, every bad input reported (common.die) before any engine starts."""
     gpus = len(gpu_list)
-    profile = args.profile or ("gpu" if gpus else "cpu")
     try:  # every bad input is reported here, before any engine starts
         params, lad = common.read_params(), planning.load_ladder(args.ladder)
         # params.yaml as it stands, as `dvc repro` would run it, whatever the profile replaces: a bad value is bad input
@@ -741,6 +742,15 @@ def main() -> int:
                                                if errs))
     except (common.ParamsError, score.EvalFileError) as e:
         common.die(str(e))
+    return plan, pre
+
+
+def main() -> int:
+    args = parse_args()
+    os.chdir(common.ROOT)
+    gpu_list = fingerprint.gpus()
+    profile = args.profile or ("gpu" if gpu_list else "cpu")
+    plan, pre = checked_plan(args, profile, gpu_list)
     for line in pre["unchecked"]:
         print(f"ladder: warning: {line}", file=sys.stderr)
     print(f"ladder: profile {profile}, model {plan.params['baseline']['model']['name']}, baseline + {len(plan.rungs)} "
