@@ -405,6 +405,55 @@ FAR_SHARE = 0.9  # a rate whose visit had this share of its counted requests ove
 ANCHOR_RATES = ("pass", "fail", "worse")  # run.anchor's keys that are request rates the search may probe
 
 
+def anchor_rates(anchor: dict | None, min_rate: float | None, max_rate: float) -> dict:
+    """run.anchor's rates inside [min_rate, max_rate], with its `bracket` and `last` flags; the rest of run.anchor
+    (latency: what sizes a look) is not a rate."""
+    return {key: v for key, v in (anchor or {}).items() if key in ("bracket", "last") or
+            (key in ANCHOR_RATES and v and (not min_rate or v >= min_rate) and v <= max_rate * (1 + GRID_ROUNDING))}
+
+
+def anchored_rate(anchor: dict, verdicts: dict, steps: int, min_rate: float | None,
+                  unsure: frozenset | set) -> tuple[bool, float | None]:
+    """next_rate's step at the anchors (anchor_rates): (True, the next rate or None: stop) where they decide it,
+    (False, None) where the search goes on as without them."""
+    if not (anchor.get("pass") or anchor.get("fail")):
+        return False, None
+    first, then = (anchor["fail"], anchor.get("pass")) if anchor.get("fail") else (anchor["pass"], None)
+    if first not in verdicts:
+        return True, first
+    if not verdicts[first]:
+        if then and then not in verdicts:
+            return True, then
+        if not anchor.get("bracket"):
+            # failed on evidence at the base's pass: worse beyond knee.noise_floor only at or below `worse`: one
+            # visit there (its grid rate at or below it), then stop whatever it found
+            worse = anchor.get("worse")
+            if worse and then and then not in unsure and not verdicts[then]:
+                below = grid_rate(math.floor(math.log2(worse) * steps + 1e-9), steps)
+                if below not in verdicts and (not min_rate or below >= min_rate):
+                    return True, below
+            return True, None
+        if first not in unsure and (not then or verdicts[then]):
+            return True, None
+    elif anchor.get("last") and not anchor.get("bracket"):
+        return True, None
+    return False, None
+
+
+def bisected_rate(lo: float, hi: float, verdicts: dict, steps: int, rel_tol: float) -> float | None:
+    """The unprobed grid rate nearest the middle of the bracket [lo, hi] (the higher of two), or None where it is at
+    most `rel_tol` wide or none is left."""
+    if width(lo, hi) <= rel_tol:
+        return None
+    li, hi_i = grid_index(lo, steps), grid_index(hi, steps)
+    seen = {grid_index(r, steps) for r in verdicts}
+    left = [i for i in range(li + 1, hi_i) if i not in seen]
+    if not left:
+        return None
+    mid = (li + hi_i) / 2
+    return grid_rate(min(left, key=lambda i: (abs(i - mid), -i)), steps)
+
+
 def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, rel_tol: float,
               max_probes: int, min_rate: float | None = None, anchor: dict | None = None,
               unsure: frozenset | set = frozenset(), far: frozenset | set = frozenset()) -> float | None:
@@ -435,29 +484,10 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     steps = grid_steps(rel_tol)
     top = math.floor(math.log2(max_rate) * steps + 1e-9)
     verdicts = rate_verdicts(probes)
-    # its rates inside [min_rate, max_rate]; the rest of run.anchor (latency: what sizes a look) is not a rate
-    anchor = {key: v for key, v in (anchor or {}).items() if key in ("bracket", "last") or
-              (key in ANCHOR_RATES and v and (not min_rate or v >= min_rate) and v <= max_rate * (1 + GRID_ROUNDING))}
-    if anchor.get("pass") or anchor.get("fail"):
-        first, then = (anchor["fail"], anchor.get("pass")) if anchor.get("fail") else (anchor["pass"], None)
-        if first not in verdicts:
-            return first
-        if not verdicts[first]:
-            if then and then not in verdicts:
-                return then
-            if not anchor.get("bracket"):
-                # failed on evidence at the base's pass: worse beyond knee.noise_floor only at or below `worse`: one
-                # visit there (its grid rate at or below it), then stop whatever it found
-                worse = anchor.get("worse")
-                if worse and then and then not in unsure and not verdicts[then]:
-                    below = grid_rate(math.floor(math.log2(worse) * steps + 1e-9), steps)
-                    if below not in verdicts and (not min_rate or below >= min_rate):
-                        return below
-                return None
-            if first not in unsure and (not then or verdicts[then]):
-                return None
-        elif anchor.get("last") and not anchor.get("bracket"):
-            return None
+    anchor = anchor_rates(anchor, min_rate, max_rate)
+    decided, rate = anchored_rate(anchor, verdicts, steps, min_rate, unsure)
+    if decided:
+        return rate
     if not probes:  # the grid rate nearest start, inside [min_rate, max_rate] where they are off the grid
         bottom = math.ceil(math.log2(min_rate) * steps - 1e-9) if min_rate else -math.inf
         return grid_rate(max(min(grid_index(start, steps), top), bottom), steps)
@@ -474,15 +504,7 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
         low = min(verdicts)
         i = max(grid_index(low, steps) - (steps if low in far else 1), bottom)
         return None if low <= min_rate or i >= grid_index(low, steps) else grid_rate(i, steps)
-    if width(lo, hi) <= rel_tol:
-        return None
-    li, hi_i = grid_index(lo, steps), grid_index(hi, steps)
-    seen = {grid_index(r, steps) for r in verdicts}
-    left = [i for i in range(li + 1, hi_i) if i not in seen]
-    if not left:
-        return None
-    mid = (li + hi_i) / 2
-    return grid_rate(min(left, key=lambda i: (abs(i - mid), -i)), steps)
+    return bisected_rate(lo, hi, verdicts, steps, rel_tol)
 
 
 def judge(rows: list[dict], slo: dict, phi: float = 1.0, looks: int = 1) -> dict:
