@@ -327,7 +327,7 @@ def judge_look(row: dict, k: dict, slo: dict) -> tuple[dict, str | None, str]:
     """A part-4 look judged alone as the knee stage judges each look of a visit (probing.slo_evidence at the look
     confidence of knee.max_repeats looks), and where its latency came from (frontend.flag on the watcher's figures:
     "front end" or "client" where it was added outside the engine): (evidence, bound, why)."""
-    phi = probing.Dispersion.of(k["dispersion"]).phi
+    phi = k["dispersion"]["phi"]
     ev = probing.slo_evidence(row["counted"], row["over_slo"], slo["percentile"],
                               evidence.look_confidence(k["max_repeats"]), phi)
     if not row.get("frontend"):

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import common
-from config import Params
+from config import Dispersion, Params
 from measure import disturbed, evidence, frontend, probing, workload
 from records.bench import BenchResult
 from records.gate import gate_failed
@@ -46,7 +46,7 @@ COLUMNS = (["offered_rps", "num_prompts", "sent", "stopped_early", "cut", "seed"
 def prompts_for(rate: float, k: dict, slo: dict, e2e_s: float) -> int:
     return probing.probe_prompts(rate, k["probe_seconds"], slo["percentile"], k["ramp_fraction"], k["min_prompts"],
                                k["max_prompts"], e2e_s, k["settle_latencies"], k["tail_latencies"],
-                               probing.Dispersion.of(k["dispersion"]).phi, k["max_repeats"])
+                               k["dispersion"]["phi"], k["max_repeats"])
 
 
 def e2e_estimate(rows: list[dict], warm: float | None, rate: float,
@@ -143,8 +143,7 @@ class Curtail:
     713."""
 
     def __init__(self, rate: float, n: int, k: dict, slo: dict, visit: list[dict], e2e_s: float = 0.0):
-        self.need = probing.stop_count(n, visit, slo["percentile"], probing.Dispersion.of(k["dispersion"]).phi,
-                                       k["max_repeats"])
+        self.need = probing.stop_count(n, visit, slo["percentile"], k["dispersion"]["phi"], k["max_repeats"])
         # requests that arrived while the server filled are not counted (probing.counted_window): nor here
         self.skip_s = max(k["ramp_fraction"] * n / rate, k["settle_latencies"] * e2e_s)
         self.slo, self.over, self.stopped = slo, 0, False
@@ -272,8 +271,7 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
 def mark_bound(rows: list[dict], k: dict, slo: dict, logs) -> list[dict]:
     """Each look's `frontend.bound` once its visit's verdict is final (frontend.mark: a look that passed is never
     bound), each bound look said in sweep.log; the rows."""
-    for row in frontend.mark(rows, slo["percentile"], probing.Dispersion.of(k.get("dispersion")).phi,
-                             k["max_repeats"]):
+    for row in frontend.mark(rows, slo["percentile"], k["dispersion"]["phi"], k["max_repeats"]):
         fe = row["frontend"]
         if fe["bound"]:
             line = (f"the look at {row['offered_rps']:g} req/s (seed {row.get('seed')}) is {fe['bound']} bound: "
@@ -359,9 +357,9 @@ def recheck_looks(prober: Prober, srv: engine.Server, model_path: str, k: dict, 
     return mark_bound(rows, kk, slo, logs)
 
 
-def method(k: dict, slo: dict, started: str) -> str:
-    """How the knee was found, in the words the report prints."""
-    p, d = f"p{slo['percentile']:g}", probing.Dispersion.of(k["dispersion"])
+def method(k: dict, slo: dict, started: str, d: Dispersion) -> str:
+    """How the knee was found, in the words the report prints (`d`: params knee.dispersion, typed)."""
+    p = f"p{slo['percentile']:g}"
     anchor = k.get("anchor") or {}
     how = (f"search on a grid of {probing.grid_steps(k['rel_tol'])} rates per doubling from 1 req/s, each rate and "
            f"repeat with its own seed (rungs that probe a rate send it the same arrival sequence), "
@@ -495,7 +493,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
         **result,
         "slo": slo,
         "mode": k["mode"],
-        "method": method(k, slo, started),
+        "method": method(k, slo, started, params.knee.dispersion),
         "start_rate": first,
         "requests_sent": sum(r["sent"] for r in rows),
         "goodput_at_knee_rps": at and at["goodput_rps"],

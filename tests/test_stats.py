@@ -465,7 +465,7 @@ def test_tail_stats_count_the_requests_over_the_slo_in_the_counted_window():
 
 
 def test_an_inconclusive_rate_is_probed_again_with_its_counts_pooled_up_to_the_cap():
-    k = {"mode": "sweep", "rates": [1.0, 2.0], "max_probes": None, "max_repeats": 3}
+    k = {"mode": "sweep", "rates": [1.0, 2.0], "max_probes": None, "max_repeats": 3, "dispersion": {"phi": 1.0}}
     slo = {"percentile": 95, "ttft_ms": 500, "tpot_ms": 50}
     draws = {1.0: [(40, 0), (40, 0)], 2.0: [(60, 4), (60, 5), (60, 4)]}  # 1: 0/80 passes; 2: 13/180 stays unsure
 

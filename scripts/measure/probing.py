@@ -6,7 +6,6 @@ config imports); what judges their numbers (stats.py) imports it, never the othe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
@@ -41,30 +40,6 @@ def tail_requests(percentile: float, beyond: int = 3) -> int:
 def probe_minimum(percentile: float, ramp_fraction: float) -> int:
     """Requests a probe must send so that `tail_requests` remain once the ramp-up share is dropped."""
     return math.ceil(tail_requests(percentile) / (1 - ramp_fraction))
-
-
-@dataclass(frozen=True)
-class Dispersion:
-    """How much more a probe's count of requests over the SLO varies than a binomial count would (`phi`, the
-    variance ratio; 1: independent requests), and what it rests on: `probes` repeated probes (0: not measured)."""
-    phi: float = 1.0
-    probes: int = 0
-    source: str = "not measured"
-
-    @classmethod
-    def of(cls, spec) -> Dispersion:
-        """From params `knee.dispersion` ({phi, probes, measured_on, ...}; `make benchmark` part 6 prints it)."""
-        if isinstance(spec, Dispersion):
-            return spec
-        if not spec:
-            return cls()
-        where = ", ".join(str(spec[k]) for k in ("measured_on", "vllm", "measured") if spec.get(k))
-        return cls(max(float(spec["phi"]), 1.0), int(spec.get("probes") or 0), where or "as typed")
-
-    def words(self) -> str:
-        if not self.probes:
-            return f"dispersion {self.phi:g} (not measured)"
-        return f"dispersion {self.phi:g} from {self.probes} probes ({self.source})"
 
 
 def _binom_le(k: float, n: float, q: float) -> float:
@@ -552,7 +527,7 @@ def visit(probe, rate: float, rows: list[dict], k: dict, slo: dict, report=None,
     while True:
         rows.append(probe(rate, rows))
         looks.append(rows[-1])
-        ev = judge(looks, slo, Dispersion.of(k.get("dispersion")).phi, k["max_repeats"])
+        ev = judge(looks, slo, k["dispersion"]["phi"], k["max_repeats"])
         if report:
             report(rows, ev)
         if (rows[-1].get("failed") or rows[-1].get("backlog") or ev["verdict"] != "inconclusive"
