@@ -630,7 +630,7 @@ def compare_rule(params: dict, b: dict, logs, cands: list[dict]) -> None:
     for i, change in enumerate(cands, 1):
         got = measure(change, f"change {i} " + ",".join(f"{k}={v}" for k, v in change.items()))
         bases.append(measure({}, f"base {len(bases) + 1}"))
-        floor = stats.pool(b["noise_floor"], [[x["mean"] for x in bases]])
+        floor = stats.pool(config.NoiseFloor(**b["noise_floor"]), [[x["mean"] for x in bases]])
         d = stats.delta([bases[-2]["runs"], bases[-1]["runs"]], [got["runs"]], floor)
         verdicts.append({"change": change, "delta": d, "engine": got})
         seq += [got, bases[-1]]

@@ -305,7 +305,7 @@ class Driver:
 
     def floor(self):
         """The start-to-start floor of every Δ now: the card's, pooled with this ladder's own same-config engines."""
-        return record.floor_of(self.eff["bench"]["noise_floor"],
+        return record.floor_of(self.plan.typed_params.bench.noise_floor,
                                self.records + ((self.confirm or {}).get("runs") or []))
 
     def budget(self, kind: str, what: str) -> None:
@@ -419,7 +419,7 @@ class Driver:
             self.unit_done("pair", recs[n:])
         kept = [r for r in self.records if r.get("kept") and r.get("role") != decide.BASELINE]
         self.confirm.update(record.confirm_summary(recs, self.floor(), self.objective, kept,
-                                                   self.eff["knee"].get("server_spread")))
+                                                   self.plan.typed_params.knee.server_spread))
         self.save()
         said = self.confirm.get("words") or ("the kept gains reproduced" if self.confirm.get("reproduced") else "")
         print(f"  -> confirm: {self.confirm['summary']}" + (f"; {said}" if said else ""), flush=True)
