@@ -1,6 +1,7 @@
 """The judgement maths, pure functions only (unit-tested on fixture numbers): the start-to-start floor and every Δ's
 interval ("within noise"), the knee verdict, the exact McNemar test and the decode roofline. Only what judges
-imports it (decide, record, gate, report, ladder, capacity); the measuring maths is measure/probing.py's."""
+imports it (decide, record, gate, report, ladder, capacity); the measuring maths is measure/probing.py's (its
+GRID_ROUNDING is measure/evidence.py's, a leaf: the judgement stands on no knee search)."""
 from __future__ import annotations
 
 import math
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy import stats as sps
 
-from measure.probing import GRID_ROUNDING
+from measure.evidence import GRID_ROUNDING
 from measure.summary import fmt_g, tq
 
 if TYPE_CHECKING:

@@ -10,10 +10,14 @@ import math
 import numpy as np
 from scipy import special
 
-from measure.evidence import PROBE_CONFIDENCE, look_confidence, pass_minimum
+from measure.evidence import (  # noqa: F401 -- GRID_ROUNDING, SHORT_PROBE_FLAG: the knee reads them here too
+    GRID_ROUNDING,
+    PROBE_CONFIDENCE,
+    SHORT_PROBE_FLAG,
+    look_confidence,
+    pass_minimum,
+)
 from measure.summary import fmt_g
-
-GRID_ROUNDING = 1e-3  # relative: grid_rate keeps 4 significant figures (at most 5e-4 off)
 
 
 def failed_on_evidence(row: dict) -> bool:
@@ -282,7 +286,6 @@ def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlo
 # Simulated (step-level continuous batching, this search): a decode-bound server whose end-to-end latency was
 # about the probe's length read 1.8x its steady-state knee; the same with 3x longer probes, 1.06x.
 SHORT_PROBE_SHARE = 0.5
-SHORT_PROBE_FLAG = "probes short against latency: may read high"  # the knee's flag, as printed and reported
 
 
 def short_probes(rows: list[dict], knee_rps: float | None) -> bool:
