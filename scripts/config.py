@@ -36,7 +36,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from measure.evidence import pass_minimum  # a leaf: every stage imports config, so config stands on nothing more
+# a leaf: every stage imports config, so config stands on nothing more
+from measure.evidence import KNEE_BETTER_ROUNDS, pass_minimum
 
 ROOT = Path(__file__).resolve().parent.parent
 PARAMS = ROOT / "params.yaml"
@@ -378,7 +379,8 @@ class Knee(Section):
     noise_floor: Annotated[Num, at.Ge(0), at.Lt(4)] = F(
         "a number in [0, 4): knees of one config on fresh servers differ by this fraction", 0.0)
     better_pairs: Annotated[int, at.Ge(1), at.Le(4)] = F(
-        "an integer in [1, 4]: pairs of fresh servers a better knee is re-checked on (stats.recheck_rounds)", 2)
+        "an integer in [1, 4]: pairs of fresh servers a better knee is re-checked on (stats.recheck_rounds)",
+        KNEE_BETTER_ROUNDS)
     dispersion: Dispersion = F("{phi, probes, measured_on, vllm, measured}: `make benchmark` part 6 prints it",
                                Dispersion())
     server_spread: ServerSpread = F("{sigma, knee_cv, phi, servers, looks, ...}: `make benchmark` part 4 with "

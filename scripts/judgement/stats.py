@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy import stats as sps
 
-from measure.evidence import GRID_ROUNDING
+from measure.evidence import GRID_ROUNDING, KNEE_BETTER_ROUNDS
 from measure.summary import fmt_g, tq
 
 if TYPE_CHECKING:
@@ -257,7 +257,7 @@ def rate_verdict(rows: list[dict], rate: float) -> tuple[str | None, int, int]:
 # pass is re-checked on one pair: no placebo ladder simulated reached that far, and a second pair cost a knee moved
 # 2x a finding in 20 (88.7 % found with one pair there, 84.1 % with two everywhere). Worse keeps nothing (it reverts,
 # or bars a tok/s gain): one pair.
-KNEE_BETTER_ROUNDS, WELL_PAST = 2, 2 ** 0.75  # the rounds: a profile's knee.better_pairs, 2 unless it says
+WELL_PAST = 2 ** 0.75  # the rounds, KNEE_BETTER_ROUNDS, are measure/evidence.py's: knee.better_pairs' default too
 KNEE_AGAIN_OPENING = "a knee verdict (better or worse) is re-checked on a fresh server of the base"
 
 
