@@ -432,7 +432,7 @@ def server_covariates(s: dict) -> dict:
     return {"server": s["server"], "ready_s": s.get("ready_s"), "api_servers": found, **(s.get("engine") or {})}
 
 
-def spread_block(fit: server_spread_fit.ServerSpread, out: dict, outside: list[dict], fp: dict) -> dict:
+def spread_block(fit: server_spread_fit.SpreadFit, out: dict, outside: list[dict], fp: dict) -> dict:
     """The profile's knee.server_spread block (config.ServerSpread) from part 4's fit: gamma with its interval where
     looks at two rates fitted it, else fixed (gamma_ci null, the source says so); each look [over, counted] (and the
     index of its rate in `rates` where there are two); the servers' covariates; the looks left out (front-end or

@@ -260,12 +260,13 @@ def _fit(looks: _Looks, sigma: float | None = None, phi: float | None = None, ga
 
 
 @dataclass(frozen=True)
-class ServerSpread:
+class SpreadFit:
     """The fit: `sigma` the between-server SD of the log share over the SLO (its 95 % interval), `phi` the
     within-look dispersion (its interval), the pooled share at the lowest rate, and what it rests on; `gamma` the
     wall's exponent, fitted with its interval where looks at two or more rates were given (`rates`), else fixed
     (gamma_ci None); `cv` the knees' CV sigma / gamma with its interval (profiled over gamma where gamma was fitted:
-    its uncertainty is in the interval)."""
+    its uncertainty is in the interval). A fit, not the params block: `make benchmark` part 4 writes knee.server_spread
+    (config.ServerSpread) from it, with its looks and provenance (benchmark_noise.spread_block)."""
     rate: float
     servers: int
     looks: int
@@ -376,7 +377,7 @@ def _held(name: str, est: float, ci: tuple[float, float], grid: np.ndarray) -> t
     return lo, hi
 
 
-def fit(servers: list[list[tuple]], rate: float, gamma: float | None = None) -> ServerSpread:
+def fit(servers: list[list[tuple]], rate: float, gamma: float | None = None) -> SpreadFit:
     """The model above fitted to looks on fresh servers: servers = [[look, ...], ...], each look (counted, over) at
     `rate` or (counted, over, its rate). At two or more rates the wall's exponent gamma is fitted with sigma and
     phi (sigma then is the log share's between-server SD at every rate, the knees' CV sigma / gamma); at one it is
@@ -405,13 +406,13 @@ def fit(servers: list[list[tuple]], rate: float, gamma: float | None = None) -> 
     else:
         g, g_ci = GAMMA if gamma is None else float(gamma), None
         cv, cv_ci = round(sigma / g, 4), tuple(round(v / g, 4) for v in sigma_ci)
-    return ServerSpread(rate=looks.rate, servers=len(servers), looks=len(looks.n), counted=counted,
-                        over_slo=over, share=round(float(looks.k[at_ref].sum() / looks.n[at_ref].sum()), 5),
-                        sigma=sigma, sigma_ci=sigma_ci,
-                        phi=round(max(math.exp(float(best[2])), 1.0), 2),
-                        phi_ci=tuple(round(v, 2) for v in held("phi", max(math.exp(float(best[2])), 1.0))),
-                        between_df=len(servers) - 1, within_df=sum(len(s) - 1 for s in servers),
-                        rates=tuple(looks.rates), gamma=g, gamma_ci=g_ci, cv=cv, cv_ci=cv_ci)
+    return SpreadFit(rate=looks.rate, servers=len(servers), looks=len(looks.n), counted=counted,
+                     over_slo=over, share=round(float(looks.k[at_ref].sum() / looks.n[at_ref].sum()), 5),
+                     sigma=sigma, sigma_ci=sigma_ci,
+                     phi=round(max(math.exp(float(best[2])), 1.0), 2),
+                     phi_ci=tuple(round(v, 2) for v in held("phi", max(math.exp(float(best[2])), 1.0))),
+                     between_df=len(servers) - 1, within_df=sum(len(s) - 1 for s in servers),
+                     rates=tuple(looks.rates), gamma=g, gamma_ci=g_ci, cv=cv, cv_ci=cv_ci)
 
 
 def moments(servers: list[list[tuple[int, int]]]) -> dict:
