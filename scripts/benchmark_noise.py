@@ -364,7 +364,7 @@ def judge_look(row: dict, k: dict, slo: dict) -> tuple[dict, str | None, str]:
     """A part-4 look judged alone as the knee stage judges each look of a visit (probing.slo_evidence at the look
     confidence of knee.max_repeats looks), and where its latency came from (frontend.flag on the watcher's figures:
     "front end" or "client" where it was added outside the engine): (evidence, bound, why)."""
-    phi = probing.Dispersion.of(k["dispersion"]).phi
+    phi = k["dispersion"]["phi"]
     ev = probing.slo_evidence(row["counted"], row["over_slo"], slo["percentile"],
                               evidence.look_confidence(k["max_repeats"]), phi)
     if not row.get("frontend"):
@@ -469,7 +469,7 @@ def server_covariates(s: dict) -> dict:
     return {"server": s["server"], "ready_s": s.get("ready_s"), "api_servers": found, **(s.get("engine") or {})}
 
 
-def spread_block(fit: server_spread_fit.ServerSpread, out: dict, outside: list[dict], fp: dict) -> dict:
+def spread_block(fit: server_spread_fit.SpreadFit, out: dict, outside: list[dict], fp: dict) -> dict:
     """The profile's knee.server_spread block (config.ServerSpread) from part 4's fit: gamma with its interval where
     looks at two rates fitted it, else fixed (gamma_ci null, the source says so); each look [over, counted] (and the
     index of its rate in `rates` where there are two); the servers' covariates; the looks left out (front-end or
@@ -668,7 +668,7 @@ def compare_rule(params: dict, b: dict, logs, cands: list[dict]) -> None:
     for i, change in enumerate(cands, 1):
         got = measure(change, f"change {i} " + ",".join(f"{k}={v}" for k, v in change.items()))
         bases.append(measure({}, f"base {len(bases) + 1}"))
-        floor = stats.pool(b["noise_floor"], [[x["mean"] for x in bases]])
+        floor = stats.pool(config.NoiseFloor(**b["noise_floor"]), [[x["mean"] for x in bases]])
         d = stats.delta([bases[-2]["runs"], bases[-1]["runs"]], [got["runs"]], floor)
         verdicts.append({"change": change, "delta": d, "engine": got})
         seq += [got, bases[-1]]

@@ -36,7 +36,8 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from measure.evidence import pass_minimum  # a leaf: every stage imports config, so config stands on nothing more
+# a leaf: every stage imports config, so config stands on nothing more
+from measure.evidence import KNEE_BETTER_ROUNDS, pass_minimum
 
 ROOT = Path(__file__).resolve().parent.parent
 PARAMS = ROOT / "params.yaml"
@@ -275,12 +276,19 @@ class NoiseFloor(Section):
 class Dispersion(Section):
     """How much more a knee probe's count of requests over the SLO varies than a binomial count (they come in bursts):
     `make benchmark` part 6 measures it from repeated probes and prints this block; every probe's evidence counts
-    counted/phi requests (probing.slo_evidence)."""
+    counted/phi requests (probing.slo_evidence). The one type of it: the knee reads `phi` from its section."""
     phi: Annotated[StrictFloat | StrictInt, at.Ge(1), at.Lt(100)] = F("a number in [1, 100)", 1.0)
     probes: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0: the probes it was measured on (0: none)", 0)
     measured_on: StrictStr | None = F("the machine it was measured on (GPU name and driver, or CPU), or null", None)
     vllm: StrictStr | None = F("the vLLM version it was measured with, or null", None)
     measured: StrictStr | None = F("when it was measured (YYYY-MM-DD), or null", None)
+
+    def words(self) -> str:
+        """The dispersion and what it rests on, as the knee's method says it."""
+        if not self.probes:
+            return f"dispersion {self.phi:g} (not measured)"
+        where = ", ".join(str(v) for v in (self.measured_on, self.vllm, self.measured) if v)
+        return f"dispersion {self.phi:g} from {self.probes} probes ({where or 'as typed'})"
 
 
 class ServerSpread(Section):
@@ -371,7 +379,8 @@ class Knee(Section):
     noise_floor: Annotated[Num, at.Ge(0), at.Lt(4)] = F(
         "a number in [0, 4): knees of one config on fresh servers differ by this fraction", 0.0)
     better_pairs: Annotated[int, at.Ge(1), at.Le(4)] = F(
-        "an integer in [1, 4]: pairs of fresh servers a better knee is re-checked on (stats.recheck_rounds)", 2)
+        "an integer in [1, 4]: pairs of fresh servers a better knee is re-checked on (stats.recheck_rounds)",
+        KNEE_BETTER_ROUNDS)
     dispersion: Dispersion = F("{phi, probes, measured_on, vllm, measured}: `make benchmark` part 6 prints it",
                                Dispersion())
     server_spread: ServerSpread = F("{sigma, knee_cv, phi, servers, looks, ...}: `make benchmark` part 4 with "
@@ -677,7 +686,7 @@ def _across_sections(p: Params) -> list[str]:
                 errs.append(f"workload: {total} tokens per request (prefix + input + output) exceed "
                             f"{which}.max_model_len {limit}")
     k, slo = p.knee, p.slo
-    phi = k.dispersion.phi  # validated: >= 1, as probing.Dispersion.of reads it
+    phi = k.dispersion.phi  # validated: >= 1
     tail = pass_minimum(slo.percentile, phi, k.max_repeats)
     need = math.ceil(tail / (1 - k.ramp_fraction))
     if k.max_prompts < need:  # a probe capped below what a pass needs could never pass

@@ -25,6 +25,31 @@ def read_items(path) -> dict:
         return {it["id"]: it for it in map(json.loads, filter(str.strip, f))}
 
 
+def fails(v: dict, threshold: float) -> bool:
+    """A block's drop fails the gate: beyond noise past `threshold`, and McNemar says regressed."""
+    return v["drop_beyond_noise"] > threshold and v["evidence"] == "regressed"
+
+
+def drop_lines(overall: dict, by_cat: dict, g: dict) -> tuple[list[str], list[str]]:
+    """Each drop beyond noise past its threshold, in words: (reasons, with evidence; notes, "not failed, no
+    evidence")."""
+    reasons, notes = [], []
+    for name, v, key in ([("overall accuracy", overall, "max_overall_drop")]
+                         + [(f"category {c}", v, "max_category_drop") for c, v in by_cat.items()]):
+        if v["drop_beyond_noise"] <= g[key]:
+            continue
+        text = (f"{name} fell {v['baseline']:.3f} → {v['rung']:.3f} ({v['right_to_wrong']} right→wrong, "
+                f"{min(v['noise_flips'], v['right_to_wrong'])} of them within the floor, "
+                f"{v['wrong_to_right']} wrong→right: "
+                f"−{v['drop_beyond_noise']:.3f} beyond noise > gate.{key} {g[key]}); "
+                f"McNemar: {v['evidence']} (p={v['p_value']})")
+        if fails(v, g[key]):
+            reasons.append(text)
+        else:
+            notes.append(f"not failed, no evidence: {text}")
+    return reasons, notes
+
+
 def compare(base: dict, cur: dict, g: dict, floor: dict | None = None) -> dict:
     """base/cur: {id: {"category", "correct"}}; floor: {category: flips between two evals of the baseline}
     (None: not measured, taken as 0). The verdict, reasons, flips and per-category power; pure, for tests."""
@@ -58,23 +83,7 @@ def compare(base: dict, cur: dict, g: dict, floor: dict | None = None) -> dict:
     overall = block(list(base), sum(v["noise_flips"] for v in by_cat.values()), g["max_overall_drop"])
     overall.pop("flipped")  # the top-level `flipped` holds them all
 
-    def fails(v, threshold):
-        return v["drop_beyond_noise"] > threshold and v["evidence"] == "regressed"
-
-    reasons, notes = [], []
-    for name, v, key in ([("overall accuracy", overall, "max_overall_drop")]
-                         + [(f"category {c}", v, "max_category_drop") for c, v in by_cat.items()]):
-        if v["drop_beyond_noise"] <= g[key]:
-            continue
-        text = (f"{name} fell {v['baseline']:.3f} → {v['rung']:.3f} ({v['right_to_wrong']} right→wrong, "
-                f"{min(v['noise_flips'], v['right_to_wrong'])} of them within the floor, "
-                f"{v['wrong_to_right']} wrong→right: "
-                f"−{v['drop_beyond_noise']:.3f} beyond noise > gate.{key} {g[key]}); "
-                f"McNemar: {v['evidence']} (p={v['p_value']})")
-        if fails(v, g[key]):
-            reasons.append(text)
-        else:
-            notes.append(f"not failed, no evidence: {text}")
+    reasons, notes = drop_lines(overall, by_cat, g)
     blind = [c for c, v in by_cat.items() if not v["can_detect_threshold"]]
     notes += [f"cannot judge category {c} at gate.max_category_drop {g['max_category_drop']}: the gate needs "
               + (f"{by_cat[c]['detectable_flips']} of {by_cat[c]['n']} items to flip (a drop of "

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import common
-from config import Params
+from config import Dispersion, Params
 from measure import evidence, frontend, probing, workload
 from records.bench import BenchResult
 from records.gate import gate_failed
@@ -47,9 +47,9 @@ def _import_quietly() -> None:
         vllm_compat.import_bench_serve()
 
 
-def method(k: dict, slo: dict, started: str) -> str:
-    """How the knee was found, in the words the report prints."""
-    p, d = f"p{slo['percentile']:g}", probing.Dispersion.of(k["dispersion"])
+def method(k: dict, slo: dict, started: str, d: Dispersion) -> str:
+    """How the knee was found, in the words the report prints (`d`: params knee.dispersion, typed)."""
+    p = f"p{slo['percentile']:g}"
     anchor = k.get("anchor") or {}
     how = (f"search on a grid of {probing.grid_steps(k['rel_tol'])} rates per doubling from 1 req/s, each rate and "
            f"repeat with its own seed (rungs that probe a rate send it the same arrival sequence), "
@@ -169,7 +169,7 @@ def write_result(out: Path, csv_out: Path, got: dict, k: dict, slo: dict, sent: 
         **result,
         "slo": slo,
         "mode": k["mode"],
-        "method": method(k, slo, got["started"]),
+        "method": method(k, slo, got["started"], params.knee.dispersion),
         "start_rate": got["first"],
         "requests_sent": sum(r["sent"] for r in rows),
         "goodput_at_knee_rps": at and at["goodput_rps"],

@@ -304,7 +304,7 @@ class Driver:
 
     def floor(self):
         """The start-to-start floor of every Δ now: the card's, pooled with this ladder's own same-config engines."""
-        return record.floor_of(self.eff["bench"]["noise_floor"],
+        return record.floor_of(self.plan.typed_params.bench.noise_floor,
                                self.records + ((self.confirm or {}).get("runs") or []))
 
     def budget(self, kind: str, what: str) -> None:
@@ -418,7 +418,7 @@ class Driver:
             self.unit_done("pair", recs[n:])
         kept = [r for r in self.records if r.get("kept") and r.get("role") != decide.BASELINE]
         self.confirm.update(record.confirm_summary(recs, self.floor(), self.objective, kept,
-                                                   self.eff["knee"].get("server_spread")))
+                                                   self.plan.typed_params.knee.server_spread))
         self.save()
         said = self.confirm.get("words") or ("the kept gains reproduced" if self.confirm.get("reproduced") else "")
         print(f"  -> confirm: {self.confirm['summary']}" + (f"; {said}" if said else ""), flush=True)
@@ -699,7 +699,7 @@ def stop_held(drv: Driver, why: str) -> None:
     drv.save()
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profile", default=os.environ.get("PROFILE") or None)
     ap.add_argument("--check", action="store_true", help="validate params and the ladder; run nothing")
@@ -711,11 +711,12 @@ def main() -> int:
     ap.add_argument("--budget-min", type=budget_minutes, default=None,
                     help="stop between rungs (or confirm pairs) before this many minutes run out (a lease that "
                          "ends): what finished is kept, `make ladder` resumes")
-    args = ap.parse_args()
-    os.chdir(common.ROOT)
-    gpu_list = host.gpus()
+    return ap.parse_args()
+
+
+def checked_plan(args: argparse.Namespace, profile: str, gpu_list: list[dict]) -> tuple[planning.Plan, dict]:
+    """The ladder's plan and its pre-flight, every bad input reported (common.die) before any engine starts."""
     gpus = len(gpu_list)
-    profile = args.profile or ("gpu" if gpus else "cpu")
     try:  # every bad input is reported here, before any engine starts
         params, lad = common.read_params(), planning.load_ladder(args.ladder)
         # params.yaml as it stands, as `dvc repro` would run it, whatever the profile replaces: a bad value is bad input
@@ -740,6 +741,15 @@ def main() -> int:
                                                if errs))
     except (common.ParamsError, score.EvalFileError) as e:
         common.die(str(e))
+    return plan, pre
+
+
+def main() -> int:
+    args = parse_args()
+    os.chdir(common.ROOT)
+    gpu_list = host.gpus()
+    profile = args.profile or ("gpu" if gpu_list else "cpu")
+    plan, pre = checked_plan(args, profile, gpu_list)
     for line in pre["unchecked"]:
         print(f"ladder: warning: {line}", file=sys.stderr)
     print(f"ladder: profile {profile}, model {plan.params['baseline']['model']['name']}, baseline + {len(plan.rungs)} "

@@ -364,9 +364,11 @@ class Plan:
     objective: str
     gpus: int
     baseline: dict = field(init=False)  # rung 0's knobs, flattened (model.name, engine.*, env.*)
+    typed_params: config.Params = field(init=False, repr=False)  # `params` typed: the blocks the judgement reads
 
     def __post_init__(self):
-        self.baseline = common.flatten_knobs(common.rung_config(typed(self.params), "baseline"))
+        self.typed_params = typed(self.params)
+        self.baseline = common.flatten_knobs(common.rung_config(self.typed_params, "baseline"))
 
     @property
     def experiments(self) -> int:

@@ -15,7 +15,7 @@ import common
 import config
 from judgement import decide, stats
 from judgement.decide import change_cell
-from measure import disturbed, probing
+from measure import disturbed, evidence
 from records.bench import BenchResult
 from records.gate import GateResult
 from records.knee import Look, RungKnee
@@ -127,7 +127,7 @@ def knee_cell(r: RungRecord):
         return f"{k.knee_rps:g} (breaks at {k.first_fail_rps:g})"
     flags = [f for f, on in (("a repeat disagreed", k.non_monotonic),
                              ("wider than knee.rel_tol", not k.resolved),
-                             (probing.SHORT_PROBE_FLAG, k.short_probes),
+                             (evidence.SHORT_PROBE_FLAG, k.short_probes),
                              (FRONT_END_FLAG, not_the_engine_s(k.frontend_words))) if on]
     # a rate left inconclusive is no boundary; a record from before conclusive_fail_rps was written names none
     known = k.conclusive_fail_rps if "conclusive_fail_rps" in k.model_fields_set else k.first_fail_rps
@@ -351,7 +351,7 @@ def knee_flags(k: RungKnee | None) -> list[str]:
         return []
     return [f for f, on in (("a repeat disagreed", k.non_monotonic),
                             ("wider than knee.rel_tol", k.mid_rps is not None and not k.resolved),
-                            (probing.SHORT_PROBE_FLAG, k.short_probes)) if on]
+                            (evidence.SHORT_PROBE_FLAG, k.short_probes)) if on]
 
 
 def short_tps(r: RungRecord) -> str:

@@ -30,6 +30,7 @@ called better in <= 2.5 %; a true x1.3 stack (tok/s and knee both x1.3) in >= 80
 import numpy as np
 import pytest
 
+import config
 import ladder
 from judgement import record, stats
 from simulate import (
@@ -72,7 +73,7 @@ def looks_phi(profile: str, upper: bool) -> float:
 def upper_start_to_start(profile: str) -> float:
     """The fresh engines' SD at the upper end of a floor's 95 % interval, were it measured with the profile's
     bench.noise_floor degrees of freedom: sqrt(df / chi2_0.025(df)) x the model's."""
-    return upper_cv(START_TO_START, stats.Floor.of(PROFILES[profile]["bench"]["noise_floor"]).df)
+    return upper_cv(START_TO_START, stats.Floor.of(config.NoiseFloor(**PROFILES[profile]["bench"]["noise_floor"])).df)
 
 
 def run(name: str, knobs: dict, engine: list[float], knee: dict) -> dict:
@@ -126,7 +127,8 @@ def confirm_trial(rng, profile: str, tps: float, knee: float, pairs: int, upper:
             speed = 1 + drift * m.started
             runs.append(run(f"confirm-{k}-{which}", knobs, m.engine(rate), search(kn, anchor, speed)))
     floor = record.floor_of(prior, [rung0, final, *runs])
-    out = record.confirm_summary(runs, floor, "knee_rps", [kept_rung(on)], p["knee"]["server_spread"])
+    out = record.confirm_summary(runs, floor, "knee_rps", [kept_rung(on)],
+                                 config.ServerSpread(**p["knee"]["server_spread"]))
     sides = [[r for r in runs if r["name"].endswith(w)] for w in ("-baseline", "-final")]
     out["one server"] = stats.knee_delta(sides[0][-1]["knee"], sides[1][-1]["knee"])["verdict"]
     return out

@@ -58,7 +58,7 @@ def drive(out: str) -> None:
     sent, _ = workload.prepare(params.workload.model_dump(), entry["path"], logs)
     k = {**params.knee.model_dump(), "workload": sent, "start_rate": RATE, "anchor": None, "mode": "sweep",
          "rates": [RATE], "min_prompts": PROMPTS, "max_prompts": PROMPTS}
-    phi = probing.Dispersion.of(k["dispersion"]).phi
+    phi = k["dispersion"]["phi"]
     with engine.Server(entry["path"], cfg["engine"], cfg["env"], logs / "server.log",
                        start_timeout=k["start_timeout_s"]) as srv:
         prober = knee_looks.Prober(logs / "probes.log")

@@ -1,7 +1,10 @@
 """Keep/revert decisions and the applied-knob check, on fixture records: pure logic, no engine."""
+from types import SimpleNamespace
+
 import pytest
 import yaml
 
+import config
 from conftest import ROOT
 from judgement import decide, stats
 
@@ -135,6 +138,9 @@ def test_the_confirm_step_re_measures_stock_and_final_interleaved_fresh_and_skip
         profile, overrides, objective, rungs = "cpu", {}, "knee_rps", [{"name": "a"}, {"name": "b"}]
         params = {"confirm": {"pairs": 2}, "bench": {"noise_floor": {"cv": 0.015, "engines": 9}},
                   "knee": {"server_spread": {"knee_cv": 0.13, "servers": 12}}}
+        typed_params = SimpleNamespace(  # the blocks the judgement reads, typed
+            bench=SimpleNamespace(noise_floor=config.NoiseFloor(cv=0.015, engines=9)),
+            knee=SimpleNamespace(server_spread=config.ServerSpread(knee_cv=0.13, servers=12)))
         baseline = {}
         experiments = 3
     drv = ladder.Driver.__new__(ladder.Driver)
@@ -173,7 +179,7 @@ def test_the_confirm_step_re_measures_stock_and_final_interleaved_fresh_and_skip
     rung0 = {"pass": 7.0, "fail": 8.0, "bracket": True}
     assert anchors == [rung0, {"pass": 9.0, "fail": 10.51, "bracket": True},
                        {"pass": 9.0, "fail": 10.51, "bracket": True}, rung0]
-    assert judged == [P.params["knee"]["server_spread"]]  # the knee judged over servers with the card's spread
+    assert judged == [P.typed_params.knee.server_spread]  # the knee judged over servers with the card's spread
     assert drv.confirm["summary"] == "4 runs" and [r["of"] for r in drv.confirm["runs"]][:2] == [base["exp"],
                                                                                                 final["exp"]]
     calls.clear()
@@ -201,7 +207,7 @@ def judged(r, again_runs, objective="knee_rps"):
     base = {**BASE, "knobs": {"engine.seed": 0}, "status": "ok"}
     r = {**r, "knobs": {"engine.seed": 1}}
     again = None if again_runs is None else {**rec(again_runs, None), "knobs": base["knobs"], "status": "ok"}
-    floor = record.floor_of({"cv": 0.015, "engines": 9}, [base, r] + ([again] if again else []))
+    floor = record.floor_of(config.NoiseFloor(cv=0.015, engines=9), [base, r] + ([again] if again else []))
     r["delta"] = {**record.compare(base, r, floor, again), decide.AGAIN: again is not None}
     r["delta"]["knee_rps"] = stats.knee_delta(BASE["knee"], r["knee"])
     r["kept"], r["decision"] = decide.decide(r, base, objective)
@@ -265,6 +271,7 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
     class P:
         profile, overrides, objective, rungs, experiments = "cpu", {}, "knee_rps", [], 1
         params = {"bench": {"noise_floor": {"cv": 0.015, "engines": 9}}}
+        typed_params = SimpleNamespace(bench=SimpleNamespace(noise_floor=config.NoiseFloor(cv=0.015, engines=9)))
     drv = ladder.Driver.__new__(ladder.Driver)
     drv.plan, drv.objective, drv.records, drv.t0, drv.eff, drv.confirm = P, "knee_rps", [], 0.0, P.params, None
     drv.profile, drv.overrides = P.profile, P.overrides
@@ -342,6 +349,7 @@ def test_after_a_revert_the_next_rung_is_compared_with_its_base_as_last_measured
     class P:
         profile, overrides, objective, rungs, experiments = "cpu", {}, "knee_rps", [], 1
         params = {"bench": {"noise_floor": {"cv": 0.015, "engines": 9}}}
+        typed_params = SimpleNamespace(bench=SimpleNamespace(noise_floor=config.NoiseFloor(cv=0.015, engines=9)))
     drv = ladder.Driver.__new__(ladder.Driver)
     drv.plan, drv.objective, drv.t0, drv.eff, drv.confirm = P, "knee_rps", 0.0, P.params, None
     base = {**BASE, "name": "baseline", "exp": "cpu-0-baseline", "knobs": {"engine.seed": 0}, "status": "ok"}

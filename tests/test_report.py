@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+import config
 import report
 from conftest import FIXTURES
 from judgement import decide, stats
@@ -108,7 +109,7 @@ def test_the_headline_comes_from_the_confirm_step_when_there_is_one(tmp_path):
         return {**src, "name": f"confirm-1-{which}", "exp": f"cpu-9-confirm-1-{which}", "status": "ok",
                 "bench": {**src["bench"], "output_tps_runs": runs, "output_tps": runs[1]}}
     runs = [again(base, "baseline", [400.0, 402.0, 404.0]), again(final, "final", [480.0, 482.0, 484.0])]
-    lad["confirm"] = {"pairs": 1, "runs": runs, **record.confirm_summary(runs, {"cv": 0.012, "engines": 4})}
+    lad["confirm"] = {"pairs": 1, "runs": runs, **record.confirm_summary(runs, config.NoiseFloor(cv=0.012, engines=4))}
     assert lad["confirm"]["speedup"] == 482 / 402 and lad["confirm"]["delta"]["output_tps"]["verdict"] == "better"
     headline = report.render(lad, tmp_path).split("\n")[2]
     assert "402 output tok/s → 482 tok/s (1.20×, Δ +19.9 %" in headline and "confirm step" in headline
@@ -174,8 +175,8 @@ def confirmed(lad: dict, base_runs: list[float], final_runs: list[float], knees:
     runs = [again(base, "baseline", base_runs, knees and knees[0]),
             again(final, "final", final_runs, knees and knees[1])]
     kept = [r for r in lad["rungs"] if r.get("kept") and r.get("role") != "baseline"]
-    lad["confirm"] = {"pairs": 1, "runs": runs, **record.confirm_summary(runs, floor or {"cv": 0.012, "engines": 4},
-                                                                         lad["objective"], kept)}
+    floor = floor or config.NoiseFloor(cv=0.012, engines=4)
+    lad["confirm"] = {"pairs": 1, "runs": runs, **record.confirm_summary(runs, floor, lad["objective"], kept)}
     return lad
 
 
@@ -213,7 +214,7 @@ def test_a_confirm_step_too_weak_to_tell_says_so_with_its_power_not_that_the_gai
     # issue 53's cpu clone: the confirm pair read 258 -> 319 tok/s (1.23x, Δ +18.5 % [-8.5, +45.6]) on one engine a
     # side: neither better nor excluding the +31.6 % the kept rungs read; here a floor of 8 % on 4 engines
     lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
-    lad = confirmed(lad, [257.0, 258.0, 259.0], [318.0, 319.0, 320.0], floor={"cv": 0.08, "engines": 4})
+    lad = confirmed(lad, [257.0, 258.0, 259.0], [318.0, 319.0, 320.0], floor=config.NoiseFloor(cv=0.08, engines=4))
     conf = lad["confirm"]
     assert conf["reproduced"] is None and conf["verdict"] == decide.COULD_NOT_TELL, conf["reproduced_why"]
     assert conf["delta"]["output_tps"]["ci"][0] < 0 < 0.3155 < conf["delta"]["output_tps"]["ci"][1]

@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+import config
 from conftest import FIXTURES
 from judgement import stats
 from measure import evidence, probing, summary
@@ -465,7 +466,7 @@ def test_tail_stats_count_the_requests_over_the_slo_in_the_counted_window():
 
 
 def test_an_inconclusive_rate_is_probed_again_with_its_counts_pooled_up_to_the_cap():
-    k = {"mode": "sweep", "rates": [1.0, 2.0], "max_probes": None, "max_repeats": 3}
+    k = {"mode": "sweep", "rates": [1.0, 2.0], "max_probes": None, "max_repeats": 3, "dispersion": {"phi": 1.0}}
     slo = {"percentile": 95, "ttft_ms": 500, "tpot_ms": 50}
     draws = {1.0: [(40, 0), (40, 0)], 2.0: [(60, 4), (60, 5), (60, 4)]}  # 1: 0/80 passes; 2: 13/180 stays unsure
 
@@ -554,7 +555,7 @@ def test_the_knee_over_servers_is_the_ratio_of_their_geometric_mean_midpoints_wi
     def k(lo, hi):
         return {"knee_rps": lo, "conclusive_fail_rps": hi}
     base, new = [k(9.514, 11.31), k(11.31, 13.45)], [k(19.03, 22.63), k(22.63, 26.91)]  # ~2x
-    spread = {"knee_cv": 0.1292, "servers": 12, "measured_on": "H200"}
+    spread = config.ServerSpread(knee_cv=0.1292, servers=12, measured_on="H200")
     d = stats.knees_delta(base, new, spread)
     brackets = ((9.514, 11.31), (11.31, 13.45), (19.03, 22.63), (22.63, 26.91))
     mid = [math.sqrt(a * b) for a, b in brackets]
@@ -568,7 +569,7 @@ def test_the_knee_over_servers_is_the_ratio_of_their_geometric_mean_midpoints_wi
     # one server of two moved ~2x: within noise
     assert stats.knees_delta(base, new[:1] + base[1:], spread)["verdict"] == "within noise"
     # no spread measured and one server a side: nothing to judge by
-    assert stats.knees_delta(base[:1], new[:1], {"servers": 0})["verdict"] == "unknown"
+    assert stats.knees_delta(base[:1], new[:1], config.ServerSpread())["verdict"] == "unknown"
     assert stats.knees_delta([k(None, 9.514)], new, spread)["verdict"] == "unknown"  # a side with no bracket
 
 
@@ -578,10 +579,10 @@ def test_servers_whose_brackets_coincide_are_not_read_as_no_spread():
     def k(lo, hi):
         return {"knee_rps": lo, "conclusive_fail_rps": hi}
     base, new = [k(8.0, 9.514)] * 2, [k(9.514, 11.31)] * 2  # one grid step apart
-    d = stats.knees_delta(base, new, {"servers": 0})
+    d = stats.knees_delta(base, new, config.ServerSpread())
     assert d["sd"] == pytest.approx(math.log(9.514 / 8.0) / math.sqrt(12), abs=1e-4)
     assert d["verdict"] == "within noise", d  # one grid step on 2 servers a side is no evidence
-    far = stats.knees_delta([k(1.682, 3.364)] * 2, [k(8.0, 9.514)] * 2, {"servers": 0})
+    far = stats.knees_delta([k(1.682, 3.364)] * 2, [k(8.0, 9.514)] * 2, config.ServerSpread())
     assert far["verdict"] == "better" and far["ci"][0] > 0.1, far  # the known-gain ladder's confirm step: x4
 
 

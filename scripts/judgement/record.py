@@ -119,7 +119,7 @@ def same_config_groups(recs: list[dict]) -> list[list[float]]:
 
 
 def floor_of(prior, recs: list[dict]) -> stats.Floor:
-    """The floor every Δ is drawn with: the measured one (params bench.noise_floor) pooled with this ladder's own
+    """The floor every Δ is drawn with: the measured one (params bench.noise_floor, typed) pooled with this ladder's own
     same-config engines."""
     return stats.pool(prior, same_config_groups(recs))
 

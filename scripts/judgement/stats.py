@@ -1,16 +1,21 @@
 """The judgement maths, pure functions only (unit-tested on fixture numbers): the start-to-start floor and every Δ's
 interval ("within noise"), the knee verdict, the exact McNemar test and the decode roofline. Only what judges
-imports it (decide, record, gate, report, ladder, capacity); the measuring maths is measure/probing.py's."""
+imports it (decide, record, gate, report, ladder, capacity); the measuring maths is measure/probing.py's (its
+GRID_ROUNDING is measure/evidence.py's, a leaf: the judgement stands on no knee search)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import stats as sps
 
-from measure.probing import GRID_ROUNDING
+from measure.evidence import GRID_ROUNDING, KNEE_BETTER_ROUNDS
 from measure.summary import fmt_g, tq
+
+if TYPE_CHECKING:
+    from common import NoiseFloor, ServerSpread
 
 # ---------------------------------------------------------------- intervals
 # The engine is the unit of replication for output tok/s: repeats inside one engine cannot see how far a fresh
@@ -41,17 +46,17 @@ class Floor:
         return max(self.engines - self.groups, 0)
 
     @classmethod
-    def of(cls, spec) -> Floor:
-        """From params `bench.noise_floor` (config.NoiseFloor as config.validate dumps it; `make benchmark` writes it):
-        the one place that block becomes a Floor; the code reaches it only through delta and pool. The block stays
-        its own type: config stands on nothing above measure.evidence (tests/test_dvc_deps.py), and a Floor is also
-        a pooled estimate (groups, a composed source) that no one types into params.yaml."""
-        if isinstance(spec, Floor):
-            return spec
-        if not spec:
+    def of(cls, block: Floor | NoiseFloor | None) -> Floor:
+        """From params `bench.noise_floor`, typed (config.NoiseFloor; `make benchmark` prints it), never its dumped
+        dict: the one place that block becomes a Floor; the code reaches it only through delta and pool. A Floor is
+        the judgement's estimate, not a second type of the block: it is also pooled (groups, a composed source), and
+        a knee spread (knee_spread), which no one types into params.yaml."""
+        if isinstance(block, Floor):
+            return block
+        if block is None:
             return cls(0.0)
-        where = ", ".join(str(spec[k]) for k in ("measured_on", "vllm", "measured") if spec.get(k))
-        return cls(float(spec["cv"]), int(spec.get("engines") or 0), 1, where or "as typed")
+        where = ", ".join(str(v) for v in (block.measured_on, block.vllm, block.measured) if v)
+        return cls(float(block.cv), block.engines, 1, where or "as typed")
 
     def words(self) -> str:
         if not self.df:
@@ -59,8 +64,8 @@ class Floor:
         return f"start-to-start CV {self.cv:.1%} from {self.engines} engines (df {self.df}; {self.source})"
 
 
-def pool(prior: Floor | dict | None, groups: list[list[float]], source: str = "") -> Floor:
-    """The prior floor (a Floor, or params `bench.noise_floor`) pooled with the ladder's own same-config engines
+def pool(prior: Floor | NoiseFloor | None, groups: list[list[float]], source: str = "") -> Floor:
+    """The prior floor (a Floor, or params `bench.noise_floor`, typed) pooled with the ladder's own same-config engines
     (each group: the means of fresh engines of one config, e.g. a base and its re-measures): pooled relative
     variance, weighted by degrees of freedom."""
     prior = Floor.of(prior)
@@ -97,7 +102,7 @@ def engines_of(runs) -> list[list[float]]:
     return [[float(x) for x in e] for e in runs if e]
 
 
-def delta(base, new, floor: Floor | dict | None = None, confidence: float = CONFIDENCE) -> dict:
+def delta(base, new, floor: Floor | NoiseFloor | None = None, confidence: float = CONFIDENCE) -> dict:
     """Relative change of `new` vs `base` output tok/s, each side one or more fresh engines (engines_of), with a
     `confidence` interval and the call it supports: 'better' / 'worse' when it excludes zero, else 'within noise';
     'unknown' when no interval can be drawn (no floor measured: repeats inside one engine are not evidence).
@@ -252,7 +257,7 @@ def rate_verdict(rows: list[dict], rate: float) -> tuple[str | None, int, int]:
 # pass is re-checked on one pair: no placebo ladder simulated reached that far, and a second pair cost a knee moved
 # 2x a finding in 20 (88.7 % found with one pair there, 84.1 % with two everywhere). Worse keeps nothing (it reverts,
 # or bars a tok/s gain): one pair.
-KNEE_BETTER_ROUNDS, WELL_PAST = 2, 2 ** 0.75  # the rounds: a profile's knee.better_pairs, 2 unless it says
+WELL_PAST = 2 ** 0.75  # the rounds, KNEE_BETTER_ROUNDS, are measure/evidence.py's: knee.better_pairs' default too
 KNEE_AGAIN_OPENING = "a knee verdict (better or worse) is re-checked on a fresh server of the base"
 
 
@@ -350,15 +355,16 @@ def server_knee(k: dict) -> float | None:
     return math.sqrt(lo * hi) if lo and math.isfinite(hi) and hi > lo else None
 
 
-def knee_spread(spec) -> Floor:
-    """The relative SD of the knee between fresh servers of one config (params `knee.server_spread`: knee_cv on
-    `servers` servers; `make benchmark ARGS="--parts 4"` measures it) as a Floor (df servers - 1; 0: not measured)."""
-    if isinstance(spec, Floor):
-        return spec
-    if not spec or not spec.get("servers") or spec.get("knee_cv") is None:
+def knee_spread(block: Floor | ServerSpread | None) -> Floor:
+    """The relative SD of the knee between fresh servers of one config (params `knee.server_spread`, typed
+    (config.ServerSpread): knee_cv on `servers` servers; `make benchmark ARGS="--parts 4"` measures it) as a Floor
+    (df servers - 1; 0: not measured)."""
+    if isinstance(block, Floor):
+        return block
+    if block is None or not block.servers or block.knee_cv is None:
         return Floor(0.0, 0, 1, "no servers' spread measured")
-    where = ", ".join(str(spec[k]) for k in ("measured_on", "measured") if spec.get(k))
-    return Floor(float(spec["knee_cv"]), int(spec["servers"]), 1, where or "as typed")
+    where = ", ".join(str(v) for v in (block.measured_on, block.measured) if v)
+    return Floor(float(block.knee_cv), block.servers, 1, where or "as typed")
 
 
 def knees_delta(base: list[dict], new: list[dict], spread=None, confidence: float = CONFIDENCE) -> dict:

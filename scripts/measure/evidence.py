@@ -7,11 +7,19 @@ A probe's pass/fail is a test on the count of its counted requests that broke th
 stopping does: a point p95 of ~80 requests in a non-steady window swung 942 / 784 / 332 ms on one trace back to back.
 Requests over the SLO come in bursts (a cluster of arrivals queues together), so their count varies `phi` times as
 much as a binomial's (knee.dispersion, measured by `make benchmark` part 6): the test counts counted/phi requests.
+What the judgement and the report read of the knee's measuring lives here too (GRID_ROUNDING, SHORT_PROBE_FLAG), so
+the gate and report stages stand on this leaf, not on the knee search (measure/probing.py); and the pairs of fresh
+servers a better knee is re-checked on (KNEE_BETTER_ROUNDS), knee.better_pairs' default and the judgement's.
 """
 from __future__ import annotations
 
 import math
 
+GRID_ROUNDING = 1e-3  # relative: probing.grid_rate keeps 4 significant figures (at most 5e-4 off); a knee
+                     # compared with a grid rate (stats.knee_delta) is taken as on it within this
+SHORT_PROBE_FLAG = "probes short against latency: may read high"  # the knee's flag, as printed and reported
+KNEE_BETTER_ROUNDS = 2  # pairs of fresh servers a better knee is re-checked on (stats.recheck_rounds): the default
+                        # of knee.better_pairs, which a profile may set
 PROBE_CONFIDENCE = 0.95  # one-sided, per visit of a rate: its up to knee.max_repeats pooled looks share the 5 %
                          # (look_confidence); at 5 % a look, three looks failed a share of exactly q in 9 % (simulated)
 

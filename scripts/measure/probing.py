@@ -6,15 +6,18 @@ config imports); what judges their numbers (stats.py) imports it, never the othe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
 
-from measure.evidence import PROBE_CONFIDENCE, look_confidence, pass_minimum
+from measure.evidence import (  # noqa: F401 -- GRID_ROUNDING, SHORT_PROBE_FLAG: the knee reads them here too
+    GRID_ROUNDING,
+    PROBE_CONFIDENCE,
+    SHORT_PROBE_FLAG,
+    look_confidence,
+    pass_minimum,
+)
 from measure.summary import fmt_g
-
-GRID_ROUNDING = 1e-3  # relative: grid_rate keeps 4 significant figures (at most 5e-4 off)
 
 
 def failed_on_evidence(row: dict) -> bool:
@@ -41,30 +44,6 @@ def tail_requests(percentile: float, beyond: int = 3) -> int:
 def probe_minimum(percentile: float, ramp_fraction: float) -> int:
     """Requests a probe must send so that `tail_requests` remain once the ramp-up share is dropped."""
     return math.ceil(tail_requests(percentile) / (1 - ramp_fraction))
-
-
-@dataclass(frozen=True)
-class Dispersion:
-    """How much more a probe's count of requests over the SLO varies than a binomial count would (`phi`, the
-    variance ratio; 1: independent requests), and what it rests on: `probes` repeated probes (0: not measured)."""
-    phi: float = 1.0
-    probes: int = 0
-    source: str = "not measured"
-
-    @classmethod
-    def of(cls, spec) -> Dispersion:
-        """From params `knee.dispersion` ({phi, probes, measured_on, ...}; `make benchmark` part 6 prints it)."""
-        if isinstance(spec, Dispersion):
-            return spec
-        if not spec:
-            return cls()
-        where = ", ".join(str(spec[k]) for k in ("measured_on", "vllm", "measured") if spec.get(k))
-        return cls(max(float(spec["phi"]), 1.0), int(spec.get("probes") or 0), where or "as typed")
-
-    def words(self) -> str:
-        if not self.probes:
-            return f"dispersion {self.phi:g} (not measured)"
-        return f"dispersion {self.phi:g} from {self.probes} probes ({self.source})"
 
 
 def _binom_le(k: float, n: float, q: float) -> float:
@@ -307,7 +286,6 @@ def tail_stats(reqs: list[dict], percentile: float, ramp_fraction: float, backlo
 # Simulated (step-level continuous batching, this search): a decode-bound server whose end-to-end latency was
 # about the probe's length read 1.8x its steady-state knee; the same with 3x longer probes, 1.06x.
 SHORT_PROBE_SHARE = 0.5
-SHORT_PROBE_FLAG = "probes short against latency: may read high"  # the knee's flag, as printed and reported
 
 
 def short_probes(rows: list[dict], knee_rps: float | None) -> bool:
@@ -405,6 +383,55 @@ FAR_SHARE = 0.9  # a rate whose visit had this share of its counted requests ove
 ANCHOR_RATES = ("pass", "fail", "worse")  # run.anchor's keys that are request rates the search may probe
 
 
+def anchor_rates(anchor: dict | None, min_rate: float | None, max_rate: float) -> dict:
+    """run.anchor's rates inside [min_rate, max_rate], with its `bracket` and `last` flags; the rest of run.anchor
+    (latency: what sizes a look) is not a rate."""
+    return {key: v for key, v in (anchor or {}).items() if key in ("bracket", "last") or
+            (key in ANCHOR_RATES and v and (not min_rate or v >= min_rate) and v <= max_rate * (1 + GRID_ROUNDING))}
+
+
+def anchored_rate(anchor: dict, verdicts: dict, steps: int, min_rate: float | None,
+                  unsure: frozenset | set) -> tuple[bool, float | None]:
+    """next_rate's step at the anchors (anchor_rates): (True, the next rate or None: stop) where they decide it,
+    (False, None) where the search goes on as without them."""
+    if not (anchor.get("pass") or anchor.get("fail")):
+        return False, None
+    first, then = (anchor["fail"], anchor.get("pass")) if anchor.get("fail") else (anchor["pass"], None)
+    if first not in verdicts:
+        return True, first
+    if not verdicts[first]:
+        if then and then not in verdicts:
+            return True, then
+        if not anchor.get("bracket"):
+            # failed on evidence at the base's pass: worse beyond knee.noise_floor only at or below `worse`: one
+            # visit there (its grid rate at or below it), then stop whatever it found
+            worse = anchor.get("worse")
+            if worse and then and then not in unsure and not verdicts[then]:
+                below = grid_rate(math.floor(math.log2(worse) * steps + 1e-9), steps)
+                if below not in verdicts and (not min_rate or below >= min_rate):
+                    return True, below
+            return True, None
+        if first not in unsure and (not then or verdicts[then]):
+            return True, None
+    elif anchor.get("last") and not anchor.get("bracket"):
+        return True, None
+    return False, None
+
+
+def bisected_rate(lo: float, hi: float, verdicts: dict, steps: int, rel_tol: float) -> float | None:
+    """The unprobed grid rate nearest the middle of the bracket [lo, hi] (the higher of two), or None where it is at
+    most `rel_tol` wide or none is left."""
+    if width(lo, hi) <= rel_tol:
+        return None
+    li, hi_i = grid_index(lo, steps), grid_index(hi, steps)
+    seen = {grid_index(r, steps) for r in verdicts}
+    left = [i for i in range(li + 1, hi_i) if i not in seen]
+    if not left:
+        return None
+    mid = (li + hi_i) / 2
+    return grid_rate(min(left, key=lambda i: (abs(i - mid), -i)), steps)
+
+
 def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, rel_tol: float,
               max_probes: int, min_rate: float | None = None, anchor: dict | None = None,
               unsure: frozenset | set = frozenset(), far: frozenset | set = frozenset()) -> float | None:
@@ -435,29 +462,10 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     steps = grid_steps(rel_tol)
     top = math.floor(math.log2(max_rate) * steps + 1e-9)
     verdicts = rate_verdicts(probes)
-    # its rates inside [min_rate, max_rate]; the rest of run.anchor (latency: what sizes a look) is not a rate
-    anchor = {key: v for key, v in (anchor or {}).items() if key in ("bracket", "last") or
-              (key in ANCHOR_RATES and v and (not min_rate or v >= min_rate) and v <= max_rate * (1 + GRID_ROUNDING))}
-    if anchor.get("pass") or anchor.get("fail"):
-        first, then = (anchor["fail"], anchor.get("pass")) if anchor.get("fail") else (anchor["pass"], None)
-        if first not in verdicts:
-            return first
-        if not verdicts[first]:
-            if then and then not in verdicts:
-                return then
-            if not anchor.get("bracket"):
-                # failed on evidence at the base's pass: worse beyond knee.noise_floor only at or below `worse`: one
-                # visit there (its grid rate at or below it), then stop whatever it found
-                worse = anchor.get("worse")
-                if worse and then and then not in unsure and not verdicts[then]:
-                    below = grid_rate(math.floor(math.log2(worse) * steps + 1e-9), steps)
-                    if below not in verdicts and (not min_rate or below >= min_rate):
-                        return below
-                return None
-            if first not in unsure and (not then or verdicts[then]):
-                return None
-        elif anchor.get("last") and not anchor.get("bracket"):
-            return None
+    anchor = anchor_rates(anchor, min_rate, max_rate)
+    decided, rate = anchored_rate(anchor, verdicts, steps, min_rate, unsure)
+    if decided:
+        return rate
     if not probes:  # the grid rate nearest start, inside [min_rate, max_rate] where they are off the grid
         bottom = math.ceil(math.log2(min_rate) * steps - 1e-9) if min_rate else -math.inf
         return grid_rate(max(min(grid_index(start, steps), top), bottom), steps)
@@ -474,15 +482,7 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
         low = min(verdicts)
         i = max(grid_index(low, steps) - (steps if low in far else 1), bottom)
         return None if low <= min_rate or i >= grid_index(low, steps) else grid_rate(i, steps)
-    if width(lo, hi) <= rel_tol:
-        return None
-    li, hi_i = grid_index(lo, steps), grid_index(hi, steps)
-    seen = {grid_index(r, steps) for r in verdicts}
-    left = [i for i in range(li + 1, hi_i) if i not in seen]
-    if not left:
-        return None
-    mid = (li + hi_i) / 2
-    return grid_rate(min(left, key=lambda i: (abs(i - mid), -i)), steps)
+    return bisected_rate(lo, hi, verdicts, steps, rel_tol)
 
 
 def judge(rows: list[dict], slo: dict, phi: float = 1.0, looks: int = 1) -> dict:
@@ -530,7 +530,7 @@ def visit(probe, rate: float, rows: list[dict], k: dict, slo: dict, report=None,
     while True:
         rows.append(probe(rate, rows))
         looks.append(rows[-1])
-        ev = judge(looks, slo, Dispersion.of(k.get("dispersion")).phi, k["max_repeats"])
+        ev = judge(looks, slo, k["dispersion"]["phi"], k["max_repeats"])
         if report:
             report(rows, ev)
         if (rows[-1].get("failed") or rows[-1].get("backlog") or ev["verdict"] != "inconclusive"

@@ -260,12 +260,13 @@ def _fit(looks: _Looks, sigma: float | None = None, phi: float | None = None, ga
 
 
 @dataclass(frozen=True)
-class ServerSpread:
+class SpreadFit:
     """The fit: `sigma` the between-server SD of the log share over the SLO (its 95 % interval), `phi` the
     within-look dispersion (its interval), the pooled share at the lowest rate, and what it rests on; `gamma` the
     wall's exponent, fitted with its interval where looks at two or more rates were given (`rates`), else fixed
     (gamma_ci None); `cv` the knees' CV sigma / gamma with its interval (profiled over gamma where gamma was fitted:
-    its uncertainty is in the interval)."""
+    its uncertainty is in the interval). A fit, not the params block: `make benchmark` part 4 writes knee.server_spread
+    (config.ServerSpread) from it, with its looks and provenance (benchmark_noise.spread_block)."""
     rate: float
     servers: int
     looks: int
@@ -303,12 +304,8 @@ def _best(looks: _Looks) -> tuple[float, np.ndarray]:
                 for ph in (1.5, 6.0)), key=lambda t: t[0])
 
 
-def fit(servers: list[list[tuple]], rate: float, gamma: float | None = None) -> ServerSpread:
-    """The model above fitted to looks on fresh servers: servers = [[look, ...], ...], each look (counted, over) at
-    `rate` or (counted, over, its rate). At two or more rates the wall's exponent gamma is fitted with sigma and
-    phi (sigma then is the log share's between-server SD at every rate, the knees' CV sigma / gamma); at one it is
-    fixed at `gamma` (default GAMMA) and said so (gamma_ci None)."""
-    servers = [list(s) for s in servers if s]
+def _looks_of(servers: list[list[tuple]], rate: float) -> _Looks:
+    """fit's looks, refused (ValueError) where they cannot tell a spread."""
     if len(servers) < 2 or sum(len(s) for s in servers) < 3:
         raise ValueError(f"a spread needs >= 2 servers and >= 3 looks, got {len(servers)} servers")
     looks = _Looks(servers, rate)
@@ -320,14 +317,14 @@ def fit(servers: list[list[tuple]], rate: float, gamma: float | None = None) -> 
         raise ValueError(f"no look at {at} req/s had some but not all of its counted requests over the SLO "
                          f"({int(looks.k.sum())} of {int(looks.n.sum())} over in {len(looks.n)} looks): the share, "
                          "and so the servers' spread, cannot be told at these rates; look where a few break it")
-    multi = len(looks.rates) > 1
-    best_ll, best = _best(looks)
+    return looks
 
-    grids = {"sigma": SIGMA_GRID, "phi": np.exp(np.linspace(0.0, 4.5, 19))}
-    if multi:
-        grids.update(gamma=GAMMA_GRID, cv=CV_GRID)
-    # the profile's maximum can beat the free fit's (Nelder-Mead from one start): refit from the better until none
-    # does, so the estimates are the maximum the intervals are measured from
+
+def _profiled(looks: _Looks, grids: dict) -> tuple[float, np.ndarray, dict]:
+    """The maximum likelihood and its parameters, and each parameter's profile likelihood on its grid. The
+    profile's maximum can beat the free fit's (Nelder-Mead from one start): refit from the better until none does,
+    so the estimates are the maximum the intervals are measured from."""
+    best_ll, best = _best(looks)
     for _ in range(4):
         fits = {name: [_fit(looks, **{name: float(v)}, start=best) for v in grid] for name, grid in grids.items()}
         top_ll, top = max((f for fs in fits.values() for f in fs), key=lambda f: f[0])
@@ -335,66 +332,87 @@ def fit(servers: list[list[tuple]], rate: float, gamma: float | None = None) -> 
             break
         best_ll, best = max([_fit(looks, start=top), (top_ll, top)], key=lambda f: f[0])
     on_grid = {name: [f[0] for f in fs] for name, fs in fits.items()}
-    best_ll = max([best_ll] + [ll for lls in on_grid.values() for ll in lls])
+    return max([best_ll] + [ll for lls in on_grid.values() for ll in lls]), best, on_grid
 
-    def profile(name):
-        return lambda v: _fit(looks, **{name: float(v)}, start=best)[0]
 
-    def interval(name):
-        """Where the profile crosses the likelihood-ratio bound: bracketed on the grid, then solved for (brentq)."""
-        grid, prof = grids[name], profile(name)
-        d = np.array([2 * (best_ll - ll) - LR_95 for ll in on_grid[name]])
-        inside = np.flatnonzero(d <= 0)
-        if not inside.size:
-            return math.nan, math.nan
+def _interval(looks: _Looks, name: str, grid: np.ndarray, on_grid: list[float], best_ll: float,
+              best: np.ndarray) -> tuple[float, float]:
+    """Where the profile of `name` crosses the likelihood-ratio bound: bracketed on the grid, then solved for
+    (brentq)."""
+    def prof(v):
+        return _fit(looks, **{name: float(v)}, start=best)[0]
 
-        def cross(a, b):
-            return optimize.brentq(lambda v: 2 * (best_ll - prof(v)) - LR_95, grid[a], grid[b], xtol=1e-4)
-        lo, hi = inside[0], inside[-1]
-        return (cross(lo - 1, lo) if lo > 0 else float(grid[0])), \
-            (cross(hi, hi + 1) if hi < len(grid) - 1 else float(grid[-1]))
+    d = np.array([2 * (best_ll - ll) - LR_95 for ll in on_grid])
+    inside = np.flatnonzero(d <= 0)
+    if not inside.size:
+        return math.nan, math.nan
 
-    # where the optimiser may take each parameter (_fit's nll): an estimate past its grid's end is there
-    bounds = {"sigma": (0.0, 6.0), "phi": (1.0, math.exp(5.0)), "gamma": (0.5, GAMMA_MAX), "cv": (0.0, 6.0 / 0.5)}
+    def cross(a, b):
+        return optimize.brentq(lambda v: 2 * (best_ll - prof(v)) - LR_95, grid[a], grid[b], xtol=1e-4)
+    lo, hi = inside[0], inside[-1]
+    return (cross(lo - 1, lo) if lo > 0 else float(grid[0])), \
+        (cross(hi, hi + 1) if hi < len(grid) - 1 else float(grid[-1]))
 
-    def held(name, est, ci):
-        """The interval, holding its estimate: where the estimate lies past its grid's end and the profile never
-        crossed the bound on that side, that end is the optimiser's bound there (the interval is open that far).
-        One that still does not hold it is a fit that went wrong: refused, not widened to fit. No interval (the
-        profile never within the bound on the grid) is left as it is."""
-        grid, (lo_b, hi_b) = grids[name], bounds[name]
-        lo, hi = ci
-        if math.isnan(lo) or math.isnan(hi):
-            return ci
-        if est < grid[0] and lo <= grid[0]:
-            lo = lo_b
-        if est > grid[-1] and hi >= grid[-1]:
-            hi = hi_b
-        if not lo - 1e-6 <= est <= hi + 1e-6:
-            raise ValueError(f"the fit's {name} {est:.4g} lies outside its own interval [{lo:.4g}, {hi:.4g}]: no "
-                             "block is better than a wrong one")
-        return lo, hi
+
+# where the optimiser may take each parameter (_fit's nll): an estimate past its grid's end is there
+_BOUNDS = {"sigma": (0.0, 6.0), "phi": (1.0, math.exp(5.0)), "gamma": (0.5, GAMMA_MAX), "cv": (0.0, 6.0 / 0.5)}
+
+
+def _held(name: str, est: float, ci: tuple[float, float], grid: np.ndarray) -> tuple[float, float]:
+    """The interval, holding its estimate: where the estimate lies past its grid's end and the profile never
+    crossed the bound on that side, that end is the optimiser's bound there (the interval is open that far).
+    One that still does not hold it is a fit that went wrong: refused, not widened to fit. No interval (the
+    profile never within the bound on the grid) is left as it is."""
+    lo_b, hi_b = _BOUNDS[name]
+    lo, hi = ci
+    if math.isnan(lo) or math.isnan(hi):
+        return ci
+    if est < grid[0] and lo <= grid[0]:
+        lo = lo_b
+    if est > grid[-1] and hi >= grid[-1]:
+        hi = hi_b
+    if not lo - 1e-6 <= est <= hi + 1e-6:
+        raise ValueError(f"the fit's {name} {est:.4g} lies outside its own interval [{lo:.4g}, {hi:.4g}]: no "
+                         "block is better than a wrong one")
+    return lo, hi
+
+
+def fit(servers: list[list[tuple]], rate: float, gamma: float | None = None) -> SpreadFit:
+    """The model above fitted to looks on fresh servers: servers = [[look, ...], ...], each look (counted, over) at
+    `rate` or (counted, over, its rate). At two or more rates the wall's exponent gamma is fitted with sigma and
+    phi (sigma then is the log share's between-server SD at every rate, the knees' CV sigma / gamma); at one it is
+    fixed at `gamma` (default GAMMA) and said so (gamma_ci None)."""
+    servers = [list(s) for s in servers if s]
+    looks = _looks_of(servers, rate)
+    multi = len(looks.rates) > 1
+    grids = {"sigma": SIGMA_GRID, "phi": np.exp(np.linspace(0.0, 4.5, 19))}
+    if multi:
+        grids.update(gamma=GAMMA_GRID, cv=CV_GRID)
+    best_ll, best, on_grid = _profiled(looks, grids)
+
+    def held(name, est):
+        ci = _interval(looks, name, grids[name], on_grid[name], best_ll, best)
+        return _held(name, est, ci, grids[name])
     at_ref = looks.dlog == 0
     counted = int(looks.n.sum())
     over = int(looks.k.sum())
     sigma = round(abs(float(best[1])), 3)
-    sigma_ci = tuple(round(v, 3) for v in held("sigma", abs(float(best[1])), interval("sigma")))
+    sigma_ci = tuple(round(v, 3) for v in held("sigma", abs(float(best[1]))))
     if multi:
         g = round(float(best[3]), 2)
-        g_ci = tuple(round(v, 2) for v in held("gamma", float(best[3]), interval("gamma")))
+        g_ci = tuple(round(v, 2) for v in held("gamma", float(best[3])))
         cv = round(abs(float(best[1])) / float(best[3]), 4)
-        cv_ci = tuple(round(v, 4) for v in held("cv", abs(float(best[1])) / float(best[3]), interval("cv")))
+        cv_ci = tuple(round(v, 4) for v in held("cv", abs(float(best[1])) / float(best[3])))
     else:
         g, g_ci = GAMMA if gamma is None else float(gamma), None
         cv, cv_ci = round(sigma / g, 4), tuple(round(v / g, 4) for v in sigma_ci)
-    return ServerSpread(rate=looks.rate, servers=len(servers), looks=len(looks.n), counted=counted,
-                        over_slo=over, share=round(float(looks.k[at_ref].sum() / looks.n[at_ref].sum()), 5),
-                        sigma=sigma, sigma_ci=sigma_ci,
-                        phi=round(max(math.exp(float(best[2])), 1.0), 2),
-                        phi_ci=tuple(round(v, 2) for v in held("phi", max(math.exp(float(best[2])), 1.0),
-                                                                interval("phi"))),
-                        between_df=len(servers) - 1, within_df=sum(len(s) - 1 for s in servers),
-                        rates=tuple(looks.rates), gamma=g, gamma_ci=g_ci, cv=cv, cv_ci=cv_ci)
+    return SpreadFit(rate=looks.rate, servers=len(servers), looks=len(looks.n), counted=counted,
+                     over_slo=over, share=round(float(looks.k[at_ref].sum() / looks.n[at_ref].sum()), 5),
+                     sigma=sigma, sigma_ci=sigma_ci,
+                     phi=round(max(math.exp(float(best[2])), 1.0), 2),
+                     phi_ci=tuple(round(v, 2) for v in held("phi", max(math.exp(float(best[2])), 1.0))),
+                     between_df=len(servers) - 1, within_df=sum(len(s) - 1 for s in servers),
+                     rates=tuple(looks.rates), gamma=g, gamma_ci=g_ci, cv=cv, cv_ci=cv_ci)
 
 
 def moments(servers: list[list[tuple[int, int]]]) -> dict:

@@ -30,7 +30,7 @@ COLUMNS = (["offered_rps", "num_prompts", "sent", "stopped_early", "cut", "seed"
 def prompts_for(rate: float, k: dict, slo: dict, e2e_s: float) -> int:
     return probing.probe_prompts(rate, k["probe_seconds"], slo["percentile"], k["ramp_fraction"], k["min_prompts"],
                                k["max_prompts"], e2e_s, k["settle_latencies"], k["tail_latencies"],
-                               probing.Dispersion.of(k["dispersion"]).phi, k["max_repeats"])
+                               k["dispersion"]["phi"], k["max_repeats"])
 
 
 def e2e_estimate(rows: list[dict], warm: float | None, rate: float,
@@ -117,8 +117,7 @@ class Curtail:
     713."""
 
     def __init__(self, rate: float, n: int, k: dict, slo: dict, visit: list[dict], e2e_s: float = 0.0):
-        self.need = probing.stop_count(n, visit, slo["percentile"], probing.Dispersion.of(k["dispersion"]).phi,
-                                       k["max_repeats"])
+        self.need = probing.stop_count(n, visit, slo["percentile"], k["dispersion"]["phi"], k["max_repeats"])
         # requests that arrived while the server filled are not counted (probing.counted_window): nor here
         self.skip_s = max(k["ramp_fraction"] * n / rate, k["settle_latencies"] * e2e_s)
         self.slo, self.over, self.stopped = slo, 0, False
@@ -240,8 +239,7 @@ def sweep(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
 def mark_bound(rows: list[dict], k: dict, slo: dict, logs) -> list[dict]:
     """Each look's `frontend.bound` once its visit's verdict is final (frontend.mark: a look that passed is never
     bound), each bound look said in sweep.log; the rows."""
-    for row in frontend.mark(rows, slo["percentile"], probing.Dispersion.of(k.get("dispersion")).phi,
-                             k["max_repeats"]):
+    for row in frontend.mark(rows, slo["percentile"], k["dispersion"]["phi"], k["max_repeats"]):
         fe = row["frontend"]
         if fe["bound"]:
             line = (f"the look at {row['offered_rps']:g} req/s (seed {row.get('seed')}) is {fe['bound']} bound: "

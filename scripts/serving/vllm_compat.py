@@ -340,6 +340,28 @@ def _cut_output(serve, request_func_input, start: float):
     return out
 
 
+def _request_input(args, kwargs):
+    """The request function's `request_func_input`, passed by name or first."""
+    return kwargs.get("request_func_input", args[0] if args else None)
+
+
+def _gated(get_request, state: dict):
+    """vLLM's `get_request` that sends nothing once `state["stop"]`, and sets `state["t0"]` as it sends the first
+    request of the timed run."""
+    async def gated(*args, **kwargs):
+        gen = get_request(*args, **kwargs)
+        try:
+            async for item in gen:
+                if state["stop"]:
+                    break
+                if state["t0"] is None:
+                    state["t0"] = time.perf_counter()
+                yield item
+        finally:
+            await gen.aclose()
+    return gated
+
+
 @contextlib.contextmanager
 def watched_serve(serve, on_done, cut_after=None):
     """While `vllm bench serve`'s main runs in this process: `on_done(request, t0)` as each request of the timed
@@ -354,9 +376,6 @@ def watched_serve(serve, on_done, cut_after=None):
     inflight: dict[asyncio.Future, tuple[float, object]] = {}  # the timed run's requests: when sent, their input
     cancelled: set[asyncio.Future] = set()
 
-    def request_input(args, kwargs):
-        return kwargs.get("request_func_input", args[0] if args else None)
-
     def cut_old() -> None:
         now = time.perf_counter()
         for task, (sent, inp) in list(inflight.items()):
@@ -369,14 +388,14 @@ def watched_serve(serve, on_done, cut_after=None):
             if state["t0"] is None:  # vLLM's single test request, before the run
                 return await fn(*args, **kwargs)
             task = asyncio.ensure_future(fn(*args, **kwargs))
-            inflight[task] = (time.perf_counter(), request_input(args, kwargs))
+            inflight[task] = (time.perf_counter(), _request_input(args, kwargs))
             try:
                 out = await task
             except asyncio.CancelledError:
                 me = asyncio.current_task()
                 if task not in cancelled or (me is not None and me.cancelling()):
                     raise  # the benchmark itself was cancelled: not ours to answer
-                return _cut_output(serve, request_input(args, kwargs), inflight[task][0])
+                return _cut_output(serve, _request_input(args, kwargs), inflight[task][0])
             finally:
                 inflight.pop(task, None)
             if out.start_time >= state["t0"] and on_done(
@@ -387,20 +406,8 @@ def watched_serve(serve, on_done, cut_after=None):
             return out
         return watched
 
-    async def gated(*args, **kwargs):
-        gen = get_request(*args, **kwargs)
-        try:
-            async for item in gen:
-                if state["stop"]:
-                    break
-                if state["t0"] is None:
-                    state["t0"] = time.perf_counter()
-                yield item
-        finally:
-            await gen.aclose()
-
     funcs.update({name: watch(fn) for name, fn in saved.items()})
-    serve.get_request = gated
+    serve.get_request = _gated(get_request, state)
     try:
         yield state
     finally:
