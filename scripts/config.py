@@ -385,7 +385,7 @@ class Knee(Section):
                                Dispersion())
     server_spread: ServerSpread = F("{sigma, knee_cv, phi, servers, looks, ...}: `make benchmark` part 4 with "
                                     "--spread-at prints it", ServerSpread())
-    # a look while other work held more than this share of the machine's cores is looked at again (knee.probe)
+    # a look while other work held more than this share of the machine's cores is looked at again (knee_looks.probe)
     busy_share: Annotated[Num, at.Gt(0), at.Le(1)] | None = F(
         "a fraction in (0, 1], or null: no look is repeated for the machine's other work", 0.25)
     start_timeout_s: PosNum = F("a number of seconds > 0", 900)
@@ -467,7 +467,7 @@ class Anchor(Section):
                                         "rung and its re-check are restored or measured together", 0)
     latency: list[tuple[PosNum, PosNum]] | None = F(
         "a list of [req/s, s] pairs or null: the median end-to-end latency the base (for a re-check, the base and the "
-        "rung) measured at rates where its looks passed; a look at such a rate is sized by it (knee.e2e_estimate)",
+        "rung) measured at rates where its looks passed; a look at such a rate is sized by it (runner/knee_looks)",
         None)
 
 

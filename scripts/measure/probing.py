@@ -78,7 +78,7 @@ def slo_evidence(counted: int, over: int, percentile: float, confidence: float =
 def fail_count(n: int, percentile: float, phi: float = 1.0, confidence: float = PROBE_CONFIDENCE) -> int | None:
     """The fewest requests over the SLO with which a look that sends `n` fails whatever the others show: their
     evidence is 'fail' even were all `n` counted (a fail's evidence only weakens as requests within the SLO are
-    added). A look stops sending once it has that many (knee.Curtail): its counts only grow, so watching them as
+    added). A look stops sending once it has that many (knee_looks.Curtail): its counts only grow, so watching them as
     they come stops a look no more often than the whole look's test would fail it. None where even `n` over would
     not fail."""
     if not n or slo_evidence(n, n, percentile, confidence, phi)["verdict"] != "fail":
@@ -91,7 +91,7 @@ def fail_count(n: int, percentile: float, phi: float = 1.0, confidence: float = 
 
 
 def stop_count(n: int, visit: list[dict], percentile: float, phi: float = 1.0, looks: int = 1) -> int | None:
-    """The requests over the SLO a look that sends `n` stops at (knee.Curtail): fail_count over every request its
+    """The requests over the SLO a look that sends `n` stops at (knee_looks.Curtail): fail_count over every request its
     visit could count (the `visit`'s earlier looks' counted and these n, each look at look_confidence(looks)),
     less the earlier looks' over; at least 1. None where no count would fail it."""
     need = fail_count(n + sum(r["counted"] for r in visit), percentile, phi, look_confidence(looks))
@@ -452,7 +452,7 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     Without one (rung 0), from the grid rate nearest `start`: up (a doubling after a pass,
     one grid step after an inconclusive rate: the wall is near) until a rate fails on evidence or `max_rate` passes;
     down while nothing passed (to `min_rate`): a doubling below a rate in `far` (most of its requests over the SLO,
-    or a backlog: far above the wall), else one grid step (a look that fails stops early, knee.Curtail, so a fail
+    or a backlog: far above the wall), else one grid step (a look that fails stops early, knee_looks.Curtail, so a fail
     costs little where a pass below the wall costs a whole look); then bisect, on the grid, between the last pass
     and the first fail on evidence, until the bracket is at most `rel_tol` wide or no rate between them is left unprobed
     (inconclusive ones in between: the knee is there). Each rate is visited once: its evidence is pooled over the

@@ -87,7 +87,7 @@ class Shape(Closed):
 
 
 class WarmUpEngine(Closed):
-    """The untimed engine before the first timed one of a ladder run (bench.warm_up): kept, never compared."""
+    """The untimed engine before the first timed one of a ladder run (throughput.warm_up): kept, never compared."""
     output_tps: float | None = None
     wall_s: float
 

@@ -40,7 +40,7 @@ class FrontEndLook(Closed):
 
 class Look(BaseModel):
     """One look at one offered rate (a row of knee.csv): vLLM's own figures of the probe, the SLO's percentile over
-    the requests that count, and the evidence. The look is built in steps (knee.row_from, probing.judge, the visit
+    the requests that count, and the evidence. The look is built in steps (knee_looks.row_from, probing.judge, the visit
     and the disturbed-look check): fields those steps add are declared below; `extra="allow"` keeps a look readable
     while a step adds one that is not declared yet (the thin-stages piece gives the look one builder)."""
     model_config = ConfigDict(extra="allow")
@@ -89,7 +89,7 @@ class Look(BaseModel):
 
 
 class DisturbedLook(Look):
-    """A look that ran while other work kept the machine busy (knee.probe): kept beside the look that replaced
+    """A look that ran while other work kept the machine busy (knee_looks.probe): kept beside the look that replaced
     it, in its own file."""
     file: str | None = None
 

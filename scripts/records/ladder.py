@@ -283,7 +283,7 @@ class NoiseFloor(Closed):
 
 
 class Gpu(BaseModel):
-    """fingerprint.gpus: one GPU as nvidia-smi names it."""
+    """measure.host.gpus: one GPU as nvidia-smi names it."""
     model_config = ConfigDict(extra="allow")
     name: str | None = None
     memory_mib: int | float | None = None
@@ -292,7 +292,7 @@ class Gpu(BaseModel):
 
 
 class Cpu(BaseModel):
-    """fingerprint.cpu: the CPU and memory of a box without a GPU to name."""
+    """measure.host.cpu: the CPU and memory of a box without a GPU to name."""
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     cores: int | None = None
@@ -300,7 +300,7 @@ class Cpu(BaseModel):
 
 
 class Environment(BaseModel):
-    """fingerprint.fingerprint(): the machine and software the ladder ran on. Its keys grew with the fingerprint
+    """measure.host.fingerprint(): the machine and software the ladder ran on. Its keys grew with the fingerprint
     (host_id, machine, ...): `extra="allow"` keeps those not declared here as written."""
     model_config = ConfigDict(extra="allow", protected_namespaces=())
     device: str | None = None          # "gpu" or "cpu"
@@ -325,7 +325,7 @@ class LadderRecord(Record):
     started: str | None = None
     finished: str | None = None
     complete: bool = False
-    environment: Environment = Environment()  # fingerprint.fingerprint(): the machine and software
+    environment: Environment = Environment()  # measure.host.fingerprint(): the machine and software
     git_commit: str | None = None
     models: dict[str, Any] = {}        # the download manifest's models (record.fill)
     slo: config.Slo | None = None      # params `slo`, as the ladder ran; a p99-only one spelled p99_* upgraded
