@@ -13,6 +13,7 @@ import gate as gate_stage
 import knee as knee_stage
 from conftest import ROOT
 from measure import score
+from records import upstream
 from records.bench import BenchResult
 from records.eval import EvalResult
 from records.gate import GateResult, gate_failed
@@ -148,7 +149,7 @@ def bench_v1_ok():
         "time": common.stage_time(12.3 + 53.8, 40.1),
         "engine": facts,
         "runs": runs,
-        "provenance": common.provenance(params, common.rung_config(params)),
+        "provenance": upstream.provenance(params, common.rung_config(params)),
     }
     return json.loads(json.dumps(raw))  # as it lay on disk
 
@@ -284,7 +285,7 @@ def eval_v1(status: str = "ok", which: str = "baseline"):
     items = score.load_items(ROOT / ev.file)
     texts = [str(it["answer"]) for it in items]
     result = {"which": which, "model": cfg["model"]["name"], "knobs": cfg, "n": len(items), "method": "140 items",
-              "provenance": common.provenance(params, cfg)}
+              "provenance": upstream.provenance(params, cfg)}
     if status == "n/a":
         result.update(status="n/a", reason="dummy weights (load_format: dummy): quality is not measured",
                       label="dummy weights", overall=None, by_category={}, time=common.stage_time(0, 0))
