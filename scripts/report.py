@@ -592,7 +592,7 @@ def why_lines(lad: LadderRecord) -> list[str]:
     """The kept-why lines of the first screen: every rung but rung 0, re-measures and re-checks (they are evidence
     a rung's line rests on: the section below names them)."""
     return [f"- {why_line(r, lad)}" for r in lad.rungs
-            if r.role not in ("baseline", decide.RECHECK, decide.KNEE_RECHECK)]
+            if r.role not in (decide.BASELINE, *decide.RE_MEASURES)]
 
 
 def first_screen(lad: LadderRecord) -> list[str]:
@@ -992,7 +992,7 @@ def pareto_points(lad: LadderRecord) -> list[dict]:
     """One point per rung with a knee (a base's re-measure or a knee re-check is no rung), the front marked: no
     other point serves more per user and more per GPU."""
     pts: list[dict[str, Any]] = [{"r": r, "user": xy[0], "gpu": xy[1]} for r in lad.rungs
-                                 if r.role not in (decide.RECHECK, decide.KNEE_RECHECK) and r.status == "ok"
+                                 if r.role not in decide.RE_MEASURES and r.status == "ok"
                                  and (xy := knee_operating_point(r))]
     for p in pts:
         p["front"] = not any(q["user"] >= p["user"] and q["gpu"] >= p["gpu"] and (q["user"], q["gpu"]) !=
@@ -1017,7 +1017,7 @@ def pareto_labels(pts: list[dict], ax) -> None:
 
 def rung_ids(lad: LadderRecord) -> dict[int, str]:
     """id(rung) -> its label on the plot: its number, with a letter where candidates share one (5a, 5b)."""
-    runs = [r for r in lad.rungs if r.role not in (decide.RECHECK, decide.KNEE_RECHECK)]
+    runs = [r for r in lad.rungs if r.role not in decide.RE_MEASURES]
     count = {i: sum(r.index == i for r in runs) for i in {r.index for r in runs}}
     seen: dict[int, int] = {}
     out = {}

@@ -14,9 +14,6 @@ from judgement import decide
 from measure import host
 
 pytestmark = pytest.mark.engine
-# Rows that re-measure a config and are never rungs: a base's bench again, and a knee re-check's fresh servers (which
-# rungs' verdicts call for one depends on the machine's noise that day: a CI box once read fp8-kv's knee worse)
-RE_MEASURES = (decide.RECHECK, decide.KNEE_RECHECK)
 
 # A short ladder for CI: one real optimization, a placebo that must come out "no measurable gain" (the seed
 # cannot change greedy output or speed), one rung designed to fail the quality gate (RoPE base forced to 1:
@@ -98,7 +95,7 @@ def test_a_sigkilled_ladder_leaves_nothing_running_and_make_ladder_resumes(proje
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "is busy" not in out, out[-4000:]
     rungs = ladder_json(project)["rungs"]
-    assert [(r["name"], r["status"]) for r in rungs if r["role"] not in RE_MEASURES] == [
+    assert [(r["name"], r["status"]) for r in rungs if r["role"] not in decide.RE_MEASURES] == [
         ("baseline", "ok"), ("fp8-kv", "ok")], out[-4000:]
     assert {"eval", "bench", "knee"} <= set(rungs[0]["reused"]), rungs[0]["reused"]  # resumed: not re-measured
 
@@ -107,7 +104,7 @@ def test_make_ladder_resumes_keeps_reverts_and_reports(project):
     t0 = time.monotonic()
     p = project.run(*ladder_cmd(project), timeout=3600)
     lad = ladder_json(project)
-    by = {r["name"]: r for r in lad["rungs"] if r["role"] not in RE_MEASURES}
+    by = {r["name"]: r for r in lad["rungs"] if r["role"] not in decide.RE_MEASURES}
     assert set(by) == {"baseline", "fp8-kv", "placebo-seed", "broken-rope", "no-kv-space"}
     # a rung whose tok/s could be a gain was held until its base was measured again right after it: bench only, no
     # knee server started, its own row; the rung judged against the base's engines on both sides of it (which rungs
@@ -224,8 +221,10 @@ def test_a_ladder_cut_off_after_rung_2_resumes_on_another_machine(project, tmp_p
     again there before rung 3; no Δ spans two machines (one would stop the run); the report names both."""
     a = ladder_json(project)
     names = project.dvc("exp", "list", "--name-only").stdout.split()
-    cut = sorted(n for n in names if n.split("-")[1] in ("0", "1", "2"))
-    assert "cpu-0-baseline" in cut and "cpu-2-placebo-seed" in cut, names
+    # the cut ladder's rungs 0-2 (their re-checks included) as its record holds them: the project's experiment list
+    # also holds what earlier ladders of this project ran (a knee re-check one of them read and this one did not)
+    cut = sorted(r["exp"] for r in a["rungs"] if r["exp"].split("-")[1] in ("0", "1", "2"))
+    assert "cpu-0-baseline" in cut and "cpu-2-placebo-seed" in cut and set(cut) <= set(names), (cut, names)
     origin, store, clone = tmp_path / "origin.git", tmp_path / "store", tmp_path / "b"
     project.run("git", "init", "-q", "--bare", str(origin))
     project.run("git", "push", "-q", str(origin), "HEAD:refs/heads/main")

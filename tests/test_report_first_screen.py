@@ -52,7 +52,7 @@ def test_the_first_screen_is_the_headline_the_seed_table_and_one_short_line_a_ru
     assert table[0] == SEED_HEADER and all(len(row) == 7 for row in table)
     assert [row[0] for row in table[1:]] == [f"#{r['index']} {r['name']}" for r in lad["rungs"]]
     why = [ln for ln in screen if ln.startswith("- Rung ")]
-    rungs = [r for r in lad["rungs"] if r.get("role") not in ("baseline", decide.RECHECK, decide.KNEE_RECHECK)]
+    rungs = [r for r in lad["rungs"] if r.get("role") not in (decide.BASELINE, *decide.RE_MEASURES)]
     assert [ln.split(":")[0] for ln in why] == [f"- Rung {r['index']} {r['name']}" for r in rungs]
     assert all(len(ln) - 2 <= report.LINE_WIDTH for ln in why)
 

@@ -11,6 +11,7 @@ from records.ladder import RungRecord
 BASELINE, KEPT, REVERTED, NOT_CHOSEN, FAILED, INTERRUPTED, SKIPPED, CONFIRM, RECHECK = (
     "baseline", "kept", "reverted", "not chosen", "failed", "interrupted", "skipped", "confirm", "re-measure")
 KNEE_RECHECK = "knee re-check"  # a fresh server of a base or a rung, one visit at the rate its knee verdict was read at
+RE_MEASURES = (RECHECK, KNEE_RECHECK)  # rows that measure a config again: never rungs, whatever became of them
 
 
 _TPS = ("output tok/s is better with a {level} interval that excludes zero (the engine is the unit: the rung's fresh "
@@ -192,7 +193,7 @@ def needs_knee_again(rec: dict, objective: str) -> bool:
 
 def verdict(rec: dict) -> str:
     """The verdict of a decided record: what the report prints in its `kept?` column."""
-    if rec.get("role") in (RECHECK, KNEE_RECHECK):  # never a rung, whatever became of it: its decision says
+    if rec.get("role") in RE_MEASURES:  # never a rung, whatever became of it: its decision says
         return rec["role"]
     if rec["status"] in (FAILED, INTERRUPTED, SKIPPED):
         return rec["status"]
