@@ -457,6 +457,23 @@ def test_the_fingerprint_stage_s_record_round_trips_and_the_engine_stages_read_i
         Fingerprint.model_validate({**fp, "gpus": "NVIDIA H200"})
 
 
+# the two files as the code before their models wrote them (no schema_version): the fingerprint stage's as committed
+# at 1d5f421 (results/ held it then), the download stage's as main at 6d888b3 wrote it (results/models.json was never
+# committed): a workspace or an older experiment holds such files, and the engine stages must still read them
+OLD_FINGERPRINT, OLD_MANIFEST = "tests/fixtures/fingerprint_1d5f421.json", "tests/fixtures/models_6d888b3.json"
+
+
+def test_a_fingerprint_json_of_the_previous_format_loads(tmp_path, monkeypatch):
+    old = json.loads((ROOT / OLD_FINGERPRINT).read_text())
+    assert "schema_version" not in old and "machine" not in old  # written before machines were named
+    rec = Fingerprint.load_file(ROOT / OLD_FINGERPRINT)
+    assert rec.schema_version == Fingerprint.SCHEMA and rec.as_environment() == old
+    assert rec.machine_id is None and rec.gpu_list() == [] and rec.cpu is not None and rec.cpu.cores == 2
+    (tmp_path / "fingerprint.json").write_text((ROOT / OLD_FINGERPRINT).read_text())
+    monkeypatch.setattr(common, "_SIDE", tmp_path)  # the engine stages read it where it lies
+    assert upstream.provenance(params_())["environment"] == old
+
+
 # ---------------------------------------------------------------- results/models.json
 def manifest_v1(tmp_path):
     """A manifest as scripts/download.py main wrote it before the record was typed: each entry as
@@ -514,3 +531,17 @@ def test_the_download_stage_s_own_writer_round_trips(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "_SIDE", tmp_path)
     prov = upstream.provenance(params_(), {"model": {"name": "mine"}})
     assert prov["model"] == {k: entry[k] for k in ("name", "id", "revision", "sha256", "source")}
+
+
+def test_a_models_json_of_the_previous_format_loads(tmp_path, monkeypatch):
+    old = json.loads((ROOT / OLD_MANIFEST).read_text())
+    assert "schema_version" not in old
+    rec = ModelsManifest.load_file(ROOT / OLD_MANIFEST)
+    assert rec.schema_version == ModelsManifest.SCHEMA and rec.store == old["store"]
+    assert rec.entries() == old["models"] and list(rec.entries()["mine"]) == list(old["models"]["mine"])
+    rec.save_file(tmp_path / "models.json")
+    assert json.loads((tmp_path / "models.json").read_text()) == {**old, "schema_version": ModelsManifest.SCHEMA}
+    monkeypatch.setattr(common, "_SIDE", tmp_path)  # the engine stages read it where it lies
+    shape = old["models"]["qwen2.5-7b-shape"]
+    prov = upstream.provenance(params_(), {"model": {"name": "qwen2.5-7b-shape"}})
+    assert prov["model"] == {k: shape[k] for k in ("name", "id", "revision", "sha256", "source")}
