@@ -19,6 +19,7 @@ from pathlib import Path
 import common
 from config import Bench, Params
 from measure import disturbed, summary, workload
+from records import upstream
 from records.bench import BenchResult
 from records.gate import gate_failed
 from runner import throughput
@@ -107,13 +108,13 @@ def write_na(out: Path, logs: Path, reason: str, label: str, params: Params, cfg
         "output_tps": None, "total_tps": None, "requests_per_s": None,
         "output_tps_ci95": None, "output_tps_runs": [], "repeats": 0,
         "mode": params.bench.mode, "wall_s": 0, "time": common.stage_time(0, 0),
-        "provenance": common.provenance(params, cfg)}).save_file(out)
+        "provenance": upstream.provenance(params, cfg)}).save_file(out)
     print(f"bench: n/a — {reason}")
 
 
 def main(out: Path, logs: Path, gate_json: Path):
     params = common.stage_start()
-    cfg, b, w = common.engine_config(params), params.bench, params.workload
+    cfg, b, w = upstream.engine_config(params), params.bench, params.workload
     failed = gate_failed(params, gate_json)
     if failed:  # the rung is reverted whatever its speed: no engine started for it
         write_na(out, logs, failed, common.GATE_FAILED, params, cfg)
@@ -122,7 +123,7 @@ def main(out: Path, logs: Path, gate_json: Path):
     if na:  # not a failure: the rung is judged by the knee, and the record says why there is no bench figure
         write_na(out, logs, na, "offline engine cannot run it", params, cfg)
         return
-    entry = common.model_entry(cfg["model"]["name"])
+    entry = upstream.model_entry(cfg["model"]["name"])
     engine.check_start(params, "rung", cfg, entry["path"], logs)  # what vLLM would refuse, before any engine starts
     mode, t0 = b.mode, time.monotonic()
     sent, input_len = workload.prepare(w.model_dump(), entry["path"], logs)  # a dict: sent as the result records it
@@ -158,7 +159,7 @@ def main(out: Path, logs: Path, gate_json: Path):
                                   facts["timing"]["measure_s"]),  # a warm-up engine counts as starting
         "engine": facts,
         "runs": runs,
-        "provenance": common.provenance(params, cfg),
+        "provenance": upstream.provenance(params, cfg),
     }).save_file(out)
 
 

@@ -46,6 +46,9 @@ import plan as planning
 from judgement import stats
 from measure import evidence, frontend, host, probing, summary, workload
 from measure import spread as server_spread_fit
+from records import upstream
+from records.fingerprint import Fingerprint
+from records.models import ModelsManifest
 from runner import knee_looks, throughput
 from serving import engine, model_store, vllm_compat
 
@@ -109,7 +112,7 @@ def main():
     params = config.validate(params)
     cfg = servers_config(params)
     b, k, slo = params["bench"], params["knee"], params["slo"]
-    entry = common.model_entry(cfg["model"]["name"])
+    entry = upstream.model_entry(cfg["model"]["name"])
     logs = BENCHMARK_LOGS
     sent, _ = workload.prepare(params["workload"], entry["path"], logs)
     k = {**k, "workload": sent}
@@ -218,7 +221,7 @@ def knee_searches(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: l
 def servers_config(params: dict) -> dict:
     """The engine config every server here starts with: the knee stage's, its front end included (the profile's
     serve.api_server_count: gpu-shape-4090's 4), so that a spread or a study measured here holds for the knee."""
-    return {**common.engine_config(common.parse(params)), "serve": params["serve"]}  # parsed again: as validated
+    return {**upstream.engine_config(common.parse(params)), "serve": params["serve"]}  # parsed again: as validated
 
 
 def probe_study(model_path: str, cfg: dict, k: dict, slo: dict, logs, coarse: list[float], at: float, repeats: int,
@@ -632,8 +635,8 @@ def profile_params(params: dict, profile: str) -> dict:
     for name in dl["fetch"]:
         model_store.provide(name, dl["catalog"], store, done)
     common.side_results(BENCHMARK_LOGS)
-    common.write_json(common.models_json(), {"store": str(store), "models": done})
-    common.write_json(common.fingerprint_json(), this_machine())
+    ModelsManifest.model_validate({"store": str(store), "models": done}).save_file(common.models_json())
+    Fingerprint.model_validate(this_machine()).save_file(common.fingerprint_json())
     return eff
 
 
@@ -652,8 +655,8 @@ def compare_rule(params: dict, b: dict, logs, cands: list[dict]) -> None:
 
     def measure(change: dict, name: str) -> dict:
         p, folder = copy_params(params, change), logs / f"engine-{len(seq) + len(bases) + 1:02d}"
-        cfg = common.engine_config(common.parse(p))  # the change laid over validated params, checked as a rung
-        entry = common.model_entry(cfg["model"]["name"])
+        cfg = upstream.engine_config(common.parse(p))  # the change laid over validated params, checked as a rung
+        entry = upstream.model_entry(cfg["model"]["name"])
         sent, _ = workload.prepare(p["workload"], entry["path"], folder)
         argv = throughput.throughput_argv(entry["path"], b, sent, cfg["engine"])
         mean, timing = engine_means(argv, b, folder, cfg["env"], sent)

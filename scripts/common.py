@@ -1,4 +1,5 @@
-"""Shared glue for the stage scripts: params (loaded and validated by config.py), JSON I/O, provenance, signals.
+"""Shared glue for the stage scripts: params (loaded and validated by config.py), JSON I/O, signals, the parts of a
+provenance (records/upstream.py builds it: it reads the fingerprint and the model manifest, and common reads no record).
 
 Every stage script starts with `params = common.stage_start()`, which validates the whole file, so a
 bad value stops the stage before any engine starts and names the field, the value and what is allowed.
@@ -120,17 +121,14 @@ def target_engine(engine: dict, target: Target | None, gpus: list[dict],
 
 def engine_config(params: Params, which: str = "rung", gpus: list[dict] | None = None) -> dict:
     """The knobs an engine stage (eval, bench, knee) runs: rung_config with the target card applied to the engine,
-    the conversion under "target" (it reaches the stage's result with its provenance). `gpus`: the fingerprint's."""
+    the conversion under "target" (it reaches the stage's result with its provenance). `gpus`: the fingerprint's
+    (records.upstream.engine_config reads them from the fingerprint stage's record); needed with a target card only."""
     cfg = rung_config(params, which)
     if params.target.memory_gib is None:
         return cfg
     if gpus is None:
-        fp = fingerprint_json()
-        if not fp.exists():
-            shown = fp.relative_to(ROOT) if fp.is_relative_to(ROOT) else fp
-            raise ParamsError(f"target.memory_gib: {shown} is missing (this GPU's memory is read there); run the "
-                              f"fingerprint stage first")
-        gpus = read_json(fp).get("gpus") or []
+        raise ValueError("engine_config: a target card is converted on the real GPUs: pass the fingerprint's "
+                         "(records.upstream.engine_config reads them)")
     where = "baseline.engine" if which == "baseline" else "engine"
     cfg["engine"], cfg["target"] = target_engine(cfg["engine"], params.target, gpus, where)
     return cfg
@@ -187,23 +185,6 @@ def redact(text: str) -> str:
     return text
 
 
-# ---------------------------------------------------------------- models
-def model_entry(name: str) -> dict:
-    """The download stage's manifest entry for a model; clear error if it is missing or its folder is gone."""
-    manifest = models_json()
-    if not manifest.exists():
-        raise ParamsError(f"model.name: {name!r}: {manifest.relative_to(ROOT)} is missing; "
-                          "run the download stage first")
-    models = read_json(manifest)["models"]
-    if name not in models:
-        raise ParamsError(f"model.name: {name!r} is not a model the download stage provides ({', '.join(models)})")
-    entry = models[name]
-    if not Path(entry["path"], "config.json").is_file():
-        raise ParamsError(f"model.name: {name!r}: folder {entry['path']} is missing or has no config.json; "
-                          f"run `dvc repro -f download`")
-    return entry
-
-
 # ---------------------------------------------------------------- provenance
 def git_commit() -> str | None:
     try:
@@ -215,25 +196,6 @@ def git_commit() -> str | None:
 
 def params_hash(cfg) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def provenance(params: Params, cfg: dict | None = None) -> dict:
-    """Where a number came from: the machine (fingerprint stage), the model, the eval set, the params, the commit."""
-    fp_path = fingerprint_json()
-    prov = {"environment": read_json(fp_path) if fp_path.exists() else None, "git_commit": git_commit(),
-            "params_hash": params_hash(params.model_dump(by_alias=True)),  # hashed as the file spells it
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if cfg is not None:
-        prov["knobs"] = cfg
-        prov["knobs_hash"] = params_hash(cfg)
-        manifest = models_json()
-        if manifest.exists():
-            entry = read_json(manifest)["models"].get(cfg["model"]["name"], {})
-            prov["model"] = {k: entry.get(k) for k in ("name", "id", "revision", "sha256", "source")}
-    eval_file = ROOT / params.eval.file
-    if eval_file.exists():
-        prov["eval_sha256"] = sha256_file(eval_file)
-    return prov
 
 
 # ---------------------------------------------------------------- signals

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import common
 import config
+from records.models import ModelsManifest
 from serving.model_store import ModelError, provide, store_path
 
 
@@ -21,8 +22,7 @@ def main(out: Path):
     done: dict = {}
     for name in cfg["fetch"]:
         provide(name, cfg["catalog"], store, done)
-    common.write_json(out,
-                      {"store": str(store), "models": {n: done[n] for n in cfg["fetch"]}})
+    ModelsManifest.model_validate({"store": str(store), "models": {n: done[n] for n in cfg["fetch"]}}).save_file(out)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 import common
 from config import Eval
 from measure import score
+from records import upstream
 from records.eval import EvalResult
 from serving import engine, vllm_compat
 
@@ -91,14 +92,14 @@ def worker(job_path: str) -> None:
 
 def main(which: str, out: Path, base_dir: Path) -> None:
     params = common.stage_start()
-    cfg = common.engine_config(params, which)  # the target card applied, if any
+    cfg = upstream.engine_config(params, which)  # the target card applied, if any
     ev = params.eval
     items = score.load_items(ev.file)
     result = {"which": which, "model": cfg["model"]["name"], "knobs": cfg, "n": len(items),
               "method": (f"{len(items)} items ({ev.file}, sha256 {common.sha256_file(ev.file)[:12]}), "
                          "`LLM.chat`, "
                          f"temperature {ev.temperature}, seed {ev.seed}, max_tokens {ev.max_tokens}"),
-              "provenance": common.provenance(params, cfg)}
+              "provenance": upstream.provenance(params, cfg)}
     dummy = cfg["engine"].get("load_format") == "dummy"
     na = ("dummy weights (load_format: dummy): quality is not measured" if dummy
           else vllm_compat.offline_unsupported(cfg["engine"]))
@@ -110,7 +111,7 @@ def main(which: str, out: Path, base_dir: Path) -> None:
         EvalResult(**result).save_file(out / "eval.json")
         print(f"eval[{which}]: n/a — {result['reason']}")
         return
-    entry = common.model_entry(cfg["model"]["name"])
+    entry = upstream.model_entry(cfg["model"]["name"])
     mine = inputs(cfg, ev, entry)
     base = (EvalResult.load_file(base_dir / "eval.json") if which == "rung" and (base_dir / "eval.json").exists()
             and (base_dir / "eval_items.jsonl").exists() else None)

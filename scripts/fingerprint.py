@@ -12,6 +12,7 @@ from pathlib import Path
 
 import common
 from measure import host, score, workload
+from records.fingerprint import Fingerprint
 from serving import vllm_compat
 
 
@@ -41,7 +42,7 @@ def main(out: Path):
     fp = host.fingerprint()
     for which in ("baseline", "rung"):  # a target card this machine cannot emulate stops here, before any engine
         common.engine_config(params, which, fp["gpus"])
-    common.write_json(out, fp)
+    Fingerprint.model_validate(fp).save_file(out)
 
 
 if __name__ == "__main__":

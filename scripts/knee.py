@@ -24,6 +24,7 @@ from pathlib import Path
 import common
 from config import Dispersion, Params
 from measure import evidence, frontend, probing, workload
+from records import upstream
 from records.bench import BenchResult
 from records.gate import gate_failed
 from records.knee import KneeResult
@@ -96,7 +97,7 @@ def write_na(out: Path, csv_out: Path, logs: Path, reason: str, label: str, para
         "short_probes": False, "slo": params.slo.model_dump(),
         "mode": params.knee.mode, "requests_sent": 0,
         "server_ready_s": 0, "wall_s": 0, "time": common.stage_time(0, 0), "applied": {}, "rows": [],
-        "provenance": common.provenance(params, cfg)}).save_file(out)
+        "provenance": upstream.provenance(params, cfg)}).save_file(out)
     print(f"knee: n/a — {reason}")
 
 
@@ -118,7 +119,7 @@ def write_recheck(out: Path, csv_out: Path, rows: list[dict], k: dict, slo: dict
                    "looks pooled" + (", one grid rate beyond where it does not read the other way on evidence"
                                      if a.get("side") else "")),
         "server_ready_s": round(ready_s, 1), "wall_s": round(wall_s, 1), "time": common.stage_time(ready_s, probed_s),
-        "api_servers": api_servers, "rows": rows, "provenance": common.provenance(params, cfg)}).save_file(out)
+        "api_servers": api_servers, "rows": rows, "provenance": upstream.provenance(params, cfg)}).save_file(out)
     print("knee: re-check: " + ", ".join(f"{r} req/s {v}" for r, v in looks.items()) + f"; {wall_s:.0f} s")
 
 
@@ -197,7 +198,7 @@ def write_result(out: Path, csv_out: Path, got: dict, k: dict, slo: dict, sent: 
                     **prefix_cache(got["before"], after, facts),
                     "workload_shared_prefix_len": desc["shared_prefix_len"]},
         "rows": rows,
-        "provenance": common.provenance(params, cfg),
+        "provenance": upstream.provenance(params, cfg),
     }).save_file(out)
     return result, bound, bound_words
 
@@ -218,7 +219,7 @@ def outcome_words(result: dict) -> str:
 
 def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path):
     params = common.stage_start()
-    cfg, serve = common.engine_config(params), params.serve.model_dump()  # vLLM's serve args, passed on by name
+    cfg, serve = upstream.engine_config(params), params.serve.model_dump()  # vLLM's serve args, passed on by name
     # the measuring helpers (probing) read the knee's settings, with this run's own values added below, and the SLO
     # as mappings; the SLO is recorded with the result as it is
     k, slo = params.knee.model_dump(), params.slo.model_dump()
@@ -226,7 +227,7 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     if skipped:
         write_na(out, csv_out, logs, *skipped, params, cfg)
         return
-    entry = common.model_entry(cfg["model"]["name"])
+    entry = upstream.model_entry(cfg["model"]["name"])
     # what vLLM would refuse, `vllm serve`'s own arguments included, before its server starts
     engine.check_start(params, "rung", cfg, entry["path"], logs, serve=serve)
     sent, input_len = workload.prepare(params.workload.model_dump(), entry["path"], logs)

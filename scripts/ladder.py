@@ -17,7 +17,6 @@ import argparse
 import calendar
 import dataclasses
 import functools
-import json
 import os
 import re
 import signal
@@ -34,6 +33,7 @@ import common
 import plan as planning
 from judgement import capacity, decide, record, stats
 from measure import host, score
+from records.fingerprint import Fingerprint
 from records.ladder import LadderRecord
 from runner import throughput
 from serving import engine
@@ -247,11 +247,12 @@ class Driver:
         if not rev:
             return None
         try:
-            fp = json.loads(dvc.api.read("results/fingerprint.json", repo=str(common.ROOT), rev=rev))
+            text = dvc.api.read("results/fingerprint.json", repo=str(common.ROOT), rev=rev)
+            fp = Fingerprint.model_validate_json(text)  # the record as that experiment wrote it
             got = dvc.api.params_show("params.yaml", repo=str(common.ROOT), rev=rev)
         except (DvcException, OSError, ValueError):  # not there, or not readable: not an experiment to replay
             return None
-        theirs = (fp.get("machine") or {}).get("id")
+        theirs = fp.machine_id
         if not theirs or theirs == self.machine["id"]:
             return None  # this machine's own: DVC's run-cache restores it
         try:
@@ -270,7 +271,7 @@ class Driver:
         rec.update(seconds=0.0, reused=["eval", "bench", "knee", "gate"])
         if base is not None:
             baseline = self.records[0] if self.records and self.records[0].get("status") == "ok" else None
-            there = (common.read_json(common.RESULTS / "fingerprint.json").get("machine") or {}).get("id")
+            there = Fingerprint.load_file(common.RESULTS / "fingerprint.json").machine_id
             self.models = record.fill(rec, base, baseline, self.eff, self.floor(), self.latest(base, there))
         else:
             self.models = record.fill(rec, None, None, self.eff, self.floor())

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import common
 import config
+from records.models import ModelsManifest
 from serving import model_store
 
 MANIFEST = "ladder-models.json"
@@ -195,7 +196,7 @@ def packable(models_json: Path, only: list[str] | None) -> dict:
     """name -> (folder, manifest entry) of the models to pack: the download stage's own builds, as it listed them."""
     if not models_json.is_file():
         raise PackError(f"--manifest: {models_json} is missing; run the download stage first (`dvc repro download`)")
-    models = common.read_json(models_json)["models"]
+    models = ModelsManifest.load_file(models_json).entries()
     unknown = [n for n in only or [] if n not in models]
     if unknown:
         raise PackError(f"MODELS: {', '.join(unknown)} not in {models_json} ({', '.join(models)}); set the profile "

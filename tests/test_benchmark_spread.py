@@ -147,6 +147,7 @@ def test_a_profile_benchmark_writes_no_dvc_output(monkeypatch, tmp_path):
     # stages would, but in its own git-ignored folder: results/models.json and results/fingerprint.json stay the
     # DVC stages' outputs (a clone's `dvc status` stays true), and what the benchmark reads is what it wrote
     import common
+    from records import upstream
     monkeypatch.setattr(bn, "BENCHMARK_LOGS", tmp_path)
     monkeypatch.setattr(common, "_SIDE", None)
     before = {p: p.stat().st_mtime_ns for p in (common.RESULTS / "models.json", common.RESULTS / "fingerprint.json")
@@ -154,7 +155,7 @@ def test_a_profile_benchmark_writes_no_dvc_output(monkeypatch, tmp_path):
     params = bn.profile_params(config.load_params().model_dump(by_alias=True), "cpu")
     assert (common.models_json(), common.fingerprint_json()) == (tmp_path / "models.json",
                                                                  tmp_path / "fingerprint.json")
-    assert common.model_entry(params["model"]["name"])["path"]
+    assert upstream.model_entry(params["model"]["name"])["path"]
     after = {p: p.stat().st_mtime_ns for p in (common.RESULTS / "models.json", common.RESULTS / "fingerprint.json")
              if p.exists()}
     assert after == before   # neither written nor created

@@ -139,9 +139,9 @@ def test_a_config_the_pre_flight_built_is_not_built_again_by_a_stage(fresh):
     accepted.unlink(missing_ok=True)
     p, _ = make("check", fresh.path)
     assert p.returncode == 0, p.stderr[-3000:]
-    check = "import sys; sys.path.insert(0, 'scripts'); import common; from serving import engine; " \
-            "p = common.load_params(); cfg = common.engine_config(p, 'rung', []); " \
-            "engine.check_start(p, 'rung', cfg, common.model_entry(cfg['model']['name'])['path'], sys.argv[1])"
+    check = "import sys; sys.path.insert(0, 'scripts'); import common; from records import upstream; " \
+            "from serving import engine; p = common.load_params(); cfg = common.engine_config(p, 'rung', []); " \
+            "engine.check_start(p, 'rung', cfg, upstream.model_entry(cfg['model']['name'])['path'], sys.argv[1])"
     fresh.dvc("repro", "download")
     fresh.run(sys.executable, "-c", check, "logs-a")
     assert not (fresh.path / "logs-a" / "engine-config-check.log").exists()

@@ -49,11 +49,12 @@ def drive(out: str) -> None:
     alone and marked, both rows written to `out`."""
     import common
     from measure import frontend, probing, workload
+    from records import upstream
     from runner import knee_looks
     from serving import engine, vllm_compat
     params = common.stage_start()  # the typed Params; the probe path reads the knee's settings and SLO as mappings,
-    cfg, slo = common.engine_config(params), params.slo.model_dump()  # as knee.main hands them over
-    entry = common.model_entry(cfg["model"]["name"])
+    cfg, slo = upstream.engine_config(params), params.slo.model_dump()  # as knee.main hands them over
+    entry = upstream.model_entry(cfg["model"]["name"])
     logs = common.ROOT / "results" / "logs" / "frontend"
     sent, _ = workload.prepare(params.workload.model_dump(), entry["path"], logs)
     k = {**params.knee.model_dump(), "workload": sent, "start_rate": RATE, "anchor": None, "mode": "sweep",

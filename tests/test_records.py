@@ -8,16 +8,21 @@ from pydantic import ValidationError
 
 import bench as bench_stage
 import common
+import config
+import download as download_stage
 import eval as eval_stage
 import gate as gate_stage
 import knee as knee_stage
 from conftest import ROOT
-from measure import score
+from measure import host, score
+from records import upstream
 from records.bench import BenchResult
 from records.eval import EvalResult
+from records.fingerprint import Fingerprint
 from records.gate import GateResult, gate_failed
 from records.knee import KneeResult, RungKnee
 from records.ladder import LadderRecord
+from records.models import ModelsManifest
 
 # the two older ladders: records an older version of the code wrote (7ce1c08, c536b45), kept as fixtures
 LADDERS = ["tests/fixtures/ladder_cpu_7ce1c08.json", "tests/fixtures/ladder_h200x2_c536b45.json",
@@ -43,24 +48,32 @@ TYPED = {"knee.json": (("knee.json",), {"knee.py": "out"}),
          "gate.json": (("gate.json", "gate_json"), {"gate.py": "out"}),
          "eval.json": (("eval.json",), {"eval.py": "out"}),
          "ladder.json": (("ladder.json", "ladder_json", "LADDER_JSON"),
-                         {"ladder.py": "self.out", "report.py": "src", "compare.py": "src"})}
+                         {"ladder.py": "self.out", "report.py": "src", "compare.py": "src"}),
+         "fingerprint.json": (("fingerprint.json", "fingerprint_json"), {"fingerprint.py": "out"}),
+         "models.json": (("models.json", "models_json"), {"download.py": "out"})}
 
 
 @pytest.mark.parametrize("name", TYPED)
 def test_each_typed_result_is_written_and_read_only_through_its_model(name):
     """No script outside records/ opens a typed result file as JSON itself: its stage writes it by the model's
     save_file, every reader reads it by the model's load_file. The path is the call's first argument (a later one
-    is the text written, which may name the file in words)."""
+    is the text written, which may name the file in words), or a variable the path was put in first
+    (`fp = common.fingerprint_json()`)."""
     names, scripts = TYPED[name]
     found = []
     for f in sorted((ROOT / "scripts").rglob("*.py")):
         if f.parent.name == "records":
             continue
         src = f.read_text()
-        for node in ast.walk(ast.parse(src)):
+        tree = ast.parse(src)
+        aliases = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                   and any(n in (ast.get_source_segment(src, node.value) or "") for n in names)
+                   for t in node.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in IO:
                 args = [ast.get_source_segment(src, a) or "" for a in node.args[:1]]
-                if any(n in a for a in args for n in names) or args == [scripts.get(f.name)]:
+                if (any(n in a for a in args for n in names) or args == [scripts.get(f.name)]
+                        or (args and args[0] in aliases)):
                     found.append(f"{f.relative_to(ROOT)}:{node.lineno}")
     assert not found, found
 
@@ -148,7 +161,7 @@ def bench_v1_ok():
         "time": common.stage_time(12.3 + 53.8, 40.1),
         "engine": facts,
         "runs": runs,
-        "provenance": common.provenance(params, common.rung_config(params)),
+        "provenance": upstream.provenance(params, common.rung_config(params)),
     }
     return json.loads(json.dumps(raw))  # as it lay on disk
 
@@ -284,7 +297,7 @@ def eval_v1(status: str = "ok", which: str = "baseline"):
     items = score.load_items(ROOT / ev.file)
     texts = [str(it["answer"]) for it in items]
     result = {"which": which, "model": cfg["model"]["name"], "knobs": cfg, "n": len(items), "method": "140 items",
-              "provenance": common.provenance(params, cfg)}
+              "provenance": upstream.provenance(params, cfg)}
     if status == "n/a":
         result.update(status="n/a", reason="dummy weights (load_format: dummy): quality is not measured",
                       label="dummy weights", overall=None, by_category={}, time=common.stage_time(0, 0))
@@ -405,3 +418,130 @@ def test_a_ladder_field_the_model_does_not_declare_is_refused_by_name():
                                                        "knee": {**raw["rungs"][0]["knee"], "knee_rsp": 1.0}}]})
     with pytest.raises(ValidationError, match="finsihed"):
         LadderRecord.model_validate({**raw, "finsihed": None})
+
+
+# ---------------------------------------------------------------- results/fingerprint.json
+@pytest.mark.parametrize("path", LADDERS)
+def test_every_fingerprint_an_older_version_wrote_reads_through_the_model(path, tmp_path):
+    """A ladder's environment is measure.host.fingerprint() of its version, what that version's fingerprint stage
+    wrote: read and written again it keeps its keys and values (a GPU without uuid or index, no host_id, no
+    machine), and the provenance and the ladder record see it as it was written."""
+    old = json.loads((ROOT / path).read_text())["environment"]
+    assert "schema_version" not in old
+    (tmp_path / "fingerprint.json").write_text(json.dumps(old))
+    rec = Fingerprint.load_file(tmp_path / "fingerprint.json")
+    assert rec.schema_version == Fingerprint.SCHEMA and rec.as_environment() == old
+    assert rec.machine_id == (old.get("machine") or {}).get("id") and rec.gpu_list() == old["gpus"]
+    rec.save_file(tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text()) == {**old, "schema_version": Fingerprint.SCHEMA}
+    # an older experiment's file, as dvc.api.read returns it to the ladder's replay
+    assert Fingerprint.model_validate_json(json.dumps(old)).machine_id == rec.machine_id
+
+
+def test_the_fingerprint_stage_s_record_round_trips_and_the_engine_stages_read_it(tmp_path, monkeypatch):
+    fp = host.fingerprint()
+    fp["gpus"] = [{"index": "0", "name": "NVIDIA H200", "memory_mib": 143771, "driver": "570.1", "uuid": "GPU-1"}]
+    out = tmp_path / "fingerprint.json"
+    Fingerprint.model_validate(fp).save_file(out)  # as scripts/fingerprint.py main writes it
+    raw = json.loads(out.read_text())
+    assert list(raw) == [*fp, "schema_version"] and raw == {**fp, "schema_version": Fingerprint.SCHEMA}
+    rec = Fingerprint.load_file(out)
+    assert rec.machine_id == fp["machine"]["id"] and rec.gpu_list() == fp["gpus"]
+    rec.save_file(tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text()) == raw
+    monkeypatch.setattr(common, "_SIDE", tmp_path)  # the engine stages read it where it was written
+    params = params_()
+    assert upstream.provenance(params)["environment"] == fp  # as written, no schema version
+    assert upstream.target_gpus(params) is None  # no target card: nothing read
+    with pytest.raises(ValidationError, match="gpus"):
+        Fingerprint.model_validate({**fp, "gpus": "NVIDIA H200"})
+
+
+# the two files as the code before their models wrote them (no schema_version): the fingerprint stage's as committed
+# at 1d5f421 (results/ held it then), the download stage's as main at 6d888b3 wrote it (results/models.json was never
+# committed): a workspace or an older experiment holds such files, and the engine stages must still read them
+OLD_FINGERPRINT, OLD_MANIFEST = "tests/fixtures/fingerprint_1d5f421.json", "tests/fixtures/models_6d888b3.json"
+
+
+def test_a_fingerprint_json_of_the_previous_format_loads(tmp_path, monkeypatch):
+    old = json.loads((ROOT / OLD_FINGERPRINT).read_text())
+    assert "schema_version" not in old and "machine" not in old  # written before machines were named
+    rec = Fingerprint.load_file(ROOT / OLD_FINGERPRINT)
+    assert rec.schema_version == Fingerprint.SCHEMA and rec.as_environment() == old
+    assert rec.machine_id is None and rec.gpu_list() == [] and rec.cpu is not None and rec.cpu.cores == 2
+    (tmp_path / "fingerprint.json").write_text((ROOT / OLD_FINGERPRINT).read_text())
+    monkeypatch.setattr(common, "_SIDE", tmp_path)  # the engine stages read it where it lies
+    assert upstream.provenance(params_())["environment"] == old
+
+
+# ---------------------------------------------------------------- results/models.json
+def manifest_v1(tmp_path):
+    """A manifest as scripts/download.py main wrote it before the record was typed: each entry as
+    model_store.provide gave it (a local model's `files`, no other's)."""
+    folder = tmp_path / "built"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    return {"store": str(tmp_path), "models": {
+        "built": {"name": "built", "source": "pypi-gguf", "path": str(folder), "id": "pkg==1:m.gguf",
+                  "revision": "b" * 64, "sha256": "c" * 64},
+        "shape": {"name": "shape", "source": "shape", "path": str(tmp_path / "shape"), "id": "shape of x",
+                  "revision": None, "sha256": "d" * 64},
+        "mine": {"name": "mine", "source": "local", "path": str(tmp_path / "mine"), "id": "local:mine",
+                 "revision": "e" * 12, "sha256": "e" * 64, "files": {"config.json": "f" * 64}}}}
+
+
+def test_a_version_1_manifest_keeps_every_key_and_value_on_disk(tmp_path, monkeypatch):
+    old = manifest_v1(tmp_path)
+    (tmp_path / "models.json").write_text(json.dumps(old))
+    rec = ModelsManifest.load_file(tmp_path / "models.json")
+    assert rec.schema_version == ModelsManifest.SCHEMA and rec.entries() == old["models"]
+    rec.save_file(tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text()) == {**old, "schema_version": ModelsManifest.SCHEMA}
+    bare = {"models": {"built": old["models"]["built"]}}  # one written without its store (tests, older code)
+    (tmp_path / "models.json").write_text(json.dumps(bare))
+    assert ModelsManifest.load_file(tmp_path / "models.json").store is None
+    monkeypatch.setattr(common, "_SIDE", tmp_path)  # the engine stages read it where it was written
+    assert upstream.model_entry("built") == old["models"]["built"]
+    with pytest.raises(common.ParamsError, match="not a model the download stage provides"):
+        upstream.model_entry("other")
+    with pytest.raises(ValidationError, match="path"):
+        ModelsManifest.model_validate({"models": {"x": {"name": "x"}}})
+
+
+def test_the_download_stage_s_own_writer_round_trips(tmp_path, monkeypatch):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"weights")
+    raw_params = config.read_params(ROOT / "params.yaml")
+    raw_params["download"] = {**raw_params["download"], "store": str(tmp_path / "store"), "fetch": ["mine"],
+                              "catalog": {"mine": {"source": "local", "path": str(folder)}}}
+    monkeypatch.setattr(common, "stage_setup", lambda: None)  # no chdir, no signal handlers in the test process
+    monkeypatch.setattr(common, "read_params", lambda: raw_params)
+    out = tmp_path / "models.json"
+    download_stage.main(out)
+    raw = json.loads(out.read_text())
+    assert list(raw) == ["store", "models", "schema_version"] and raw["schema_version"] == ModelsManifest.SCHEMA
+    entry = raw["models"]["mine"]
+    assert list(entry) == ["name", "source", "path", "id", "revision", "sha256", "files"]
+    assert entry["path"] == str(folder) and set(entry["files"]) == {"config.json", "model.safetensors"}
+    rec = ModelsManifest.load_file(out)
+    rec.save_file(tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text()) == raw
+    monkeypatch.setattr(common, "_SIDE", tmp_path)
+    prov = upstream.provenance(params_(), {"model": {"name": "mine"}})
+    assert prov["model"] == {k: entry[k] for k in ("name", "id", "revision", "sha256", "source")}
+
+
+def test_a_models_json_of_the_previous_format_loads(tmp_path, monkeypatch):
+    old = json.loads((ROOT / OLD_MANIFEST).read_text())
+    assert "schema_version" not in old
+    rec = ModelsManifest.load_file(ROOT / OLD_MANIFEST)
+    assert rec.schema_version == ModelsManifest.SCHEMA and rec.store == old["store"]
+    assert rec.entries() == old["models"] and list(rec.entries()["mine"]) == list(old["models"]["mine"])
+    rec.save_file(tmp_path / "models.json")
+    assert json.loads((tmp_path / "models.json").read_text()) == {**old, "schema_version": ModelsManifest.SCHEMA}
+    monkeypatch.setattr(common, "_SIDE", tmp_path)  # the engine stages read it where it lies
+    shape = old["models"]["qwen2.5-7b-shape"]
+    prov = upstream.provenance(params_(), {"model": {"name": "qwen2.5-7b-shape"}})
+    assert prov["model"] == {k: shape[k] for k in ("name", "id", "revision", "sha256", "source")}

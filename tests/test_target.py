@@ -17,6 +17,7 @@ import report
 from conftest import FIXTURES, ROOT
 from judgement import decide, record
 from measure import host
+from records import upstream
 from records.bench import BenchResult
 from records.knee import KneeResult
 from runner import throughput
@@ -83,15 +84,15 @@ def test_eval_bench_and_knee_all_build_their_engine_from_the_converted_knobs():
     serve = engine.cli_flags(cfg["engine"])                                               # knee: vllm serve flags
     assert any(serve[i:i + 2] == flag for i in range(len(serve)))
     # the conversion reaches each stage's result with its provenance (record.target_of reads it there)
-    assert common.provenance(p, cfg)["knobs"]["target"]["budget_gib"] == 21.24
+    assert upstream.provenance(p, cfg)["knobs"]["target"]["budget_gib"] == 21.24
 
 
 def test_the_stages_read_the_real_card_from_the_fingerprint(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     with pytest.raises(common.ParamsError, match="target.memory_gib: .*fingerprint.json is missing"):
-        common.engine_config(params_4090())
+        upstream.engine_config(params_4090())
     common.write_json(tmp_path / "fingerprint.json", {"device": "gpu", "gpus": H200})
-    assert common.engine_config(params_4090())["engine"]["gpu_memory_utilization"] == FRACTION
+    assert upstream.engine_config(params_4090())["engine"]["gpu_memory_utilization"] == FRACTION
 
 
 def test_params_refuse_a_target_that_could_not_bind():

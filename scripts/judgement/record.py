@@ -17,8 +17,10 @@ from judgement import capacity, decide, stats
 from measure import summary
 from records.bench import BenchResult
 from records.eval import EvalResult
+from records.fingerprint import Fingerprint
 from records.gate import GateResult
 from records.knee import KneeResult, RungKnee
+from records.models import ModelsManifest
 
 
 def fill(rec: dict, base: dict | None, baseline: dict | None, params: dict, floor=None,
@@ -39,7 +41,7 @@ def fill(rec: dict, base: dict | None, baseline: dict | None, params: dict, floo
                        "gpu_uuids": [g.get("uuid") for g in env.get("gpus") or []],
                        "machine": (env.get("machine") or {}).get("id"),
                        "machine_label": (env.get("machine") or {}).get("label")}
-    models = common.read_json(res / "models.json")["models"]
+    models = ModelsManifest.load_file(res / "models.json").entries()
     rec.update(status="ok", model=ev_rec.model, eval=ev, gate=gate, bench=bench, knee=knee,
                stage_seconds={"eval": ev_rec.wall_s or 0, "bench": bench_rec.wall_s or 0,
                               "knee": knee.get("wall_s") or 0})  # knee includes the server start
@@ -190,8 +192,8 @@ def drift_words(d: dict) -> str:
 
 def roofline(params: dict, rec: dict, models: dict) -> dict | None:
     """Batch-1 decode floor from the model's shapes and the GPU's bandwidth, vs the knee stage's batch-1 TPOT."""
-    fp = common.read_json(common.RESULTS / "fingerprint.json")
-    gpu = (fp.get("gpus") or [{}])[0].get("name")
+    fp = Fingerprint.load_file(common.RESULTS / "fingerprint.json")
+    gpu = fp.gpus[0].name if fp.gpus else None
     bw = stats.bandwidth_gbs(gpu, params["roofline"]["bandwidth_gbs"])
     cfg = model_config(rec, models) if bw else None
     if cfg is None or bw is None:  # bw is None only where cfg is: named so its type is narrowed

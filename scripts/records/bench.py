@@ -124,7 +124,7 @@ class BenchResult(Record):
     # the log holds, which differs across vLLM versions; decide.applied_check reads them), plus the stage's timing
     engine: dict[str, Any] | None = None
     runs: list[Run] = []
-    provenance: dict | None = None     # common.provenance; the ladder record leaves it in results/
+    provenance: dict | None = None     # records.upstream.provenance; the ladder record leaves it in results/
 
     @model_validator(mode="before")
     @classmethod

@@ -66,7 +66,7 @@ class EvalResult(Record):
     time: StageTime | None = None
     nondeterminism: Nondeterminism | None = None  # rung 0's own only (a reused result leaves it to rung 0's)
     reused_from: Literal["eval_baseline"] | None = None
-    provenance: dict | None = None     # common.provenance; the ladder record leaves it in results/
+    provenance: dict | None = None     # records.upstream.provenance; the ladder record leaves it in results/
 
     @model_validator(mode="before")
     @classmethod

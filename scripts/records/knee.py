@@ -157,7 +157,7 @@ class KneeResult(Record):
     wall_s: float = 0
     time: StageTime | None = None
     rows: list[Look] = []
-    provenance: dict | None = None     # common.provenance; the ladder record leaves it in results/
+    provenance: dict | None = None     # records.upstream.provenance; the ladder record leaves it in results/
 
     @model_validator(mode="before")
     @classmethod

