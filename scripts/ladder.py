@@ -192,6 +192,7 @@ class Driver:
         self.records: list[dict] = []
         self.models: dict = {}
         self.t0 = time.monotonic()
+        self.preflight_s = self.t0 - _STARTED  # it holds the machine too: the Time section counts it
         self.started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         self.final_exp = None
         self.confirm: dict | None = None
@@ -657,6 +658,7 @@ class Driver:
             "final_exp": self.final_exp, "rungs": self.records, "confirm": self.confirm,
             "noise_floor": {**dataclasses.asdict(floor := self.floor()), "df": floor.df, "words": floor.words()},
             "engine_seconds": round(measured, 1), "wall_seconds": round(time.monotonic() - self.t0, 1),
+            "preflight_seconds": round(self.preflight_s, 1),
         }
         lad["cost_usd"] = round(lad["engine_seconds"] / 3600 * self.eff["cost"]["gpu_price_per_hour"], 4)
         capacity.annotate(lad, self.eff["capacity"])  # GPUs per instance, per-GPU figures, the capacity plan

@@ -639,12 +639,13 @@ def headline(lad: LadderRecord) -> str:
                f"at {fmt(k.knee_rps, 'g')} req/s (SLO {slo_text(slo)})"
                if k and k.knee_rps is not None
                else f"no rate met the SLO ({slo_text(slo)})")
-    minutes = (lad.engine_seconds or 0) / 60
-    cost = lad.cost_usd
+    tot = lad.time  # the Time section's total; a record from before it: the engine stages' time
+    minutes, cost = (tot.minutes, tot.cost_usd) if tot else ((lad.engine_seconds or 0) / 60, lad.cost_usd)
     gone = not_reproduced(lad)
     return (f"**{base.model} {tps} with "
             f"{' + '.join(kept) or 'nothing kept'}; " + (f"{gone}; " if gone else "") + f"{acc}; {at_knee}; "
-            f"{minutes:.1f} {'GPU' if lad.environment.device == 'gpu' else 'CPU'}-minutes measured"
+            f"{minutes:.1f} {'GPU' if lad.environment.device == 'gpu' else 'CPU'}-minutes"
+            + (" in all (Time)" if tot else " measured")
             + (f" ≈ ${cost:.2f}" if cost else "") + ".**")
 
 
@@ -1145,6 +1146,29 @@ def floor_lines(lad: LadderRecord) -> list[str]:
     return out
 
 
+def wall_minutes(lad: LadderRecord) -> float:
+    """`make ladder`'s wall time as the record has it: the pre-flight and the experiments (the report stage that
+    renders the record is after its last save)."""
+    return ((lad.preflight_seconds or 0) + (lad.wall_seconds or 0)) / 60
+
+
+def outside_rows(lad: LadderRecord, unit: str) -> list[dict]:
+    """The Time table's rows for the machine's time outside the experiments (record.time_totals), so its wall column
+    adds up to the ladder's wall time; none in a record from before they were counted."""
+    tot = lad.time
+    if tot is None or tot.preflight_minutes is None:
+        return []
+    held = len(lad.environment.gpus) if lad.environment.device == "gpu" else 1
+    rows = []
+    for what, minutes in (("pre-flight (imports, plan, models, engine configs)", tot.preflight_minutes),
+                          ("between experiments (the driver)", tot.driver_minutes or 0.0)):
+        rows.append({"rung": what, "wall": f"{minutes * 60 / max(held, 1):.0f} s", f"{unit}s": max(held, 1),
+                     **dict.fromkeys(("starting engines", "measuring", "other (imports, teardown)", "DVC overhead"),
+                                     "—"),
+                     f"{unit}-minutes": f"{minutes:.1f}"})
+    return rows
+
+
 def time_lines(lad: LadderRecord) -> list[str]:
     """Where the ladder's time went, as the record has it (record.annotate_time): per rung starting engines,
     measuring, the stages' other time, DVC overhead; in total device-minutes, the share spent starting, cost."""
@@ -1171,6 +1195,7 @@ def time_lines(lad: LadderRecord) -> list[str]:
                      "other (imports, teardown)": cells["other_s"], "DVC overhead": cells["dvc_s"],
                      f"{unit}-minutes": f"{t.seconds * t.gpus / 60:.1f}"
                      + ("" if split else f" ({r.status}: not split)")})
+    rows += outside_rows(lad, unit)
     cost = (f" ≈ **${tot.cost_usd:.2f}** at ${tot.price_per_hour:.2f} per {unit}-hour" if tot.price_per_hour
             else " (no price: cost.gpu_price_per_hour is 0)")
     share = f"{tot.start_share:.0%}" if tot.start_share is not None else "—"
@@ -1179,7 +1204,9 @@ def time_lines(lad: LadderRecord) -> list[str]:
              f"({tot.start_minutes:.1f} min{starts}), {tot.measure_minutes:.1f} min measuring, "
              f"{tot.other_minutes:.1f} min in the stages' imports and teardown, "
              f"{tot.dvc_minutes:.1f} min of DVC overhead; "
-             f"ladder wall time {(lad.wall_seconds or 0) / 60:.1f} min.",
+             f"ladder wall time {wall_minutes(lad):.1f} min"
+             + (f" (the pre-flight's {(lad.preflight_seconds or 0) / 60:.1f} included)."
+                if lad.preflight_seconds is not None else "."),
              ""]
     conf = tot.confirm
     if conf:  # what confirming the kept gains cost: record.confirm_time

@@ -56,3 +56,15 @@ def test_each_example_names_the_commit_that_made_it(tracked):
         assert m, f"README names no commit for {ex}"
         if not shallow:
             assert git("cat-file", "-t", m.group(1)).strip() == "commit", m.group(1)
+
+
+def test_each_example_is_what_today_s_report_renders_from_its_record(tracked, tmp_path):
+    """An example ships only while the code that ships it writes the same report (docs/method.md): its
+    before_after.md is today's rendering of the ladder.json beside it (the run's record, kept as it came)."""
+    import report
+    examples = sorted(f for f in tracked if f.startswith("report/examples/") and f.endswith("/before_after.md"))
+    for ex in examples:
+        folder = (ROOT / ex).parent
+        md = report.render(json.loads((folder / "ladder.json").read_text()), tmp_path / folder.name)
+        assert md == (ROOT / ex).read_text(), f"{ex}: re-render it with `python scripts/report.py " \
+                                              f"{folder.relative_to(ROOT)}/ladder.json {folder.relative_to(ROOT)}`"

@@ -13,6 +13,8 @@ from judgement import record
 from records.ladder import LadderRecord
 from serving import model_store, vllm_compat
 
+EXAMPLE = common.ROOT / "report/examples/h100-check-6d888b3/ladder.json"
+
 
 def stage(wall, start, measure):
     return {"wall_s": wall, "start_s": start, "measure_s": measure, "other_s": wall - start - measure}
@@ -172,3 +174,42 @@ def test_the_confirm_step_s_minutes_count_in_the_totals_and_per_stack():
     assert ("The confirm step: 4 runs (2 pair(s)), **18.0 GPU-minutes**: 10.0 re-measuring stock (rung 0), 8.0 the "
             "final stack.") in md
     assert re.search(r"^\| 3 confirm-2-final\s*\| 240 s", md, re.M)
+
+
+def test_the_pre_flight_and_the_driver_are_counted_so_the_rows_add_up_to_the_wall_time():
+    """An H100 check ladder's Time section said 23.0 GPU-minutes and a wall of 23.2 where `make ladder` took 24.3
+    (a 52 s pre-flight and the driver between experiments were in no row), and its headline 21.4 (the engine stages
+    alone): one total, every row in it."""
+    lad = ladder(rung(0, "baseline", 400.0, gpus=1, knee=stage(300, 100, 150)),
+                 rung(1, "placebo", 200.0, gpus=1, knee=stage(150, 50, 80)))
+    lad.update(wall_seconds=630.0, preflight_seconds=60.0, environment={"device": "gpu", "gpus": [{"index": 0}]})
+    tot = record.annotate_time(lad)["time"]
+    assert tot["preflight_minutes"] == 1.0 and tot["driver_minutes"] == 0.5  # 630 - (400 + 200) s
+    assert tot["minutes"] == (60 + 630) / 60 and tot["cost_usd"] == pytest.approx(690 / 3600 * 4.0, abs=0.01)
+    md = "\n".join(time_lines(lad))
+    walls = [int(m.group(1)) for m in re.finditer(r"^\| [^|]+\| (\d+) s\s*\|", md, re.M)]
+    assert sum(walls) == 690 and len(walls) == 4, walls
+    assert "ladder wall time 11.5 min (the pre-flight's 1.0 included)." in md
+
+
+def test_two_gpus_held_count_twice_outside_the_experiments_too():
+    lad = ladder(rung(0, "baseline", 300.0, gpus=2, knee=stage(200, 100, 80)))
+    lad.update(wall_seconds=330.0, preflight_seconds=30.0,
+               environment={"device": "gpu", "gpus": [{"index": 0}, {"index": 1}]})
+    tot = record.annotate_time(lad)["time"]
+    assert tot["minutes"] == 2 * (300 + 30 + 30) / 60 and tot["preflight_minutes"] == 1.0
+
+
+def test_a_record_from_before_the_pre_flight_was_counted_has_no_outside_rows():
+    lad = record.annotate_time(ladder(rung(0, "baseline", 600.0, gpus=1, knee=stage(540, 300, 200))))
+    assert "preflight_minutes" not in lad["time"] and "pre-flight" not in "\n".join(time_lines(lad))
+
+
+def test_the_headline_gives_the_time_sections_total():
+    """The H100 check ladder's report (report/examples/): its headline said 21.4 GPU-minutes (the engine stages) and
+    its Time section 23.0: a reader takes one of them for the cost."""
+    lad = LadderRecord.load_file(EXAMPLE)
+    assert lad.time is not None
+    total = f"{lad.time.minutes:.1f} GPU-minutes in all (Time) ≈ ${lad.time.cost_usd:.2f}"
+    assert total in report.headline(lad)
+    assert f"**{lad.time.minutes:.1f} GPU-minutes**" in "\n".join(report.time_lines(lad))

@@ -344,17 +344,26 @@ def time_split(rec: dict, num_prompts: int | None = None) -> dict:
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
 
 
-def time_totals(rungs: list[dict], price_per_hour: float, unit: str = "GPU") -> dict:
+def time_totals(rungs: list[dict], price_per_hour: float, unit: str = "GPU", preflight_s: float | None = None,
+                wall_s: float | None = None, held: int = 1) -> dict:
     """The ladder's time, each rung's weighted by the GPUs it held (`gpus`, 1 on a CPU box): device-minutes, the
-    share of them each part of time_split took (`start` is the time spent starting engines), and their cost."""
+    share of them each part of time_split took (`start` is the time spent starting engines), and their cost. The
+    time outside the experiments holds the machine too (`held`: its GPUs, 1 on a CPU box), so it is counted in the
+    total: the pre-flight before the first experiment (`preflight_s`: imports, the plan, the models, every engine
+    config built by vLLM's code) and the driver's own between them (`wall_s`, the driver's wall time, less the
+    experiments': `dvc exp apply`, replaying finished rungs, saving the record). The rows then add up to the wall
+    time `make ladder` took, less the report stage that renders them."""
     splits = [r["time"] for r in rungs if r.get("time")]
-    total = sum(t["seconds"] * t["gpus"] for t in splits)
+    outside = ({} if preflight_s is None else  # a record from before they were counted: the experiments only
+               {"preflight_s": preflight_s, "driver_s": max((wall_s or 0.0) - sum(t["seconds"] for t in splits), 0.0)})
+    total = sum(t["seconds"] * t["gpus"] for t in splits) + sum(outside.values()) * held
     sums = {k: sum(t[k] * t["gpus"] for t in splits) for k in SPLIT}
     starts = sum(t.get("starts") or 0 for t in splits)
     return {"unit": unit, "minutes": round(total / 60, 1), "engine_starts": starts,
             "seconds_per_start": round(sum(t["start_s"] for t in splits) / starts, 1) if starts else None,
             **{f"{k[:-2]}_minutes": round(v / 60, 1) for k, v in sums.items()},
             **{f"{k[:-2]}_share": round(v / total, 3) if total else None for k, v in sums.items()},
+            **{f"{k[:-2]}_minutes": round(v * held / 60, 1) for k, v in outside.items()},
             "price_per_hour": price_per_hour, "cost_usd": round(total / 3600 * price_per_hour, 2),
             "estimated": any(t["estimated"] for t in splits)}
 
@@ -383,7 +392,9 @@ def annotate_time(lad: dict) -> dict:
             r["time"] = time_split(r, num_prompts)
     price = float(((lad.get("settings") or {}).get("cost") or {}).get("gpu_price_per_hour") or 0)
     unit = "GPU" if on_gpu else "CPU"
-    lad["time"] = time_totals(lad["rungs"] + confirm, price, unit)
+    held = len((lad.get("environment") or {}).get("gpus") or []) if on_gpu else 1
+    lad["time"] = time_totals(lad["rungs"] + confirm, price, unit, lad.get("preflight_seconds"),
+                              lad.get("wall_seconds"), max(held, 1))
     if confirm:
         lad["time"]["confirm"] = confirm_time(confirm)
     return lad

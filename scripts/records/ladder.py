@@ -270,6 +270,8 @@ class TimeTotals(Closed):
     price_per_hour: float
     cost_usd: float
     estimated: bool                    # some rung's split was estimated (record._estimate)
+    preflight_minutes: float | None = None  # before the first experiment, on the machine's GPUs; None: not recorded
+    driver_minutes: float | None = None     # the driver's own between experiments (with preflight_minutes)
     confirm: ConfirmTime | None = None
 
 
@@ -307,7 +309,8 @@ class LadderRecord(Record):
     confirm: Confirm | None = None
     noise_floor: NoiseFloor | None = None  # stats.Floor every Δ was drawn with, its df and words
     engine_seconds: float | None = None
-    wall_seconds: float | None = None
+    wall_seconds: float | None = None   # from the first experiment to the last save
+    preflight_seconds: float | None = None  # before it: imports, the plan, the models, the pre-flight
     cost_usd: float | None = None
     capacity: CapacityPlan | None = None  # capacity.plan: fleets for `capacity.peak_rps`, cost per 1 M tokens
     time: TimeTotals | None = None     # record.time_totals: device-minutes, the share spent starting engines
