@@ -294,21 +294,33 @@ def test_a_look_above_the_rates_probed_is_sized_on_its_latency_rising_toward_the
     # the cpu's rung 0 (one search): 5.657 req/s ran 1.145 s, 8 ran 1.356, 11.31 failed with a backlog at 2.855
     rows = [{"offered_rps": 5.657, "e2e_p50_s": 1.145}, {"offered_rps": 11.31, "e2e_p50_s": 2.855, "backlog": True},
             {"offered_rps": 8.0, "e2e_p50_s": 1.356}]
-    # 1.492: ran 1.389
-    assert knee_looks.e2e_estimate(rows, 1.131, 9.514) == pytest.approx(1.356 + 0.211 / 2.343 * 1.514)
-    assert knee_looks.e2e_estimate(rows, 1.131, 8.0) == 1.356  # one rate below 8 draws no line: the longest at or below
-    assert knee_looks.e2e_estimate(rows[:1], 1.131, 8.0) == 1.145  # one rate below: the longest seen, as before
-    assert knee_looks.e2e_estimate([], 1.131, 11.31) == 1.131  # none: the warm-up's
-    # a queue's latency draws no line: only looks without a backlog do; latency that fell gives no slope below zero
+    # above the rates probed, scaled by the rates' ratio (1.613; the line through 5.657 and 8 gives 1.492): it ran
+    # 1.389, and sized on 8's 1.356 alone it counted 150 where a pass needed 151
+    scaled = 1.356 * 9.514 / 8.0
+    assert knee_looks.e2e_estimate(rows, 1.131, 9.514) == pytest.approx(scaled) and scaled > 1.389
+    assert knee_looks.e2e_estimate(rows, 1.131, 8.0) == 1.356  # measured there: the longest at or below
+    assert knee_looks.e2e_estimate(rows[:1], 1.131, 8.0) == pytest.approx(1.145 * 8.0 / 5.657)  # ran 1.356
+    # none: the warm-up's, padded
+    assert knee_looks.e2e_estimate([], 1.131, 11.31) == pytest.approx(1.131 * knee_looks.WARM_PAD)
+    # a queue's latency is neither scaled nor draws a line (11.31's backlog): but it is the longest seen below 13.45
     assert knee_looks.e2e_estimate(rows, 1.131, 13.45) == 2.855
+    # latency that fell gives no slope below zero, and the nearest below is scaled
     assert knee_looks.e2e_estimate([{"offered_rps": 4.0, "e2e_p50_s": 1.2}, {"offered_rps": 5.657, "e2e_p50_s": 1.1}],
-                             None, 8.0) == 1.2
+                                   None, 8.0) == pytest.approx(1.1 * 8.0 / 5.657)
+    # the H100 check ladder's rung 0 (6d888b3): its warm-up met 1.90 s, 19.03 req/s 2.56 (496 counted of ~547
+    # planned), 26.91 ~3.5 (412 counted, sized by 19.03's 2.56): each estimate now at least what the look met
+    assert knee_looks.e2e_estimate([], 1.90, 19.03) >= 2.56
+    h100 = [{"offered_rps": 19.03, "e2e_p50_s": 2.56}, {"offered_rps": 19.03, "e2e_p50_s": 2.431},
+            {"offered_rps": 38.05, "e2e_p50_s": 7.759, "backlog": True}]
+    scaled = 2.56 * 26.91 / 19.03
+    assert knee_looks.e2e_estimate(h100, 1.90, 26.91) == pytest.approx(scaled) and scaled > 3.5
     # the base's latency at a rate (run.anchor.latency) sizes a rung's look there: the H100 rungs' first look at
-    # their base's pass, sized by the warm-up's 1.9 s where the base met 3.4-3.8 s, counted too few to pass
+    # their base's pass, sized by the warm-up's 1.9 s where the base had met 3.4-3.8 s, counted too few to pass
     known = [[26.91, 3.775], [13.45, 2.074]]
     assert knee_looks.e2e_estimate([], 1.9, 26.91, known) == 3.775
     assert knee_looks.e2e_estimate([], 1.9, 26.9100001, known) == 3.775  # the grid's rounding
-    assert knee_looks.e2e_estimate([], 1.9, 32.0, known) == 1.9  # no latency known there: as before
+    # a rate the base did not pass (its first fail, 32, where a rung looks first): its latency below, scaled
+    assert knee_looks.e2e_estimate([], 1.9, 32.0, known) == pytest.approx(3.775 * 32.0 / 26.91)
     assert knee_looks.e2e_estimate([{"offered_rps": 26.91, "e2e_p50_s": 4.1}], 1.9, 26.91, known) == 4.1  # the longest
     # sized on the known latency, the first look plans the ~547 counted a pass needs (it counted 344-402 on 1.9 s)
     k = {"probe_seconds": 20, "ramp_fraction": 0.1, "min_prompts": 16, "max_prompts": 2000, "settle_latencies": 3,

@@ -35,27 +35,44 @@ def prompts_for(rate: float, k: dict, slo: dict, e2e_s: float) -> int:
 
 def e2e_estimate(rows: list[dict], warm: float | None, rate: float,
                  known: list | None = None) -> float:
-    """The end-to-end latency a probe at `rate` is sized by (its settle and tail), before it runs: the longest median
-    of the probes at or below `rate` so far (latency rises with the rate; one above may have been overloaded), else
-    the warm-up's; above the two highest rates probed below it (with no backlog: a queue's latency is not the
-    server's), where the line through their medians reaches `rate` longer, that. Latency rises faster toward the
-    wall, where a look must count what a pass needs: on the cpu's rung 0, 1.145 s at 5.657 req/s and 1.356 at 8
-    sized 9.514 by 1.356, where it ran 1.389 (the line: 1.492). A window sized short only counts fewer requests, and
-    the row says how many. `known` (run.anchor.latency: [[req/s, s], ...]): what the base measured at its passing
-    rates; at `rate` it is the least the estimate takes. A rung's first look at its base's pass, sized by its warm-up
-    (1.9 s) where the base had met 3.4-3.8 s there, counted 344-402 of the ~547 requests planned, short of a pass, on
-    each of three H100 rungs (docs/measurements.md, 2026-12-06): a second look of ~30 s each."""
-    seen = [r["e2e_p50_s"] for r in rows if r.get("e2e_p50_s") and r["offered_rps"] <= rate]
-    seen += [e for at, e in known or () if abs(at / rate - 1) <= probing.GRID_ROUNDING]
-    longest = max(seen, default=warm or 0.0)
-    below: dict[float, float] = {}
-    for r in rows:
-        if r.get("e2e_p50_s") and r["offered_rps"] < rate and not r.get("backlog"):
-            below[r["offered_rps"]] = max(below.get(r["offered_rps"], 0.0), r["e2e_p50_s"])
-    if len(below) < 2:
+    """The end-to-end latency a probe at `rate` is sized by (its settle and tail), before it runs. Measured at
+    `rate` (a look there so far, or `known`, run.anchor.latency: [[req/s, s], ...], what the base met at its passing
+    rates): the longest there or below. Not measured there, it is extrapolated upward, never taken as flat: latency
+    rises with the rate, steeply toward the wall, and a window sized short counts too few to pass (a second look,
+    or on a profile of one look a lost pass). So it is at least the nearest latency below scaled by the rates'
+    ratio (Little's law at a fixed number of tokens in flight per request; a filling batch only adds), the line
+    through the two highest below where that is longer, and with nothing below the warm-up's times WARM_PAD (its
+    few requests never filled the server). What each rule would have planned on the looks that came short: an H100
+    rung 0 sized 19.03 req/s by its warm-up's 1.90 s and met 2.56 (x1.35: 496 counted of the ~547 planned), then
+    26.91 by 19.03's 2.56 and met ~3.5 (412 counted; scaled: 3.62); a cpu rung 0 sized 9.514 by 8's 1.356, ran
+    1.389 (150 counted where a pass needs 151; scaled: 1.613, ~8 requests more, ~1 s). Too long costs only a few
+    more arrivals before and after the window (rate x (settle + tail) x the excess); too short, a look."""
+    def near(at: float) -> bool:
+        return abs(at / rate - 1) <= probing.GRID_ROUNDING
+    here = [r["e2e_p50_s"] for r in rows if r.get("e2e_p50_s") and near(r["offered_rps"])]
+    here += [e for at, e in known or () if near(at)]
+    longest = max(here + [r["e2e_p50_s"] for r in rows if r.get("e2e_p50_s") and r["offered_rps"] <= rate],
+                  default=0.0)
+    if here:
         return longest
+    points = [(r["offered_rps"], r["e2e_p50_s"]) for r in rows
+              if r.get("e2e_p50_s") and not r.get("backlog")]  # a queue's latency is not the server's
+    below: dict[float, float] = {}
+    for at, e in points + [(at, e) for at, e in known or ()]:
+        if at < rate:
+            below[at] = max(below.get(at, 0.0), e)
+    if not below:
+        return max(longest, (warm or 0.0) * WARM_PAD)
+    r2 = max(below)
+    scaled = below[r2] * rate / r2
+    if len(below) < 2:
+        return max(longest, scaled)
     (r1, e1), (r2, e2) = sorted(below.items())[-2:]
-    return max(longest, e2 + max(e2 - e1, 0.0) / (r2 - r1) * (rate - r2))
+    return max(longest, scaled, e2 + max(e2 - e1, 0.0) / (r2 - r1) * (rate - r2))
+
+
+WARM_PAD = 1.5  # the warm-up's latency (knee.warm_up: a few requests at the start rate, the server never full) to
+                # a first look's: x1.35 on an H100 rung 0 at 19.03 req/s (1.90 -> 2.56 s); x1.8-2.0 to 26.91
 
 
 def probe_args(url: str, model_path: str, k: dict, slo: dict, rate: float, n: int, out_dir, name: str,
