@@ -229,7 +229,7 @@ class Driver:
     @property
     def better_pairs(self) -> int:
         """knee.better_pairs: the pairs of fresh servers a better knee is re-checked on (stats.recheck_rounds)."""
-        return (self.eff.get("knee") or {}).get("better_pairs") or stats.KNEE_BETTER_ROUNDS
+        return self.eff["knee"]["better_pairs"]  # validated: always set (config.Knee's default, 1 to 4)
 
     def floor(self):
         """The start-to-start floor of every Δ now: the card's, pooled with this ladder's own same-config engines."""
@@ -652,8 +652,7 @@ def main() -> int:
           f"rungs: " + ", ".join(r["name"] + (" (skipped)" if r.get("skip") else "") for r in plan.rungs))
     w = plan.params["workload"]
     print(f"ladder: workload {w['kind']}" + (f" ({w['file']})" if w["kind"] == "file" else ""))
-    pairs = plan.params["knee"].get("better_pairs") or stats.KNEE_BETTER_ROUNDS
-    print(f"ladder: decision rule: {decide.rule(plan.objective, pairs)}")
+    print(f"ladder: decision rule: {decide.rule(plan.objective, plan.params['knee']['better_pairs'])}")
     print(f"ladder: pre-flight: {pre['configs']} engine configs built by {pre['version']}'s own code, none refused "
           f"({pre['seconds']:.0f} s); what only a started engine knows (the memory its profile run measures) is "
           f"checked when it starts")

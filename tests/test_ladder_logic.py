@@ -274,7 +274,7 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
 
     class P:
         profile, overrides, objective, rungs, experiments = "cpu", {}, "knee_rps", [], 1
-        params = {"bench": {"noise_floor": {"cv": 0.015, "engines": 9}}}
+        params = {"bench": {"noise_floor": {"cv": 0.015, "engines": 9}}, "knee": {"better_pairs": 2}}
         typed_params = SimpleNamespace(bench=SimpleNamespace(noise_floor=config.NoiseFloor(cv=0.015, engines=9)))
     drv = ladder.Driver.__new__(ladder.Driver)
     drv.plan, drv.objective, drv.records, drv.t0, drv.eff, drv.confirm = P, "knee_rps", [], 0.0, P.params, None
