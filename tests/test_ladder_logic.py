@@ -443,6 +443,12 @@ def test_a_failed_stage_s_error_keeps_the_lines_that_name_the_field():
              "ERROR: failed to reproduce 'fingerprint': failed to run: python scripts/fingerprint.py"]
     assert experiments.error_lines(lines) == ["params.yaml is not valid: run.anchor.last: unknown key; allowed: pass, "
                                               "fail, worse, bracket"]
+    # a failed experiment's record says the stage's own error; else DVC's ERROR line; else the exit code
+    run = experiments.Run(1, lines, 3.0, ROOT / "x.log")
+    assert run.error == experiments.error_lines(lines)[0] and run.reused == []
+    assert experiments.Run(1, lines[-1:], 3.0, ROOT / "x.log").error == lines[-1]
+    assert experiments.Run(2, ["Stage 'eval' didn't change, skipping"], 3.0, ROOT / "x.log").error == \
+        "dvc exp run exit code 2"
 
 
 def test_only_another_machines_experiment_of_this_commit_with_these_params_is_replayed(tmp_path, monkeypatch):
