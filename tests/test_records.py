@@ -78,6 +78,29 @@ def test_each_typed_result_is_written_and_read_only_through_its_model(name):
     assert not found, found
 
 
+# the records a DVC stage (or `make ladder`, for report/ladder.json) declares: the one script that saves each where
+# dvc.yaml names it, and the other scripts allowed to save one, each only to a folder of its own (issue 52: no side
+# doors: a script writing another's declared output outside DVC makes `dvc status` lie)
+WRITERS = {"ModelsManifest": {("download.py", "out"), ("benchmark_noise.py", 'BENCHMARK_LOGS / "models.json"')},
+           "Fingerprint": {("fingerprint.py", "out"), ("benchmark_noise.py", 'BENCHMARK_LOGS / "fingerprint.json"')},
+           "LadderRecord": {("ladder.py", "self.out"), ("fill_capacity.py", "args.out_json")}}
+
+
+def test_each_declared_record_is_saved_only_by_its_stage_or_into_a_folder_of_its_own():
+    found: dict[str, set] = {model: set() for model in WRITERS}
+    for f in sorted((ROOT / "scripts").rglob("*.py")):
+        if f.parent.name == "records":
+            continue
+        src = f.read_text()
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "save_file":
+                receiver = ast.get_source_segment(src, node.func.value) or ""
+                for model in WRITERS:
+                    if receiver.startswith(model + ".") or receiver.startswith(model + "("):
+                        found[model].add((f.name, ast.get_source_segment(src, node.args[0])))
+    assert found == WRITERS
+
+
 @pytest.mark.parametrize("path", LADDERS)
 def test_every_knee_an_older_version_wrote_reads_through_the_model(path):
     for name, k in knees_of(path):  # each as a rung of the ladder record holds it (with knee.noise_floor)
