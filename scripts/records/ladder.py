@@ -1,12 +1,13 @@
 """report/ladder.json: the ladder record, one rung record a run the ladder made (rungs, re-measures, knee re-checks,
 the confirm step's runs), each holding its stages' records whole.
 
-Written by scripts/ladder.py (Driver.save) and scripts/fill_capacity.py through `LadderRecord.save_file` only, read
-by the report, `make compare` and fill_capacity through `load_file` only (tests/test_records.py holds both). The
-driver builds each rung as a dict while it climbs (record.fill, capacity.annotate, record.annotate_time fill it in
-place); the file is the model's: a key the model does not declare is refused by name when the driver saves it. The
-keys on disk are the ones the driver set (`exclude_unset`): a field a rung never reached is absent, as it was before
-the record was typed, and the report reads absent and null alike.
+Written by scripts/ladder.py (Driver.save) through `LadderRecord.save_file` only (scripts/fill_capacity.py saves
+its filled copy elsewhere, never here), read by the report, `make compare` and fill_capacity through `load_file` only
+(tests/test_records.py holds both). The driver builds each rung as a dict while it climbs (record.fill,
+capacity.annotate, record.annotate_time fill it in place); the file is the model's: a key the model does not
+declare is refused by name when the driver saves it. The keys on disk are the ones the driver set (`exclude_unset`):
+a field a rung never reached is absent, as it was before the record was typed, and the report reads absent and null
+alike.
 
 Version 1: written before the record was typed (no schema_version); its rungs' stage records are upgraded by their
 own models' validators (records/bench.py, eval.py, gate.py, knee.py); fields added over time read as None.
@@ -227,7 +228,7 @@ class Saved(Closed):
 
 class CapacityPlan(Closed):
     """capacity.plan: fleets for `capacity.peak_rps` before (rung 0) and after (the final stack), and what tuning
-    saved; `added` where scripts/fill_capacity.py planned it after the run."""
+    saved; `added` where scripts/fill_capacity.py planned it after the run (into a copy)."""
     peak_rps: float
     headroom: float
     price_per_gpu_hour: float
