@@ -35,7 +35,6 @@ from judgement import capacity, decide, record, stats
 from measure import host, score
 from records.fingerprint import Fingerprint
 from records.ladder import LadderRecord
-from runner import throughput
 from serving import engine
 
 LADDER_JSON = common.ROOT / "report" / "ladder.json"
@@ -163,6 +162,12 @@ def budget_stop(budget_s: float | None, elapsed_s: float, est_s: float | None, w
     return f"stopped before {what}: {elapsed_s / 60:.1f} of BUDGET_MIN={budget_s / 60:g} min spent{need}"
 
 
+def warmed_here(rec: dict) -> bool:
+    """Whether an experiment's bench warmed the machine in this run: it ran (not restored from the run-cache) and
+    its record holds the warm-up engine it started (bench.warm_up_engine with run.warm_up)."""
+    return "bench" not in (rec.get("reused") or []) and bool((rec.get("bench") or {}).get("warm_up_engine"))
+
+
 def remeasure_key(held: list[dict]) -> int:
     """run.remeasure for the re-measure of these held rungs' base: when the last of them had its bench measured
     (Unix seconds), so that a held rung and the re-measure taken after it are restored or measured together."""
@@ -196,8 +201,10 @@ class Driver:
         self.final_exp = None
         self.confirm: dict | None = None
         self.dvc: subprocess.Popen | None = None
-        # the first bench of this run that starts an engine warms the machine first (runner.throughput.warm_up)
-        os.environ[throughput.WARM_MARK] = str(LOGS / f"warm-up-{time.time():.0f}.done")
+        # the experiments of this run set run.warm_up (a param the bench stage declares) until one's bench started an
+        # engine and warmed the machine first (runner.throughput.warm_up); a bench the run-cache restored warmed
+        # nothing here, so a resumed run's first measured bench warms again
+        self.warm_due = True
 
     @functools.cached_property
     def environment(self) -> dict:
@@ -256,7 +263,8 @@ class Driver:
         if not theirs or theirs == self.machine["id"]:
             return None  # this machine's own: DVC's run-cache restores it
         try:
-            same = all(planning.get_dotted(got, k) == v for k, v in sets.items())
+            # run.warm_up aside: whether that machine's bench warmed its own machine first says nothing of this one
+            same = all(planning.get_dotted(got, k) == v for k, v in sets.items() if k != "run.warm_up")
         except (KeyError, TypeError):
             return None
         return rev if same else None
@@ -318,8 +326,7 @@ class Driver:
         costs = self.unit_costs[kind] or (self.unit_costs["rung"] if kind == "pair" else []) \
             or self.unit_costs["rung 0"]
         est = max(costs) if costs and max(costs) > 0 else None
-        mark = os.environ.get(throughput.WARM_MARK)
-        if est is not None and mark and not Path(mark).exists() and self.records:
+        if est is not None and self.warm_due and self.records:
             est += ((self.records[0].get("bench") or {}).get("warm_up_engine") or {}).get("wall_s") or 0
         if why := budget_stop(self.budget_s, time.monotonic() - _STARTED, est, what):
             raise BudgetSpent(why)
@@ -373,6 +380,7 @@ class Driver:
                        log=str(log.relative_to(common.ROOT)))
             return rec
         self.collect(rec, base)
+        self.warm_due = self.warm_due and not warmed_here(rec)
         return rec
 
     def confirm_step(self) -> None:
@@ -554,7 +562,8 @@ class Driver:
 
     def sets_of(self, cfg_flat: dict, round_: int = 0, remeasure: int = 0, anchor: dict | None = None) -> dict:
         """What an experiment's `dvc exp run -S` sets: the profile, the knobs, the run bookkeeping."""
-        return {**self.overrides, **cfg_flat, "run.round": round_, "run.remeasure": remeasure, "run.anchor": anchor}
+        return {**self.overrides, **cfg_flat, "run.round": round_, "run.remeasure": remeasure, "run.anchor": anchor,
+                "run.warm_up": self.warm_due}
 
     def again_of(self, i: int, rung: dict, base: dict, held: list[dict]) -> tuple[str, dict]:
         """The experiment name and sets of the re-measure of `base` after the `held` rungs of rung i."""
