@@ -162,6 +162,15 @@ def budget_stop(budget_s: float | None, elapsed_s: float, est_s: float | None, w
     return f"stopped before {what}: {elapsed_s / 60:.1f} of BUDGET_MIN={budget_s / 60:g} min spent{need}"
 
 
+def same_sets(params: dict, sets: dict) -> bool:
+    """Whether an experiment's params hold these sets, run.warm_up aside: whether a bench warmed its machine first is
+    the driver's choice per run (Driver.warm_up_of), not what makes two experiments the same."""
+    try:
+        return all(planning.get_dotted(params, k) == v for k, v in sets.items() if k != "run.warm_up")
+    except (KeyError, TypeError):
+        return False
+
+
 def warmed_here(rec: dict) -> bool:
     """Whether an experiment's bench warmed the machine in this run: it ran (not restored from the run-cache) and
     its record holds the warm-up engine it started (bench.warm_up_engine with run.warm_up)."""
@@ -247,27 +256,48 @@ class Driver:
         return {r["Experiment"]: r["rev"] for r in shown
                 if r.get("Experiment") and r.get("rev") and r.get("State") in (None, "Success")}
 
+    @functools.cached_property
+    def _earlier(self) -> dict[str, tuple[str, str | None, dict] | None]:
+        return {}
+
+    def earlier(self, exp: str) -> tuple[str, str | None, dict] | None:
+        """Experiment `exp` of this commit as it finished before this run, read once: (its revision, the machine that
+        measured it, its params), or None where there is none or it cannot be read."""
+        if exp not in self._earlier:
+            self._earlier[exp] = None
+            rev = self.experiments.get(exp)
+            try:
+                if rev:
+                    text = dvc.api.read("results/fingerprint.json", repo=str(common.ROOT), rev=rev)
+                    fp = Fingerprint.model_validate_json(text)  # the record as that experiment wrote it
+                    got = dvc.api.params_show("params.yaml", repo=str(common.ROOT), rev=rev)
+                    self._earlier[exp] = (rev, fp.machine_id, got)
+            except (DvcException, OSError, ValueError):  # not there, or not readable: none to reuse
+                pass
+        return self._earlier[exp]
+
     def elsewhere(self, exp: str, sets: dict) -> str | None:
         """The revision of experiment `exp` of this commit if another machine ran it with these very params: its
         measurements are taken as they are (replay), never compared with this machine's."""
-        rev = self.experiments.get(exp)
-        if not rev:
+        found = self.earlier(exp)
+        if not found:
             return None
-        try:
-            text = dvc.api.read("results/fingerprint.json", repo=str(common.ROOT), rev=rev)
-            fp = Fingerprint.model_validate_json(text)  # the record as that experiment wrote it
-            got = dvc.api.params_show("params.yaml", repo=str(common.ROOT), rev=rev)
-        except (DvcException, OSError, ValueError):  # not there, or not readable: not an experiment to replay
-            return None
-        theirs = fp.machine_id
+        rev, theirs, got = found
         if not theirs or theirs == self.machine["id"]:
             return None  # this machine's own: DVC's run-cache restores it
-        try:
-            # run.warm_up aside: whether that machine's bench warmed its own machine first says nothing of this one
-            same = all(planning.get_dotted(got, k) == v for k, v in sets.items() if k != "run.warm_up")
-        except (KeyError, TypeError):
-            return None
-        return rev if same else None
+        return rev if same_sets(got, sets) else None
+
+    def warm_up_of(self, exp: str, sets: dict) -> bool:
+        """run.warm_up for experiment `exp`: as this machine ran it before with these sets (a resumed ladder: the
+        run-cache restores it as it was measured, warmed or not, and the rungs after it stay restored too), else
+        whether this run's warm-up is still due (Driver.warm_due)."""
+        found = self.earlier(exp)
+        if found and found[1] == self.machine["id"] and same_sets(found[2], sets):
+            try:
+                return bool(planning.get_dotted(found[2], "run.warm_up"))
+            except (KeyError, TypeError):
+                pass
+        return self.warm_due
 
     def replay(self, rec: dict, base: dict | None) -> dict:
         """An experiment another machine ran: its results into the workspace (`dvc exp apply`), filled and
@@ -344,6 +374,7 @@ class Driver:
                 anchor: dict | None = None, replay: bool = True) -> dict:
         exp = f"{self.profile}-{index}-{name}"
         sets = self.sets_of(cfg_flat, round_, remeasure, anchor)
+        sets["run.warm_up"] = self.warm_up_of(exp, sets)
         ref = replay and self.elsewhere(exp, sets)
         cmd = exp_command(exp, sets, yaml.safe_load((common.ROOT / "params.yaml").read_text()) or {})
         rec = {"index": index, "name": name, "exp": exp, "role": role, "change": change or {}, "note": note,

@@ -455,8 +455,9 @@ def test_only_another_machines_experiment_of_this_commit_with_these_params_is_re
     def sh(*cmd):
         subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
 
-    def experiment(name, seed, machine):  # what `dvc exp run` leaves in an experiment: its params, its fingerprint
-        (tmp_path / "params.yaml").write_text(yaml.safe_dump({"engine": {"seed": seed}, "run": {"anchor": None}}))
+    def experiment(name, seed, machine, warm=False):  # what `dvc exp run` leaves: its params, its fingerprint
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump({"engine": {"seed": seed},
+                                                              "run": {"anchor": None, "warm_up": warm}}))
         (tmp_path / "results" / "fingerprint.json").write_text(json.dumps({"machine": {"id": machine}}))
         sh(sys.executable, "-m", "dvc", "exp", "save", "-q", "-f", "-n", name)
 
@@ -473,6 +474,7 @@ def test_only_another_machines_experiment_of_this_commit_with_these_params_is_re
     sh("git", "commit", "-qm", "two", "--allow-empty")
     experiment("cpu-1-b", 1, "B")
     experiment("cpu-2-here", 1, "A")
+    experiment("cpu-0-here", 1, "A", warm=True)
     monkeypatch.setattr(common, "ROOT", tmp_path)
     monkeypatch.chdir(tmp_path)
     drv = ladder.Driver.__new__(ladder.Driver)
@@ -484,6 +486,14 @@ def test_only_another_machines_experiment_of_this_commit_with_these_params_is_re
     assert drv.elsewhere("cpu-2-here", sets) is None  # this machine's own: the run-cache restores it
     assert drv.elsewhere("cpu-0-old-commit", sets) is None  # another commit's
     assert drv.elsewhere("cpu-3-never-run", sets) is None
+    # a resumed ladder sets run.warm_up as this machine ran the experiment before, so the run-cache restores it as it
+    # was measured (and the rungs after it stay restored); one not run here before gets the run's own due warm-up
+    drv.warm_due = True
+    assert drv.warm_up_of("cpu-2-here", sets) is False and drv.warm_up_of("cpu-0-here", sets) is True
+    assert drv.warm_up_of("cpu-2-here", {**sets, "engine.seed": 2}) is True  # other params: not restored anyway
+    assert drv.warm_up_of("cpu-1-b", sets) is True and drv.warm_up_of("cpu-3-never-run", sets) is True
+    drv.warm_due = False
+    assert drv.warm_up_of("cpu-0-here", sets) is True and drv.warm_up_of("cpu-3-never-run", sets) is False
 
 
 def test_every_experiment_s_run_params_are_exactly_its_sets_whatever_the_one_before_set(tmp_path):
