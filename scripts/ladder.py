@@ -631,7 +631,7 @@ class Driver:
         side = d["verdict"]
         gb, g = (capacity.gpus_per_instance(r.get("knobs") or {}) for r in (base, rec))
         searched = self.searched(base)
-        rate = stats.verdict_rate(searched["knee"], rec["knee"], side, g / gb)
+        rate = stats.verdict_rate(decide.judged_knee(searched), decide.judged_knee(rec), side, g / gb)
         rate = rate and float(f"{rate:.4g}")
         key = remeasure_key([rec])
 
