@@ -128,8 +128,11 @@ def main(out: Path, logs: Path, gate_json: Path):
     mode, t0 = b.mode, time.monotonic()
     sent, input_len = workload.prepare(w.model_dump(), entry["path"], logs)  # a dict: sent as the result records it
     argv = throughput.throughput_argv(entry["path"], b, sent, cfg["engine"])
-    warm = (throughput.warm_up(argv, logs, cfg["env"], b.timeout_s, throughput.job_of(sent)) if b.warm_up_engine
-            else None)
+    # params run.warm_up, declared by the stage: whether an untimed engine warms the machine changes what the timed
+    # one reads, so it is in the run-cache's key (an environment variable was not: a cold bench could be restored
+    # as a warmed one's)
+    warm = (throughput.warm_up(argv, logs, cfg["env"], b.timeout_s, throughput.job_of(sent))
+            if b.warm_up_engine and params.run.warm_up else None)
     if mode == "engine":
         runs, facts = throughput.run_in_engine(argv, b.repeats, logs, cfg["env"], b.timeout_s, b.warmup_repeats,
                                                throughput.job_of(sent, b), b.warmup_prompts)

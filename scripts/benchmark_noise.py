@@ -634,9 +634,11 @@ def profile_params(params: dict, profile: str) -> dict:
     store, done = model_store.store_path(dl), {}
     for name in dl["fetch"]:
         model_store.provide(name, dl["catalog"], store, done)
+    # written in its own folder by name, never through common.models_json() (the download stage's output where
+    # side_results is unset), and read there by the engine code it runs
+    ModelsManifest.model_validate({"store": str(store), "models": done}).save_file(BENCHMARK_LOGS / "models.json")
+    Fingerprint.model_validate(this_machine()).save_file(BENCHMARK_LOGS / "fingerprint.json")
     common.side_results(BENCHMARK_LOGS)
-    ModelsManifest.model_validate({"store": str(store), "models": done}).save_file(common.models_json())
-    Fingerprint.model_validate(this_machine()).save_file(common.fingerprint_json())
     return eff
 
 

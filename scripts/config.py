@@ -480,6 +480,8 @@ class Run(Section):
                                             "bench only: when that rung's bench ran, Unix s; else 0)", 0)
     anchor: Anchor | None = F("the base's knee {pass, fail} (req/s) that a rung's knee search probes first, or null",
                               None)
+    warm_up: StrictBool = F("true or false: this experiment's bench is the ladder run's first to start an engine, so "
+                            "it warms the machine first (bench.warm_up_engine); bench only", False)
 
 
 class Cost(Section):

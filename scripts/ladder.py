@@ -32,7 +32,7 @@ from judgement import capacity, decide, record, stats
 from measure import host, score
 from records.fingerprint import Fingerprint
 from records.ladder import LadderRecord
-from runner import experiments, throughput
+from runner import experiments
 
 LADDER_JSON = common.ROOT / "report" / "ladder.json"
 LOGS = common.ROOT / "results" / "logs" / "ladder"
@@ -101,6 +101,21 @@ def budget_stop(budget_s: float | None, elapsed_s: float, est_s: float | None, w
     return f"stopped before {what}: {elapsed_s / 60:.1f} of BUDGET_MIN={budget_s / 60:g} min spent{need}"
 
 
+def same_sets(params: dict, sets: dict) -> bool:
+    """Whether an experiment's params hold these sets, run.warm_up aside: whether a bench warmed its machine first is
+    the driver's choice per run (Driver.warm_up_of), not what makes two experiments the same."""
+    try:
+        return all(planning.get_dotted(params, k) == v for k, v in sets.items() if k != "run.warm_up")
+    except (KeyError, TypeError):
+        return False
+
+
+def warmed_here(rec: dict) -> bool:
+    """Whether an experiment's bench warmed the machine in this run: it ran (not restored from the run-cache) and
+    its record holds the warm-up engine it started (bench.warm_up_engine with run.warm_up)."""
+    return "bench" not in (rec.get("reused") or []) and bool((rec.get("bench") or {}).get("warm_up_engine"))
+
+
 def remeasure_key(held: list[dict]) -> int:
     """run.remeasure for the re-measure of these held rungs' base: when the last of them had its bench measured
     (Unix seconds), so that a held rung and the re-measure taken after it are restored or measured together."""
@@ -137,8 +152,10 @@ class Driver:
         self.started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         self.final_exp = None
         self.confirm: dict | None = None
-        # the first bench of this run that starts an engine warms the machine first (runner.throughput.warm_up)
-        os.environ[throughput.WARM_MARK] = str(LOGS / f"warm-up-{time.time():.0f}.done")
+        # the experiments of this run set run.warm_up (a param the bench stage declares) until one's bench started an
+        # engine and warmed the machine first (runner.throughput.warm_up); a bench the run-cache restored warmed
+        # nothing here, so a resumed run's first measured bench warms again
+        self.warm_due = True
 
     @functools.cached_property
     def environment(self) -> dict:
@@ -170,24 +187,47 @@ class Driver:
         return record.machine_of(rec) in (None, self.machine["id"])
 
     # -- experiments measured on another machine (pulled with `dvc exp pull`)
+    @functools.cached_property
+    def _earlier(self) -> dict[str, tuple[str, str | None, dict] | None]:
+        return {}
+
+    def earlier(self, exp: str) -> tuple[str, str | None, dict] | None:
+        """Experiment `exp` of this commit as it finished before this run, read once: (its revision, the machine that
+        measured it, its params), or None where there is none or it cannot be read."""
+        if exp not in self._earlier:
+            self._earlier[exp] = None
+            found = self.dvc.shown(exp)
+            if found:
+                rev, text, got = found
+                try:
+                    theirs = Fingerprint.model_validate_json(text).machine_id  # the record as that experiment wrote it
+                except ValueError:  # not a fingerprint: none to reuse
+                    return None
+                self._earlier[exp] = (rev, theirs, got)
+        return self._earlier[exp]
+
     def elsewhere(self, exp: str, sets: dict) -> str | None:
         """The revision of experiment `exp` of this commit if another machine ran it with these very params: its
         measurements are taken as they are (replay), never compared with this machine's."""
-        found = self.dvc.shown(exp)
-        if not found:  # not there, or not readable: not an experiment to replay
+        found = self.earlier(exp)
+        if not found:
             return None
-        rev, text, got = found
-        try:
-            theirs = Fingerprint.model_validate_json(text).machine_id  # the record as that experiment wrote it
-        except ValueError:  # not a fingerprint: not an experiment to replay
-            return None
+        rev, theirs, got = found
         if not theirs or theirs == self.machine["id"]:
             return None  # this machine's own: DVC's run-cache restores it
-        try:
-            same = all(planning.get_dotted(got, k) == v for k, v in sets.items())
-        except (KeyError, TypeError):
-            return None
-        return rev if same else None
+        return rev if same_sets(got, sets) else None
+
+    def warm_up_of(self, exp: str, sets: dict) -> bool:
+        """run.warm_up for experiment `exp`: as this machine ran it before with these sets (a resumed ladder: the
+        run-cache restores it as it was measured, warmed or not, and the rungs after it stay restored too), else
+        whether this run's warm-up is still due (Driver.warm_due)."""
+        found = self.earlier(exp)
+        if found and found[1] == self.machine["id"] and same_sets(found[2], sets):
+            try:
+                return bool(planning.get_dotted(found[2], "run.warm_up"))
+            except (KeyError, TypeError):
+                pass
+        return self.warm_due
 
     def replay(self, rec: dict, base: dict | None) -> dict:
         """An experiment another machine ran: its results into the workspace (`dvc exp apply`), filled and
@@ -246,8 +286,7 @@ class Driver:
         costs = self.unit_costs[kind] or (self.unit_costs["rung"] if kind == "pair" else []) \
             or self.unit_costs["rung 0"]
         est = max(costs) if costs and max(costs) > 0 else None
-        mark = os.environ.get(throughput.WARM_MARK)
-        if est is not None and mark and not Path(mark).exists() and self.records:
+        if est is not None and self.warm_due and self.records:
             est += ((self.records[0].get("bench") or {}).get("warm_up_engine") or {}).get("wall_s") or 0
         if why := budget_stop(self.budget_s, time.monotonic() - _STARTED, est, what):
             raise BudgetSpent(why)
@@ -265,6 +304,7 @@ class Driver:
                 anchor: dict | None = None, replay: bool = True) -> dict:
         exp = f"{self.profile}-{index}-{name}"
         sets = self.sets_of(cfg_flat, round_, remeasure, anchor)
+        sets["run.warm_up"] = self.warm_up_of(exp, sets)
         ref = replay and self.elsewhere(exp, sets)
         rec = {"index": index, "name": name, "exp": exp, "role": role, "change": change or {}, "note": note,
                "base": base["exp"] if base else None, "knobs": cfg_flat, "status": "running"}
@@ -280,6 +320,7 @@ class Driver:
             rec.update(status="failed", error=ran.error, log=str(ran.log.relative_to(common.ROOT)))
             return rec
         self.collect(rec, base)
+        self.warm_due = self.warm_due and not warmed_here(rec)
         return rec
 
     def confirm_step(self) -> None:
@@ -461,7 +502,8 @@ class Driver:
 
     def sets_of(self, cfg_flat: dict, round_: int = 0, remeasure: int = 0, anchor: dict | None = None) -> dict:
         """What an experiment's `dvc exp run -S` sets: the profile, the knobs, the run bookkeeping."""
-        return {**self.overrides, **cfg_flat, "run.round": round_, "run.remeasure": remeasure, "run.anchor": anchor}
+        return {**self.overrides, **cfg_flat, "run.round": round_, "run.remeasure": remeasure, "run.anchor": anchor,
+                "run.warm_up": self.warm_due}
 
     def again_of(self, i: int, rung: dict, base: dict, held: list[dict]) -> tuple[str, dict]:
         """The experiment name and sets of the re-measure of `base` after the `held` rungs of rung i."""
@@ -498,7 +540,7 @@ class Driver:
         side = d["verdict"]
         gb, g = (capacity.gpus_per_instance(r.get("knobs") or {}) for r in (base, rec))
         searched = self.searched(base)
-        rate = stats.verdict_rate(searched["knee"], rec["knee"], side, g / gb)
+        rate = stats.verdict_rate(decide.judged_knee(searched), decide.judged_knee(rec), side, g / gb)
         rate = rate and float(f"{rate:.4g}")
         key = remeasure_key([rec])
 

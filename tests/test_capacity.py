@@ -155,19 +155,33 @@ def test_the_older_ladders_hold_a_capacity_plan_from_their_recorded_knees():
         assert again["saved"] == cap["saved"] and again["after"] == cap["after"]
 
 
-def test_fill_capacity_plans_an_older_record_from_its_knees_and_says_so(tmp_path):
+def test_fill_capacity_plans_a_copy_of_an_older_record_from_its_knees_and_says_so(tmp_path):
     import subprocess
     import sys
     lad = json.loads((ROOT / "tests" / "fixtures" / "ladder_cpu_7ce1c08.json").read_text())
     lad.pop("capacity")
-    older = tmp_path / "ladder.json"
+    older, filled = tmp_path / "ladder.json", tmp_path / "filled.json"
     older.write_text(json.dumps(lad))
-    p = subprocess.run([sys.executable, "scripts/fill_capacity.py", str(older), "--peak-rps", "40"], cwd=ROOT,
-                       capture_output=True, text=True)
+    before = older.read_text()
+    p = subprocess.run([sys.executable, "scripts/fill_capacity.py", str(older), str(filled), "--peak-rps", "40"],
+                       cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    cap = json.loads(older.read_text())["capacity"]
+    cap = json.loads(filled.read_text())["capacity"]
     assert "added after the run" in cap["added"] and cap["before"]["knee"]["exp"] == "cpu-0-baseline"
-    assert json.loads(older.read_text())["settings"]["capacity"]["peak_rps"] == 40
+    assert json.loads(filled.read_text())["settings"]["capacity"]["peak_rps"] == 40
+    assert older.read_text() == before  # the record it read is left as it was
+
+
+def test_fill_capacity_never_writes_over_its_input_or_a_file_dvc_declares(tmp_path):
+    # report/ladder.json is the report stage's declared input: rewritten outside DVC, `dvc status` would call the
+    # report stale for a change no stage made (issue 52: no side doors)
+    import fill_capacity
+    older = tmp_path / "ladder.json"
+    assert "is LADDER_JSON itself" in fill_capacity.out_problem(older, older)
+    for declared in ("report/ladder.json", "results/models.json", "results/bench.json", "report/before_after.md"):
+        why = fill_capacity.out_problem(older, ROOT / declared)
+        assert why and why.startswith(f"OUT_JSON: {ROOT / declared} is a file dvc.yaml declares"), declared
+    assert fill_capacity.out_problem(older, tmp_path / "filled.json") is None
 
 
 def test_capacity_settings_are_validated_naming_the_field():

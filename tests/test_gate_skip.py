@@ -94,6 +94,8 @@ def test_the_ladder_record_and_report_say_not_measured_for_a_rung_the_gate_faile
     monkeypatch.setattr(common, "RESULTS", res)
     record.fill(rec, base, base, common.load_params().model_dump(by_alias=True))
     assert rec["bench"]["status"] == rec["knee"]["status"] == "n/a" and "speedup" not in rec
+    # the knee stage's record as it wrote it; the floor the ladder judges it with beside it, never written into it
+    assert "noise_floor" not in rec["knee"] and rec["knee_noise_floor"] == common.load_params().knee.noise_floor
     assert rec["delta"]["knee_rps"] == {"rel": None, "verdict": "unknown", "why": "not measured: gate failed"}
     assert rec["delta"]["output_tps"]["verdict"] == "unknown"
     assert rec["delta"]["output_tps"]["why"] == "not measured: gate failed"

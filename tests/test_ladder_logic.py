@@ -279,7 +279,7 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
     drv = ladder.Driver.__new__(ladder.Driver)
     drv.plan, drv.objective, drv.records, drv.t0, drv.eff, drv.confirm = P, "knee_rps", [], 0.0, P.params, None
     drv.dvc = experiments.Experiments(planning.KNOB_SECTIONS, ladder.LOGS)  # none of this commit's is another's
-    drv.profile, drv.overrides = P.profile, P.overrides
+    drv.profile, drv.overrides, drv.warm_due = P.profile, P.overrides, True
     base = {**BASE, "name": "baseline", "exp": "cpu-0-baseline", "knobs": {"engine.seed": 0}, "status": "ok"}
     at = {"a": "2026-12-01T06:00:00Z", "b": "2026-12-01T06:05:00Z", "c": "2026-12-01T06:10:00Z"}
     results = {"a": rec([457.0, 458.0, 456.0], 6.5), "b": rec([520.0, 522.0, 518.0], 6.5),
@@ -394,7 +394,7 @@ def test_only_the_last_rung_the_ladder_measures_stops_its_knee_search_at_a_gain(
         rungs = [rung("a", {"engine.seed": 1}), rung("b", {"engine.seed": 2}),
                  rung("c", {"engine.tensor_parallel_size": 2}, {"min_gpus": 2})]
     drv = ladder.Driver.__new__(ladder.Driver)
-    drv.plan, drv.records, drv.confirm, drv.t0 = P, [], None, 0.0
+    drv.plan, drv.records, drv.confirm, drv.t0, drv.warm_due = P, [], None, 0.0, True
     monkeypatch.setattr(drv, "save", lambda final=False: None)
     monkeypatch.setattr(drv, "progress", lambda label: None)
     monkeypatch.setattr(drv, "run_exp", lambda *a, **kw: {"status": "ok", "role": decide.BASELINE, "exp": "x"})
@@ -469,8 +469,9 @@ def test_only_another_machines_experiment_of_this_commit_with_these_params_is_re
     def sh(*cmd):
         subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
 
-    def experiment(name, seed, machine):  # what `dvc exp run` leaves in an experiment: its params, its fingerprint
-        (tmp_path / "params.yaml").write_text(yaml.safe_dump({"engine": {"seed": seed}, "run": {"anchor": None}}))
+    def experiment(name, seed, machine, warm=False):  # what `dvc exp run` leaves: its params, its fingerprint
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump({"engine": {"seed": seed},
+                                                              "run": {"anchor": None, "warm_up": warm}}))
         (tmp_path / "results" / "fingerprint.json").write_text(json.dumps({"machine": {"id": machine}}))
         sh(sys.executable, "-m", "dvc", "exp", "save", "-q", "-f", "-n", name)
 
@@ -487,6 +488,7 @@ def test_only_another_machines_experiment_of_this_commit_with_these_params_is_re
     sh("git", "commit", "-qm", "two", "--allow-empty")
     experiment("cpu-1-b", 1, "B")
     experiment("cpu-2-here", 1, "A")
+    experiment("cpu-0-here", 1, "A", warm=True)
     monkeypatch.setattr(common, "ROOT", tmp_path)
     monkeypatch.chdir(tmp_path)
     drv = ladder.Driver.__new__(ladder.Driver)
@@ -494,10 +496,19 @@ def test_only_another_machines_experiment_of_this_commit_with_these_params_is_re
     drv.dvc = experiments.Experiments(planning.KNOB_SECTIONS, tmp_path / "logs")
     sets = {"engine.seed": 1, "run.anchor": None}
     assert drv.elsewhere("cpu-1-b", sets)  # another machine's, these params: replayed
+    assert drv.elsewhere("cpu-1-b", {**sets, "run.warm_up": True})  # whether it warmed its own machine: no matter
     assert drv.elsewhere("cpu-1-b", {**sets, "engine.seed": 2}) is None  # other params: measured here
     assert drv.elsewhere("cpu-2-here", sets) is None  # this machine's own: the run-cache restores it
     assert drv.elsewhere("cpu-0-old-commit", sets) is None  # another commit's
     assert drv.elsewhere("cpu-3-never-run", sets) is None
+    # a resumed ladder sets run.warm_up as this machine ran the experiment before, so the run-cache restores it as it
+    # was measured (and the rungs after it stay restored); one not run here before gets the run's own due warm-up
+    drv.warm_due = True
+    assert drv.warm_up_of("cpu-2-here", sets) is False and drv.warm_up_of("cpu-0-here", sets) is True
+    assert drv.warm_up_of("cpu-2-here", {**sets, "engine.seed": 2}) is True  # other params: not restored anyway
+    assert drv.warm_up_of("cpu-1-b", sets) is True and drv.warm_up_of("cpu-3-never-run", sets) is True
+    drv.warm_due = False
+    assert drv.warm_up_of("cpu-0-here", sets) is True and drv.warm_up_of("cpu-3-never-run", sets) is False
 
 
 def test_every_experiment_s_run_params_are_exactly_its_sets_whatever_the_one_before_set(tmp_path):
@@ -516,7 +527,7 @@ def test_every_experiment_s_run_params_are_exactly_its_sets_whatever_the_one_bef
     from runner import experiments
     ws = tmp_path / "params.yaml"
     shutil.copy(ROOT / "params.yaml", ws)
-    drv = SimpleNamespace(overrides={"knee.max_probes": 3})
+    drv = SimpleNamespace(overrides={"knee.max_probes": 3}, warm_due=True)
     knobs = {"model.name": "m", "engine.seed": 0}
     rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 1.0}}
     seq = [
@@ -562,8 +573,7 @@ def test_a_budget_stops_the_ladder_only_between_units_at_the_longest_unit_s_meas
     rung0 = {"role": decide.BASELINE, "seconds": 600.0, "reused": [], "bench": {"warm_up_engine": {"wall_s": 30.0}},
              "knee": {"status": "inside"}}
     drv.records = [rung0]
-    monkeypatch.setenv(ladder.throughput.WARM_MARK, str(tmp_path / "warm.done"))  # this run's first bench: warmed
-    (tmp_path / "warm.done").write_text("")
+    drv.warm_due = False  # this run's first bench warmed the machine
     monkeypatch.setattr(ladder, "_STARTED", ladder.time.monotonic() - 610.0)  # ~610 s spent
     drv.unit_done("rung 0", [rung0])
     with pytest.raises(ladder.BudgetSpent, match="rung 1 x is taken to need 10.0"):  # rung 0's 600 s, errs long
@@ -574,12 +584,29 @@ def test_a_budget_stops_the_ladder_only_between_units_at_the_longest_unit_s_meas
     drv.unit_done("rung", [{"seconds": 150.0, "knee": {"status": "inside"}}, {"seconds": 60.0}])  # + re-measure
     drv.budget("rung", "rung 2 y")  # 610 + 210 <= 1,200
     drv.budget("pair", "confirm pair 1")  # no pair yet: the longest rung's 210 s
-    (tmp_path / "warm.done").unlink()  # a resumed run's first bench pays a warm-up engine again: 30 s more
+    drv.warm_due = True  # a resumed run's first bench pays a warm-up engine again: 30 s more
     monkeypatch.setattr(ladder, "_STARTED", ladder.time.monotonic() - 955.0)
     drv.budget("rung", "rung 3 z")  # 955 + 210 + 30 fits
     monkeypatch.setattr(ladder, "_STARTED", ladder.time.monotonic() - 965.0)
     with pytest.raises(ladder.BudgetSpent, match="taken to need 4.0"):  # 210 + 30 s
         drv.budget("rung", "rung 3 z")
+
+
+def test_the_warm_up_engine_is_a_declared_param_of_the_bench_set_until_a_bench_of_this_run_warmed():
+    # whether an untimed engine warms the machine first changes what the timed one reads: it is run.warm_up, a param
+    # the bench stage declares (in the run-cache's key), never an environment variable the stage reads unseen
+    import ladder
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert "run.warm_up" in stages["bench"]["params"] and "run" not in stages["bench"]["params"]
+    assert not {"run", "run.warm_up"} & set(stages["knee"]["params"])  # the knee's server warms itself
+    assert not [p for p in (ROOT / "scripts").rglob("*.py") if "LADDER_WARM_MARK" in p.read_text()]
+    drv = ladder.Driver.__new__(ladder.Driver)
+    drv.overrides, drv.warm_due = {}, True
+    assert drv.sets_of({"engine.seed": 0})["run.warm_up"] is True
+    warm = {"warm_up_engine": {"output_tps": 90.0, "wall_s": 30.0}}
+    assert not ladder.warmed_here({"reused": ["bench"], "bench": warm})  # restored: it warmed nothing in this run
+    assert not ladder.warmed_here({"reused": [], "bench": {"warm_up_engine": None}})  # ran, no engine (gate failed)
+    assert ladder.warmed_here({"reused": ["eval"], "bench": warm})
 
 
 @pytest.mark.parametrize("bad", ["0", "-5", "ten", "nan", "inf"])

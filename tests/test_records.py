@@ -78,10 +78,47 @@ def test_each_typed_result_is_written_and_read_only_through_its_model(name):
     assert not found, found
 
 
+# the records a DVC stage (or `make ladder`, for report/ladder.json) declares: the one script that saves each where
+# dvc.yaml names it, and the other scripts allowed to save one, each only to a folder of its own (issue 52: no side
+# doors: a script writing another's declared output outside DVC makes `dvc status` lie)
+WRITERS = {"ModelsManifest": {("download.py", "out"), ("benchmark_noise.py", 'BENCHMARK_LOGS / "models.json"')},
+           "Fingerprint": {("fingerprint.py", "out"), ("benchmark_noise.py", 'BENCHMARK_LOGS / "fingerprint.json"')},
+           "LadderRecord": {("ladder.py", "self.out"), ("fill_capacity.py", "args.out_json")}}
+
+
+def test_each_declared_record_is_saved_only_by_its_stage_or_into_a_folder_of_its_own():
+    found: dict[str, set] = {model: set() for model in WRITERS}
+    for f in sorted((ROOT / "scripts").rglob("*.py")):
+        if f.parent.name == "records":
+            continue
+        src = f.read_text()
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "save_file":
+                receiver = ast.get_source_segment(src, node.func.value) or ""
+                for model in WRITERS:
+                    if receiver.startswith(model + ".") or receiver.startswith(model + "("):
+                        found[model].add((f.name, ast.get_source_segment(src, node.args[0])))
+    assert found == WRITERS
+
+
+def test_the_knee_noise_floor_sits_beside_the_knee_stage_s_record_never_in_it():
+    # a judgement threshold (the params judging, never the stage's): a rung holds the knee stage's record as it was
+    # written, and the floor it was judged with beside it; version 2 held it inside, read so
+    v2, today = (json.loads((ROOT / p).read_text()) for p in (V2, TODAY))
+    for old, new, rec in zip(v2["rungs"], today["rungs"], LadderRecord.load_file(ROOT / V2).rungs):
+        if old.get("knee"):
+            assert "noise_floor" not in new["knee"] and new["knee_noise_floor"] == old["knee"]["noise_floor"]
+            assert rec.knee_noise_floor == old["knee"]["noise_floor"] and "noise_floor" not in rec.knee.model_dump()
+    assert LadderRecord.load_file(ROOT / V2).as_dict() == LadderRecord.load_file(ROOT / TODAY).as_dict()
+    from judgement import decide
+    rung = today["rungs"][0]
+    assert decide.judged_knee(rung)["noise_floor"] == rung["knee_noise_floor"] and "noise_floor" not in rung["knee"]
+
+
 @pytest.mark.parametrize("path", LADDERS)
 def test_every_knee_an_older_version_wrote_reads_through_the_model(path):
-    for name, k in knees_of(path):  # each as a rung of the ladder record holds it (with knee.noise_floor)
-        rec = RungKnee.model_validate(k)
+    for name, k in knees_of(path):  # each as a rung of the ladder record held it (with knee.noise_floor: beside now)
+        rec = RungKnee.model_validate({key: v for key, v in k.items() if key != "noise_floor"})
         assert rec.knee_rps == k["knee_rps"] and rec.status == k["status"] and len(rec.rows) == len(k["rows"]), name
         assert rec.as_rung()["schema_version"] == KneeResult.SCHEMA
 
@@ -365,7 +402,8 @@ def test_the_eval_stage_s_own_writer_round_trips_a_reused_result(tmp_path):
 # ---------------------------------------------------------------- report/ladder.json
 # every ladder record committed: the older ones (no schema_version) and one of today's schema, the 7ce1c08 record as
 # LadderRecord.save_file writes it (its stage records upgraded by their models)
-TODAY = "tests/fixtures/ladder_cpu_7ce1c08_v2.json"
+TODAY = "tests/fixtures/ladder_cpu_7ce1c08_v3.json"
+V2 = "tests/fixtures/ladder_cpu_7ce1c08_v2.json"  # as version 2 wrote it: knee.noise_floor inside each rung's knee
 COMMITTED = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "fixtures").glob("ladder_*.json"))
 
 
@@ -396,7 +434,9 @@ def test_an_older_ladder_is_written_as_today_s_schema_with_the_keys_it_had(tmp_p
     today = json.loads((ROOT / TODAY).read_text())
     assert json.loads((tmp_path / "ladder.json").read_text()) == today
     old = json.loads((ROOT / LADDERS[0]).read_text())
-    assert [sorted(r) for r in today["rungs"]] == [sorted(r) for r in old["rungs"]]
+    # the same keys, but knee.noise_floor, which sits beside the knee now (knee_noise_floor)
+    beside = [{"knee_noise_floor"} if "noise_floor" in (r.get("knee") or {}) else set() for r in old["rungs"]]
+    assert [sorted(r) for r in today["rungs"]] == [sorted({*r} | b) for r, b in zip(old["rungs"], beside)]
     LadderRecord.load_file(ROOT / TODAY).save_file(tmp_path / "again.json")
     assert json.loads((tmp_path / "again.json").read_text()) == today
 

@@ -3,7 +3,7 @@
 An instance is one serving engine (`vllm serve`) with its GPUs: tensor x pipeline x data parallel size. A knee
 is known only to its bracket [last pass, first fail), so every figure here comes as the value planned on the
 last passing rate (what was shown to meet the SLO) and the range the bracket allows, and names its knee.
-scripts/fill_capacity.py fills it into a record made before the plan existed.
+scripts/fill_capacity.py fills it into a copy of a record made before the plan existed.
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def plan(rungs: list[dict], final_exp: str | None, settings: dict, price_per_gpu
 
 def annotate(lad: dict, settings: dict | None) -> dict:
     """Fill GPUs per instance and per-GPU figures into every rung, and the capacity plan into the record
-    (None settings: no plan). The ladder driver calls this on every save; old records get it via
+    (None settings: no plan). The ladder driver calls this on every save; old records get it in a copy via
     scripts/fill_capacity.py."""
     on_gpu = (lad.get("environment") or {}).get("device") == "gpu"
     for r in lad["rungs"]:

@@ -209,10 +209,16 @@ def change_cell(r: RungRecord) -> str:
         f"none: {r.of} on a fresh server" if r.role == KNEE_RECHECK else "stock")
 
 
+def judged_knee(rung: dict, gpus: int = 1) -> dict:
+    """A rung's knee as stats.knee_delta and verdict_rate judge it: per GPU (capacity.per_gpu_knee), with the
+    knee.noise_floor the rung holds beside its knee record (a new dict: the record is left as the stage wrote it)."""
+    return {**capacity.per_gpu_knee(rung.get("knee") or {}, gpus), "noise_floor": rung.get("knee_noise_floor")}
+
+
 def beats(a: dict, b: dict, objective: str, floor) -> tuple[bool, str]:
     """Candidate a vs candidate b, in like units (per GPU) and by the same rule as a rung vs its base."""
     ga, gb = (capacity.gpus_per_instance(r.get("knobs") or {}) for r in (a, b))
-    return gain(stats.knee_delta(capacity.per_gpu_knee(b["knee"], gb), capacity.per_gpu_knee(a["knee"], ga)),
+    return gain(stats.knee_delta(judged_knee(b, gb), judged_knee(a, ga)),
                 stats.delta(capacity.per_gpu_runs(b["bench"].get("output_tps_runs"), gb),
                             capacity.per_gpu_runs(a["bench"].get("output_tps_runs"), ga), floor), objective)
 

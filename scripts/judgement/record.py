@@ -33,8 +33,7 @@ def fill(rec: dict, base: dict | None, baseline: dict | None, params: dict, floo
     bench_rec = BenchResult.load_file(res / "bench.json")
     bench = bench_rec.as_rung()
     knee_rec = KneeResult.load_file(res / "knee.json")
-    # a judgement threshold: the params judging now, not measuring (the stage never writes it)
-    knee = RungKnee(**dict(knee_rec), noise_floor=params["knee"]["noise_floor"]).as_rung()
+    knee = RungKnee(**dict(knee_rec)).as_rung()  # the stage's record as it wrote it, less its provenance
     prov = bench_rec.provenance or {}
     env = prov.get("environment") or {}
     rec["measured"] = {"at": prov.get("measured_at"), "host_id": env.get("host_id"),
@@ -42,7 +41,9 @@ def fill(rec: dict, base: dict | None, baseline: dict | None, params: dict, floo
                        "machine": (env.get("machine") or {}).get("id"),
                        "machine_label": (env.get("machine") or {}).get("label")}
     models = ModelsManifest.load_file(res / "models.json").entries()
+    # knee.noise_floor, a judgement threshold (the params judging now, not measuring): beside the stage's record
     rec.update(status="ok", model=ev_rec.model, eval=ev, gate=gate, bench=bench, knee=knee,
+               knee_noise_floor=params["knee"]["noise_floor"],
                stage_seconds={"eval": ev_rec.wall_s or 0, "bench": bench_rec.wall_s or 0,
                               "knee": knee.get("wall_s") or 0})  # knee includes the server start
     rec["stage_time"] = {s: r["time"] for s, r in (("eval", ev), ("bench", bench), ("knee", knee)) if r.get("time")}
@@ -164,9 +165,9 @@ def compare_sides(bases: list[dict], recs: list[dict], floor=None,
         return [e for e in (capacity.per_gpu_runs((r.get("bench") or {}).get("output_tps_runs") or [], gpus)
                             for r in side) if e]
     searched = [r for r in bases if (r.get("knee") or {}).get("label") != common.BENCH_ONLY]  # a re-measure has no knee
-    knee = (knee_of or (searched or bases)[-1])["knee"]
+    knee = knee_of or (searched or bases)[-1]  # the rung whose knee the rung's is judged against
     d = {"output_tps": stats.delta(engines(bases, gb), engines(recs, g), floor),
-         "knee_rps": stats.knee_delta(capacity.per_gpu_knee(knee, gb), capacity.per_gpu_knee(rec["knee"], g))}
+         "knee_rps": stats.knee_delta(decide.judged_knee(knee, gb), decide.judged_knee(rec, g))}
     if len(bases) > 1 and d["output_tps"].get("ci"):
         d["output_tps"]["why"] = "the base measured before and after it; " + d["output_tps"]["why"]
     elif knee_of and bases[0] is not knee_of and d["output_tps"].get("ci"):

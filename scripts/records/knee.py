@@ -182,6 +182,5 @@ class KneeResult(Record):
 
 
 class RungKnee(KneeResult):
-    """The knee as a rung of the ladder record holds it (record.fill): the stage's record, less its provenance, plus
-    knee.noise_floor as the ladder judged with it, a judgement threshold the stage never writes."""
-    noise_floor: float | None = None
+    """The knee as a rung of the ladder record holds it (record.fill): the stage's record, less its provenance. The
+    knee.noise_floor the ladder judged it with is the rung's own field beside it (RungRecord.knee_noise_floor)."""

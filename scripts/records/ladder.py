@@ -1,15 +1,18 @@
 """report/ladder.json: the ladder record, one rung record a run the ladder made (rungs, re-measures, knee re-checks,
 the confirm step's runs), each holding its stages' records whole.
 
-Written by scripts/ladder.py (Driver.save) and scripts/fill_capacity.py through `LadderRecord.save_file` only, read
-by the report, `make compare` and fill_capacity through `load_file` only (tests/test_records.py holds both). The
-driver builds each rung as a dict while it climbs (record.fill, capacity.annotate, record.annotate_time fill it in
-place); the file is the model's: a key the model does not declare is refused by name when the driver saves it. The
-keys on disk are the ones the driver set (`exclude_unset`): a field a rung never reached is absent, as it was before
-the record was typed, and the report reads absent and null alike.
+Written by scripts/ladder.py (Driver.save) through `LadderRecord.save_file` only (scripts/fill_capacity.py saves
+its filled copy elsewhere, never here), read by the report, `make compare` and fill_capacity through `load_file` only
+(tests/test_records.py holds both). The driver builds each rung as a dict while it climbs (record.fill,
+capacity.annotate, record.annotate_time fill it in place); the file is the model's: a key the model does not
+declare is refused by name when the driver saves it. The keys on disk are the ones the driver set (`exclude_unset`):
+a field a rung never reached is absent, as it was before the record was typed, and the report reads absent and null
+alike.
 
 Version 1: written before the record was typed (no schema_version); its rungs' stage records are upgraded by their
 own models' validators (records/bench.py, eval.py, gate.py, knee.py); fields added over time read as None.
+Version 2: a rung's knee.noise_floor sat inside its copy of the knee stage's record; version 3 holds it beside, as
+the rung's knee_noise_floor (RungRecord._floor_beside moves it on reading), so the stage's record is held as it was.
 """
 from __future__ import annotations
 
@@ -140,7 +143,10 @@ class RungRecord(Closed):
     eval: EvalResult | None = None     # results/eval.json, whole but for its provenance (EvalResult.as_rung)
     gate: GateResult | None = None     # results/gate.json, whole (GateResult.as_rung)
     bench: BenchResult | None = None   # results/bench.json, whole but for its provenance (BenchResult.as_rung)
-    knee: RungKnee | None = None       # results/knee.json, whole but for its provenance, with knee.noise_floor
+    knee: RungKnee | None = None       # results/knee.json, whole but for its provenance, as the stage wrote it
+    # knee.noise_floor the ladder judged this knee with (decide.judged_knee): a judgement threshold, the params' at
+    # judging, never the stage's, so beside its record and not in it
+    knee_noise_floor: float | None = None
     stage_seconds: dict[str, float] = {}
     stage_time: dict[str, StageTime] = {}  # per engine stage that ran: its result's `time` (common.stage_time)
     applied: list[AppliedCheck] = []   # decide.applied_check (+ decide.target_check with a target card)
@@ -158,6 +164,17 @@ class RungRecord(Closed):
     per_gpu: PerGpu | None = None      # capacity.per_gpu: output tok/s and knee per GPU, beside the totals
     speedup: float | None = None
     time: RungTime | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _floor_beside(cls, data: Any) -> Any:
+        """A rung of version 1 or 2 held knee.noise_floor inside its knee: read as the rung's knee_noise_floor."""
+        knee = data.get("knee") if isinstance(data, dict) else None
+        if not isinstance(knee, dict) or "noise_floor" not in knee:
+            return data
+        knee = dict(knee)
+        floor = knee.pop("noise_floor")
+        return {**data, "knee": knee, "knee_noise_floor": data.get("knee_noise_floor", floor)}
 
 
 class RestedOn(Closed):
@@ -227,7 +244,7 @@ class Saved(Closed):
 
 class CapacityPlan(Closed):
     """capacity.plan: fleets for `capacity.peak_rps` before (rung 0) and after (the final stack), and what tuning
-    saved; `added` where scripts/fill_capacity.py planned it after the run."""
+    saved; `added` where scripts/fill_capacity.py planned it after the run (into a copy)."""
     peak_rps: float
     headroom: float
     price_per_gpu_hour: float
@@ -288,7 +305,7 @@ class NoiseFloor(Closed):
 class LadderRecord(Record):
     """report/ladder.json: the ladder's settings, its rungs and confirm step, and what it cost. The report reads
     nothing else."""
-    SCHEMA: ClassVar[int] = 2
+    SCHEMA: ClassVar[int] = 3
     profile: str
     started: str | None = None
     finished: str | None = None

@@ -1,11 +1,10 @@
 """The bench stage's throughput runs: vLLM's `bench throughput` inside one engine (run_in_engine, the child's side
 in `worker`) or once per engine (run_cli), and the untimed warm-up engine a ladder run starts first (warm_up). The
-bench stage measures with them; `make benchmark` (benchmark_noise.py) runs the same code, and the ladder names the
-warm-up's mark (WARM_MARK).
+bench stage measures with them; `make benchmark` (benchmark_noise.py) runs the same code; the ladder says which
+bench warms the machine first (params run.warm_up, a param the bench stage declares).
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -82,21 +81,12 @@ def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float
     return runs, {**facts, "timing": {k: round(v, 2) for k, v in timing.items()}}
 
 
-# The ladder names a file here per run (ladder.Driver): the first bench of the run that starts an engine finds it
-# missing, warms the machine with an untimed engine of its own config, and creates it.
-WARM_MARK = "LADDER_WARM_MARK"
-
-
-def warm_up(argv: list[str], logs: Path, env_knobs: dict, timeout: float, job: dict) -> dict | None:
-    """An untimed engine before the first timed one of a ladder run (bench.warm_up_engine): whatever runs first on a
-    machine reads slow. Its tok/s is kept (the first engine vs the timed one), never compared."""
-    mark = os.environ.get(WARM_MARK)
-    if not mark or Path(mark).exists():
-        return None
+def warm_up(argv: list[str], logs: Path, env_knobs: dict, timeout: float, job: dict) -> dict:
+    """An untimed engine before the first timed one of a ladder run (bench.warm_up_engine, where run.warm_up says
+    this bench is the run's first): whatever runs first on a machine reads slow. Its tok/s is kept (the first engine
+    vs the timed one), never compared."""
     t0 = time.monotonic()
     runs, facts = run_in_engine(argv, 1, logs / "warm-up", env_knobs, timeout, 0, job)
-    Path(mark).parent.mkdir(parents=True, exist_ok=True)
-    Path(mark).write_text(f"{time.time():.0f}\n")
     out = {"output_tps": runs[0]["output_tps"] if runs else None, "wall_s": round(time.monotonic() - t0, 1)}
     print(f"bench: warm-up engine (untimed): {out['output_tps'] or 0:.1f} output tok/s in {out['wall_s']:.0f} s")
     return out
