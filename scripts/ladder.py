@@ -6,6 +6,10 @@ reads the gate and the measurements and keeps or reverts it; a rung that fails (
 OOM, timeout) is recorded with the engine's own error and the ladder goes on. Finished rungs are saved to
 report/ladder.json as they finish; a re-run restores them from DVC's run-cache instead of re-measuring.
 
+This module is the ladder's policy (Driver: which experiment next, keep or revert, the re-measures and re-checks,
+the budget, the confirm step, the ladder record) and main(); running and reading the `dvc exp run`s is
+runner/experiments.py's.
+
   python scripts/ladder.py [--profile cpu|gpu|gpu-small|gpu-shape|gpu-shape-4090|gpu-shape-4090-check] [--check]
                            [--rungs N] [--ladder FILE]
                            [--model NAME|FOLDER|ORG/NAME@REV] [--quant-model ...] [--workload KIND|FILE]
@@ -18,16 +22,9 @@ import calendar
 import dataclasses
 import functools
 import os
-import re
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
-
-import dvc.api
-import yaml
-from dvc.exceptions import DvcException
 
 import common
 import plan as planning
@@ -35,56 +32,15 @@ from judgement import capacity, decide, record, stats
 from measure import host, score
 from records.fingerprint import Fingerprint
 from records.ladder import LadderRecord
-from serving import engine
+from runner import experiments
 
 LADDER_JSON = common.ROOT / "report" / "ladder.json"
 LOGS = common.ROOT / "results" / "logs" / "ladder"
-TARGETS = ["gate", "bench", "knee"]  # everything a rung measures; `report` runs once at the end
 BUDGET_EXIT = 75  # EX_TEMPFAIL: stopped before its budget ran out; `make ladder` resumes (neither failed nor done)
 _STARTED = time.monotonic()  # BUDGET_MIN counts from here: the pre-flight (a minute on a GPU box) spends it too
-_REUSED = re.compile(r"(?:Restored stage '(\w+)' from run-cache|Stage '(\w+)' (?:didn't change|is cached))")
-
-
-def reused_stages(lines: list[str]) -> list[str]:
-    """Stages DVC did not re-measure: restored from the run-cache, or already up to date in the workspace."""
-    return [m.group(1) or m.group(2) for ln in lines if (m := _REUSED.match(ln.strip()))]
-
-
-def error_lines(lines: list[str]) -> list[str]:
-    """The stage's `error: ...` messages, each with the indented lines that continue it (a bad params.yaml names its
-    fields there: `params.yaml is not valid:` alone says nothing)."""
-    errs: list[str] = []
-    for ln in lines:
-        if ln.startswith("error: "):
-            errs.append(ln[len("error: "):])
-        elif errs and ln.startswith("  ") and not ln.lstrip().startswith(("Running stage", "ERROR")):
-            errs[-1] += " " + ln.strip()
-    return errs
-
-
-def hydra(v) -> str:
-    """A value in the override grammar `dvc exp run -S` passes to Hydra (strings quoted)."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, list):
-        return "[" + ",".join(hydra(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{hydra(x)}" for k, x in v.items()) + "}"
-    return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 # ---------------------------------------------------------------- running rungs
-def stale_knobs(workspace: dict, sets: dict) -> list[str]:
-    """The knobs (model.*, engine.*, env.*) in the workspace's params.yaml that this experiment's config does not
-    set: left there by an earlier rung (each `dvc exp run` leaves its params in the workspace), they would ride
-    along unseen (the CI ladder's confirm step once ran rung 0 with broken-rope's RoPE override)."""
-    return [f"{s}.{k}" for s in planning.KNOB_SECTIONS for k in (workspace.get(s) or {}) if f"{s}.{k}" not in sets]
-
-
 def knee_anchor(base: dict, knobs: dict, bracket: bool = False, floor: float = 0.0, last: bool = False) -> dict | None:
     """The base's knee as a rung's knee search starts from it (run.anchor): its last pass and its first fail on
     evidence, in the rung's units (an instance of twice the GPUs probes twice the rates); `bracket`: on to its own
@@ -118,23 +74,6 @@ def latencies(*recs: tuple[dict, float]) -> list[list[float]]:
                 rate = float(f"{r['offered_rps'] * scale:.4g}")
                 at[rate] = max(at.get(rate, 0.0), round(r["e2e_p50_s"], 3))
     return [[rate, e] for rate, e in sorted(at.items())]
-
-
-def set_args(sets: dict, workspace: dict) -> list[str]:
-    """The `-S` overrides that leave params.yaml holding exactly `sets`, whatever an earlier experiment left in the
-    workspace (each `dvc exp run` leaves its params there). `++key=value` is Hydra's set-or-add, so a knob params.yaml
-    does not list yet (hf_overrides, say) works too; but on a dict it MERGES: a re-check's run.anchor {look, side}
-    stayed under the next rung's {pass, fail}, which then looked instead of searching. So a dict is nulled first
-    (`++key=null`, then the dict: exactly its keys). `~key`: a knob an earlier rung added is removed."""
-    args = []
-    for k, v in sets.items():
-        args += (["-S", f"++{k}=null"] if isinstance(v, dict) else []) + ["-S", f"++{k}={hydra(v)}"]
-    return args + [a for k in stale_knobs(workspace, sets) for a in ("-S", f"~{k}")]
-
-
-def exp_command(exp: str, sets: dict, workspace: dict) -> list[str]:
-    """The `dvc exp run` of experiment `exp` with these sets, on the workspace's params.yaml as it stands."""
-    return ["dvc", "exp", "run", "-n", exp, *set_args(sets, workspace), *TARGETS]
 
 
 class BudgetSpent(Exception):
@@ -192,10 +131,13 @@ def confirm_order(k: int) -> tuple[str, str]:
 
 
 class Driver:
+    """One ladder run's climb: each rung measured as experiments (self.dvc runs them), decided against its base and
+    recorded; main() builds it after the pre-flight."""
     budget_s: float | None = None  # BUDGET_MIN in seconds (__init__); None: no budget, no unit costs kept
 
     def __init__(self, plan: planning.Plan, out: Path = LADDER_JSON, budget_min: float | None = None):
         self.plan, self.out = plan, out
+        self.dvc = experiments.Experiments(planning.KNOB_SECTIONS, LOGS)  # each rung's `dvc exp run`, run and read
         self.budget_s = budget_min * 60 if budget_min else None
         # what each unit cost this run (experiment_cost summed): a rung (its tries, re-checks and base re-measure),
         # a confirm pair. The budget is checked only between units: the experiments of one are measured back to
@@ -210,7 +152,6 @@ class Driver:
         self.started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         self.final_exp = None
         self.confirm: dict | None = None
-        self.dvc: subprocess.Popen | None = None
         # the experiments of this run set run.warm_up (a param the bench stage declares) until one's bench started an
         # engine and warmed the machine first (runner.throughput.warm_up); a bench the run-cache restored warmed
         # nothing here, so a resumed run's first measured bench warms again
@@ -247,17 +188,6 @@ class Driver:
 
     # -- experiments measured on another machine (pulled with `dvc exp pull`)
     @functools.cached_property
-    def experiments(self) -> dict[str, str]:
-        """This commit's finished experiments by name, {name: rev} (`dvc exp show`). Read once: another machine's
-        were pulled before the ladder started, and the ones this run adds are this machine's."""
-        try:
-            shown = dvc.api.exp_show(repo=str(common.ROOT))
-        except DvcException:
-            return {}
-        return {r["Experiment"]: r["rev"] for r in shown
-                if r.get("Experiment") and r.get("rev") and r.get("State") in (None, "Success")}
-
-    @functools.cached_property
     def _earlier(self) -> dict[str, tuple[str, str | None, dict] | None]:
         return {}
 
@@ -266,15 +196,14 @@ class Driver:
         measured it, its params), or None where there is none or it cannot be read."""
         if exp not in self._earlier:
             self._earlier[exp] = None
-            rev = self.experiments.get(exp)
-            try:
-                if rev:
-                    text = dvc.api.read("results/fingerprint.json", repo=str(common.ROOT), rev=rev)
-                    fp = Fingerprint.model_validate_json(text)  # the record as that experiment wrote it
-                    got = dvc.api.params_show("params.yaml", repo=str(common.ROOT), rev=rev)
-                    self._earlier[exp] = (rev, fp.machine_id, got)
-            except (DvcException, OSError, ValueError):  # not there, or not readable: none to reuse
-                pass
+            found = self.dvc.shown(exp)
+            if found:
+                rev, text, got = found
+                try:
+                    theirs = Fingerprint.model_validate_json(text).machine_id  # the record as that experiment wrote it
+                except ValueError:  # not a fingerprint: none to reuse
+                    return None
+                self._earlier[exp] = (rev, theirs, got)
         return self._earlier[exp]
 
     def elsewhere(self, exp: str, sets: dict) -> str | None:
@@ -303,7 +232,7 @@ class Driver:
     def replay(self, rec: dict, base: dict | None) -> dict:
         """An experiment another machine ran: its results into the workspace (`dvc exp apply`), filled and
         compared as they were measured there (against its base as measured there)."""
-        out = subprocess.run(["dvc", "exp", "apply", rec["exp"]], cwd=common.ROOT, capture_output=True, text=True)
+        out = experiments.apply(rec["exp"])
         if out.returncode != 0:
             rec.update(status="failed", error=f"dvc exp apply {rec['exp']}: {common.redact(out.stderr)[-400:]}")
             return rec
@@ -340,7 +269,7 @@ class Driver:
     @property
     def better_pairs(self) -> int:
         """knee.better_pairs: the pairs of fresh servers a better knee is re-checked on (stats.recheck_rounds)."""
-        return (self.eff.get("knee") or {}).get("better_pairs") or stats.KNEE_BETTER_ROUNDS
+        return self.eff["knee"]["better_pairs"]  # validated: always set (config.Knee's default, 1 to 4)
 
     def floor(self):
         """The start-to-start floor of every Δ now: the card's, pooled with this ladder's own same-config engines."""
@@ -377,39 +306,18 @@ class Driver:
         sets = self.sets_of(cfg_flat, round_, remeasure, anchor)
         sets["run.warm_up"] = self.warm_up_of(exp, sets)
         ref = replay and self.elsewhere(exp, sets)
-        cmd = exp_command(exp, sets, yaml.safe_load((common.ROOT / "params.yaml").read_text()) or {})
         rec = {"index": index, "name": name, "exp": exp, "role": role, "change": change or {}, "note": note,
                "base": base["exp"] if base else None, "knobs": cfg_flat, "status": "running"}
         (self.records if into is None else into).append(rec)
         self.save()
-        LOGS.mkdir(parents=True, exist_ok=True)
-        log = LOGS / f"{exp}.log"
         what = ", ".join(f"{k}={v}" for k, v in (change or {}).items()) or note or "stock baseline"
         print(f"\n=== rung {exp}: {what}", flush=True)
         if ref:
             return self.replay(rec, base)
-        # re-run: run-cache restores
-        subprocess.run(["dvc", "exp", "remove", exp], cwd=common.ROOT, capture_output=True)
-        t0 = time.monotonic()
-        with open(log, "w") as f:
-            # guarded: dvc, its stages and their servers die with the ladder, even if it is SIGKILLed
-            self.dvc = engine.guarded(cmd, cwd=common.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            lines = []
-            for line in self.dvc.stdout:
-                line = common.redact(line)
-                f.write(line)
-                lines.append(line.rstrip())
-                if re.match(r"^(Running stage|Restored stage|Stage '|error:|ERROR|eval|bench|knee|gate)", line):
-                    print("  " + line.rstrip(), flush=True)
-            rc = self.dvc.wait()
-            self.dvc = None
-        rec["seconds"] = round(time.monotonic() - t0, 1)
-        rec["reused"] = reused_stages(lines)
-        if rc != 0:
-            errs = error_lines(lines)
-            dvc_errs = [ln for ln in lines if ln.startswith("ERROR")]
-            rec.update(status="failed", error=(errs or dvc_errs or [f"dvc exp run exit code {rc}"])[-1][:600],
-                       log=str(log.relative_to(common.ROOT)))
+        ran = self.dvc.run(exp, sets)
+        rec["seconds"], rec["reused"] = ran.seconds, ran.reused
+        if ran.rc != 0:
+            rec.update(status="failed", error=ran.error, log=str(ran.log.relative_to(common.ROOT)))
             return rec
         self.collect(rec, base)
         self.warm_due = self.warm_due and not warmed_here(rec)
@@ -705,19 +613,6 @@ class Driver:
         record.annotate_time(lad)  # per rung: start / measure / other / DVC overhead; GPU-minutes and cost
         LadderRecord.model_validate(lad).save_file(self.out)  # a key the model does not declare is refused here
 
-    def interrupt(self) -> None:
-        """Ctrl-C: pass it to the running `dvc exp run` (and its stage), which stops its servers by PID; if that
-        does not end it, its guard stops the whole group (SIGTERM, SIGKILL after its grace)."""
-        if self.dvc and self.dvc.poll() is None:
-            try:
-                os.killpg(self.dvc.pid, signal.SIGINT)
-                self.dvc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.dvc.terminate()
-                self.dvc.wait(timeout=engine.GUARD_GRACE_S + 30)
-            except ProcessLookupError:
-                pass
-
 
 def budget_minutes(text: str) -> float:
     """--budget-min (make ladder BUDGET_MIN=): minutes, a number above 0; refused by name before anything runs."""
@@ -799,8 +694,7 @@ def main() -> int:
           f"rungs: " + ", ".join(r["name"] + (" (skipped)" if r.get("skip") else "") for r in plan.rungs))
     w = plan.params["workload"]
     print(f"ladder: workload {w['kind']}" + (f" ({w['file']})" if w["kind"] == "file" else ""))
-    pairs = plan.params["knee"].get("better_pairs") or stats.KNEE_BETTER_ROUNDS
-    print(f"ladder: decision rule: {decide.rule(plan.objective, pairs)}")
+    print(f"ladder: decision rule: {decide.rule(plan.objective, plan.params['knee']['better_pairs'])}")
     print(f"ladder: pre-flight: {pre['configs']} engine configs built by {pre['version']}'s own code, none refused "
           f"({pre['seconds']:.0f} s); what only a started engine knows (the memory its profile run measures) is "
           f"checked when it starts")
@@ -813,7 +707,7 @@ def main() -> int:
         if rc == 0:
             drv.confirm_step()
     except KeyboardInterrupt:
-        drv.interrupt()
+        drv.dvc.interrupt()
         stop_held(drv, "interrupted")
         print("\nladder: interrupted; finished rungs are kept (dvc exp show); `make ladder` resumes", file=sys.stderr)
         return 130
@@ -823,9 +717,9 @@ def main() -> int:
         return BUDGET_EXIT
     # leave the workspace at the final kept stack, then write the complete ladder and render it
     if drv.final_exp:
-        subprocess.run(["dvc", "exp", "apply", drv.final_exp], cwd=common.ROOT, check=False)
+        experiments.apply(drv.final_exp, capture=False)
     drv.save(final=True)
-    subprocess.run(["dvc", "repro", "report"], cwd=common.ROOT, check=True)
+    experiments.repro("report")
     print(f"ladder: done in {(time.monotonic() - drv.t0) / 60:.1f} min; report/before_after.md")
     return rc
 

@@ -246,11 +246,11 @@ def test_the_choices_survive_dvc_exp_run_set(tmp_path):
     """What `make ladder MODEL=… WORKLOAD=…` passes to every `dvc exp run -S`, applied as DVC applies it."""
     from dvc.utils.hydra import apply_overrides
 
-    import ladder
+    from runner import experiments
     folder = model_folder(tmp_path / "My.Finetune v2")
     p = planning.resolve(PARAMS, LADDER, "cpu", PARAMS, 0, model=str(folder), workload="shared-prefix")
     (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
-    apply_overrides(str(tmp_path / "params.yaml"), [f"++{k}={ladder.hydra(v)}" for k, v in p.overrides.items()])
+    apply_overrides(str(tmp_path / "params.yaml"), [f"++{k}={experiments.hydra(v)}" for k, v in p.overrides.items()])
     got = common.read_params(tmp_path / "params.yaml")
     for key, value in p.overrides.items():
         assert planning.get_dotted(got, key) == value, key

@@ -191,12 +191,14 @@ def test_the_confirm_step_re_measures_stock_and_final_interleaved_fresh_and_skip
 def test_a_knob_an_earlier_rung_added_is_removed_from_the_next_experiment():
     """Each `dvc exp run` leaves its params in the workspace: broken-rope's RoPE override must not ride along
     into the confirm step's rung-0 run, nor may a knob the next run sets, or a non-knob section, be removed."""
-    import ladder
+    import plan as planning
+    from runner import experiments
     ws = {"model": {"name": "m"}, "engine": {"seed": 0, "hf_overrides": {"rope_parameters": {"rope_theta": 1.0}}},
           "env": {"VLLM_CPU_KVCACHE_SPACE": 1, "VLLM_X": 1}, "bench": {"repeats": 3}}
     sets = {"model.name": "m", "engine.seed": 0, "env.VLLM_CPU_KVCACHE_SPACE": 1, "knee.max_probes": 3}
-    assert ladder.stale_knobs(ws, sets) == ["engine.hf_overrides", "env.VLLM_X"]
-    assert ladder.stale_knobs(ws, {**sets, "engine.hf_overrides": {}, "env.VLLM_X": 1}) == []
+    knobs = planning.KNOB_SECTIONS  # the sections a rung's sets hold whole
+    assert experiments.stale_knobs(ws, sets, knobs) == ["engine.hf_overrides", "env.VLLM_X"]
+    assert experiments.stale_knobs(ws, {**sets, "engine.hf_overrides": {}, "env.VLLM_X": 1}, knobs) == []
 
 
 # ---------------------------------------------------------------- every rung between two measurements of its base
@@ -266,14 +268,17 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
     two candidates that may gain share one re-measure of the base, run with its knobs and run.remeasure = when
     the last of them was measured; while it runs they are not kept; a rung kept on its knee waits for nothing."""
     import ladder
+    import plan as planning
     from judgement import record
+    from runner import experiments
 
     class P:
         profile, overrides, objective, rungs, experiments = "cpu", {}, "knee_rps", [], 1
-        params = {"bench": {"noise_floor": {"cv": 0.015, "engines": 9}}}
+        params = {"bench": {"noise_floor": {"cv": 0.015, "engines": 9}}, "knee": {"better_pairs": 2}}
         typed_params = SimpleNamespace(bench=SimpleNamespace(noise_floor=config.NoiseFloor(cv=0.015, engines=9)))
     drv = ladder.Driver.__new__(ladder.Driver)
     drv.plan, drv.objective, drv.records, drv.t0, drv.eff, drv.confirm = P, "knee_rps", [], 0.0, P.params, None
+    drv.dvc = experiments.Experiments(planning.KNOB_SECTIONS, ladder.LOGS)  # none of this commit's is another's
     drv.profile, drv.overrides, drv.warm_due = P.profile, P.overrides, True
     base = {**BASE, "name": "baseline", "exp": "cpu-0-baseline", "knobs": {"engine.seed": 0}, "status": "ok"}
     at = {"a": "2026-12-01T06:00:00Z", "b": "2026-12-01T06:05:00Z", "c": "2026-12-01T06:10:00Z"}
@@ -427,16 +432,23 @@ def test_only_the_last_rung_the_ladder_measures_stops_its_knee_search_at_a_gain(
     params["run"]["anchor"] = {"pass": 7.0, "fail": 8.0, "latency": [[7.0, -2.4]]}
     with pytest.raises(config.ParamsError, match=r"run\.anchor\.latency.*-2\.4"):
         config.validate(params)
-    assert ladder.hydra({"pass": 7.0, "latency": [[7.0, 2.4]]}) == "{pass:7.0,latency:[[7.0,2.4]]}"
+    from runner import experiments
+    assert experiments.hydra({"pass": 7.0, "latency": [[7.0, 2.4]]}) == "{pass:7.0,latency:[[7.0,2.4]]}"
 
 
 def test_a_failed_stage_s_error_keeps_the_lines_that_name_the_field():
-    import ladder
+    from runner import experiments
     lines = ["Running stage 'fingerprint':", "error: params.yaml is not valid:",
              "  run.anchor.last: unknown key; allowed: pass, fail, worse, bracket",
              "ERROR: failed to reproduce 'fingerprint': failed to run: python scripts/fingerprint.py"]
-    assert ladder.error_lines(lines) == ["params.yaml is not valid: run.anchor.last: unknown key; allowed: pass, fail, "
-                                         "worse, bracket"]
+    assert experiments.error_lines(lines) == ["params.yaml is not valid: run.anchor.last: unknown key; allowed: pass, "
+                                              "fail, worse, bracket"]
+    # a failed experiment's record says the stage's own error; else DVC's ERROR line; else the exit code
+    run = experiments.Run(1, lines, 3.0, ROOT / "x.log")
+    assert run.error == experiments.error_lines(lines)[0] and run.reused == []
+    assert experiments.Run(1, lines[-1:], 3.0, ROOT / "x.log").error == lines[-1]
+    assert experiments.Run(2, ["Stage 'eval' didn't change, skipping"], 3.0, ROOT / "x.log").error == \
+        "dvc exp run exit code 2"
 
 
 def test_only_another_machines_experiment_of_this_commit_with_these_params_is_replayed(tmp_path, monkeypatch):
@@ -451,6 +463,8 @@ def test_only_another_machines_experiment_of_this_commit_with_these_params_is_re
 
     import common
     import ladder
+    import plan as planning
+    from runner import experiments
 
     def sh(*cmd):
         subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
@@ -479,6 +493,7 @@ def test_only_another_machines_experiment_of_this_commit_with_these_params_is_re
     monkeypatch.chdir(tmp_path)
     drv = ladder.Driver.__new__(ladder.Driver)
     drv.environment = {"machine": {"id": "A"}}
+    drv.dvc = experiments.Experiments(planning.KNOB_SECTIONS, tmp_path / "logs")
     sets = {"engine.seed": 1, "run.anchor": None}
     assert drv.elsewhere("cpu-1-b", sets)  # another machine's, these params: replayed
     assert drv.elsewhere("cpu-1-b", {**sets, "run.warm_up": True})  # whether it warmed its own machine: no matter
@@ -508,6 +523,8 @@ def test_every_experiment_s_run_params_are_exactly_its_sets_whatever_the_one_bef
     from dvc.utils.hydra import apply_overrides
 
     import ladder
+    import plan as planning
+    from runner import experiments
     ws = tmp_path / "params.yaml"
     shutil.copy(ROOT / "params.yaml", ws)
     drv = SimpleNamespace(overrides={"knee.max_probes": 3}, warm_due=True)
@@ -523,8 +540,9 @@ def test_every_experiment_s_run_params_are_exactly_its_sets_whatever_the_one_bef
                               round_=1, anchor={"pass": 2.0, "bracket": True}),
     ]
     for sets in seq:
-        cmd = ladder.exp_command("cpu-1-x", sets, yaml.safe_load(ws.read_text()))
-        assert cmd[:5] == ["dvc", "exp", "run", "-n", "cpu-1-x"] and cmd[-len(ladder.TARGETS):] == ladder.TARGETS
+        cmd = experiments.exp_command("cpu-1-x", sets, yaml.safe_load(ws.read_text()), planning.KNOB_SECTIONS)
+        assert cmd[:5] == ["dvc", "exp", "run", "-n", "cpu-1-x"] and cmd[-len(experiments.TARGETS):] == \
+            experiments.TARGETS
         apply_overrides(str(ws), [a for i, a in enumerate(cmd) if i and cmd[i - 1] == "-S"])
         got = yaml.safe_load(ws.read_text())
         assert got["run"] == {k.split(".", 1)[1]: v for k, v in sets.items() if k.startswith("run.")}, sets

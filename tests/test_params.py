@@ -9,9 +9,9 @@ import yaml
 
 import common
 import config
-import ladder
 import plan as planning
 from conftest import ROOT
+from runner import experiments
 from serving import engine
 
 PARAMS = common.read_params(ROOT / "params.yaml")
@@ -125,17 +125,18 @@ def test_baseline_pins_prefix_caching_off():
 
 
 def test_hydra_values_survive_dvc_exp_run_set():
-    assert ladder.hydra("fp8") == "'fp8'"
-    assert ladder.hydra(True) == "true" and ladder.hydra(None) == "null" and ladder.hydra(0.94) == "0.94"
-    assert ladder.hydra(["a-1", "b.2"]) == "['a-1','b.2']"
-    assert ladder.hydra({"rope_theta": 1.0}) == "{rope_theta:1.0}"
-    assert ladder.hydra("it's") == "'it\\'s'"
+    assert experiments.hydra("fp8") == "'fp8'"
+    assert experiments.hydra(True) == "true" and experiments.hydra(None) == "null"
+    assert experiments.hydra(0.94) == "0.94"
+    assert experiments.hydra(["a-1", "b.2"]) == "['a-1','b.2']"
+    assert experiments.hydra({"rope_theta": 1.0}) == "{rope_theta:1.0}"
+    assert experiments.hydra("it's") == "'it\\'s'"
 
 
 def test_dvc_output_tells_which_stages_were_not_measured_again():
     lines = ["Stage 'download' didn't change, skipping", "Stage 'eval' is cached - skipping run, checking out outputs",
              "Restored stage 'bench' from run-cache", "Running stage 'knee':"]
-    assert ladder.reused_stages(lines) == ["download", "eval", "bench"]
+    assert experiments.reused_stages(lines) == ["download", "eval", "bench"]
 
 
 def test_engine_knobs_become_vllm_flags():
