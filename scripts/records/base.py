@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 import common
 
@@ -30,6 +30,18 @@ class Record(BaseModel):
         """The record as a rung of the ladder record holds it: whole, but for its provenance (stated there once).
         Not `summary`: the bench record has a field of that name (its runs summarized), kept on disk as it was."""
         return self.model_dump(mode="json", exclude={"provenance"})
+
+
+class KeysSinceV1(Record):
+    """A record whose version 1 (untyped, written before its model) already had its keys (some added over time
+    absent): reading one stamps the current version and changes nothing else."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("schema_version", 1) >= cls.SCHEMA:
+            return data
+        return {**data, "schema_version": cls.SCHEMA}
 
 
 class Closed(BaseModel):

@@ -17,10 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict
 
 import common
-from records.base import Record
+from records.base import KeysSinceV1
 
 
 class Gpu(BaseModel):
@@ -69,18 +69,10 @@ class Environment(BaseModel):
     machine: Machine | None = None     # None in a fingerprint from before machines were named
 
 
-class Fingerprint(Environment, Record):
+class Fingerprint(Environment, KeysSinceV1):
     """results/fingerprint.json: the Environment the fingerprint stage found, with the record's schema version."""
     model_config = ConfigDict(extra="allow", protected_namespaces=())
     SCHEMA: ClassVar[int] = 2
-
-    @model_validator(mode="before")
-    @classmethod
-    def _upgrade(cls, data: Any) -> Any:
-        """Version 1 (untyped, written before this model): the same keys, those added over time absent."""
-        if not isinstance(data, dict) or data.get("schema_version", 1) >= 2:
-            return data
-        return {**data, "schema_version": 2}
 
     def save_file(self, path: Path | str) -> None:
         """The one writer: atomic (common.write_json), the keys the fingerprint has (a GPU's key an older host

@@ -12,12 +12,12 @@ Version 1: written before the record was typed (no schema_version): the same key
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict
 
 import common
-from records.base import Record
+from records.base import KeysSinceV1
 
 
 class ModelEntry(BaseModel):
@@ -36,19 +36,11 @@ class ModelEntry(BaseModel):
         return self.model_dump(mode="json", exclude_unset=True)
 
 
-class ModelsManifest(Record):
+class ModelsManifest(KeysSinceV1):
     """results/models.json: {store, models: {name: entry}}; `store` None in a manifest written without it."""
     SCHEMA: ClassVar[int] = 2
     store: str | None = None
     models: dict[str, ModelEntry]
-
-    @model_validator(mode="before")
-    @classmethod
-    def _upgrade(cls, data: Any) -> Any:
-        """Version 1 (untyped, written before this model): the same keys."""
-        if not isinstance(data, dict) or data.get("schema_version", 1) >= 2:
-            return data
-        return {**data, "schema_version": 2}
 
     def save_file(self, path: Path | str) -> None:
         """The one writer: atomic (common.write_json), the keys set (an entry's keys as its source gave them), the
