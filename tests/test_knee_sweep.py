@@ -322,6 +322,10 @@ def test_a_look_above_the_rates_probed_is_sized_on_its_latency_rising_toward_the
     # a rate the base did not pass (its first fail, 32, where a rung looks first): its latency below, scaled
     assert knee_looks.e2e_estimate([], 1.9, 32.0, known) == pytest.approx(3.775 * 32.0 / 26.91)
     assert knee_looks.e2e_estimate([{"offered_rps": 26.91, "e2e_p50_s": 4.1}], 1.9, 26.91, known) == 4.1  # the longest
+    # what a stopped look waits before it counts its fail (Curtail): the latency seen, never extrapolated upward
+    assert knee_looks.e2e_estimate(h100, 1.90, 26.91, upward=False) == 2.56
+    assert knee_looks.e2e_estimate([], 1.9, 32.0, known, upward=False) == 1.9
+    assert knee_looks.e2e_estimate(rows, 1.131, 9.514, upward=False) == pytest.approx(1.356 + 0.211 / 2.343 * 1.514)
     # sized on the known latency, the first look plans the ~547 counted a pass needs (it counted 344-402 on 1.9 s)
     k = {"probe_seconds": 20, "ramp_fraction": 0.1, "min_prompts": 16, "max_prompts": 2000, "settle_latencies": 3,
          "tail_latencies": 1, "dispersion": {"phi": 6.9}, "max_repeats": 2}

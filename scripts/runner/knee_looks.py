@@ -34,7 +34,7 @@ def prompts_for(rate: float, k: dict, slo: dict, e2e_s: float) -> int:
 
 
 def e2e_estimate(rows: list[dict], warm: float | None, rate: float,
-                 known: list | None = None) -> float:
+                 known: list | None = None, upward: bool = True) -> float:
     """The end-to-end latency a probe at `rate` is sized by (its settle and tail), before it runs. Measured at
     `rate` (a look there so far, or `known`, run.anchor.latency: [[req/s, s], ...], what the base met at its passing
     rates): the longest there or below. Not measured there, it is extrapolated upward, never taken as flat: latency
@@ -46,7 +46,9 @@ def e2e_estimate(rows: list[dict], warm: float | None, rate: float,
     rung 0 sized 19.03 req/s by its warm-up's 1.90 s and met 2.56 (x1.35: 496 counted of the ~547 planned), then
     26.91 by 19.03's 2.56 and met ~3.5 (412 counted; scaled: 3.62); a cpu rung 0 sized 9.514 by 8's 1.356, ran
     1.389 (150 counted where a pass needs 151; scaled: 1.613, ~8 requests more, ~1 s). Too long costs only a few
-    more arrivals before and after the window (rate x (settle + tail) x the excess); too short, a look."""
+    more arrivals before and after the window (rate x (settle + tail) x the excess); too short, a look. Not `upward`
+    (what Curtail waits before it counts): the latency seen, as before the look was sized upward, so that a look
+    past the wall stops as soon as it did (on the cpu engine tests an upward wait made the knee ~10 % longer)."""
     def near(at: float) -> bool:
         return abs(at / rate - 1) <= probing.GRID_ROUNDING
     here = [r["e2e_p50_s"] for r in rows if r.get("e2e_p50_s") and near(r["offered_rps"])]
@@ -58,13 +60,13 @@ def e2e_estimate(rows: list[dict], warm: float | None, rate: float,
     points = [(r["offered_rps"], r["e2e_p50_s"]) for r in rows
               if r.get("e2e_p50_s") and not r.get("backlog")]  # a queue's latency is not the server's
     below: dict[float, float] = {}
-    for at, e in points + [(at, e) for at, e in known or ()]:
+    for at, e in points + ([(at, e) for at, e in known or ()] if upward else []):
         if at < rate:
             below[at] = max(below.get(at, 0.0), e)
     if not below:
-        return max(longest, (warm or 0.0) * WARM_PAD)
+        return max(longest, (warm or 0.0) * (WARM_PAD if upward else 1.0))
     r2 = max(below)
-    scaled = below[r2] * rate / r2
+    scaled = below[r2] * rate / r2 if upward else 0.0
     if len(below) < 2:
         return max(longest, scaled)
     (r1, e1), (r2, e2) = sorted(below.items())[-2:]
@@ -286,7 +288,8 @@ def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
     name = f"probe-{len(rows) + 1:02d}-{rate:g}rps.json"
     if visit is None:
         visit = list(itertools.takewhile(lambda r: r["offered_rps"] == rate, reversed(rows)))
-    stop = Curtail(rate, n, k, slo, visit, e2e) if curtail else None
+    seen = e2e_estimate(rows, k.get("e2e_warm_s"), rate, (k.get("anchor") or {}).get("latency"), upward=False)
+    stop = Curtail(rate, n, k, slo, visit, seen) if curtail else None
     load, seen = disturbed.CpuWatch(), watch.LookWatch(srv.metrics, srv.proc.pid, prefix=srv.title_prefix)
     try:
         prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
