@@ -131,7 +131,7 @@ def main(out: Path, logs: Path, gate_json: Path):
     # params run.warm_up, declared by the stage: whether an untimed engine warms the machine changes what the timed
     # one reads, so it is in the run-cache's key (an environment variable was not: a cold bench could be restored
     # as a warmed one's)
-    warm = (throughput.warm_up(argv, logs, cfg["env"], b.timeout_s, throughput.job_of(sent))
+    warm = (throughput.warm_up(argv, logs, cfg["env"], b.timeout_s, throughput.job_of(sent), b.warm_up_passes)
             if b.warm_up_engine and params.run.warm_up else None)
     if mode == "engine":
         runs, facts = throughput.run_in_engine(argv, b.repeats, logs, cfg["env"], b.timeout_s, b.warmup_repeats,

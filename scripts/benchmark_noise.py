@@ -116,7 +116,7 @@ def main():
     logs = BENCHMARK_LOGS
     sent, _ = workload.prepare(params["workload"], entry["path"], logs)
     k = {**k, "workload": sent}
-    argv = throughput.throughput_argv(entry["path"], b, sent, cfg["engine"])
+    argv = throughput.throughput_argv(entry["path"], config.Bench(**b), sent, cfg["engine"])
     print(f"rung: {cfg['model']['name']}, {b['num_prompts']} prompts, {workload.describe(sent)['text']}")
 
     if 1 in parts:
@@ -166,23 +166,34 @@ def fresh_engines(argv: list[str], b: dict, cfg: dict, logs, sent: dict, repeats
     """Part 2 (see the module's docstring): `repeats` fresh engines after a discarded first, each its own
     process; their start-to-start floor printed as the profile's bench.noise_floor block."""
     t0 = time.monotonic()
-    # the first engine is discarded: it reads slow (a fresh H200: 6,639 then 7,242 and 7,337 tok/s)
+    # the first engine is discarded: it reads slow (a fresh H200: 6,639 then 7,242 and 7,337 tok/s). It is the
+    # ladder's warm-up engine (throughput.warm_up, bench.warm_up_passes), so engine 1 reads as a ladder's first timed
+    first = throughput.warm_up(argv, logs / "cli" / "engine0", cfg["env"], b["timeout_s"], throughput.job_of(sent),
+                               b["warm_up_passes"])
+    print("2. engine 0 (discarded, the warm-up): " + (f"{first['output_tps']:.1f} output tok/s, " if
+          first["output_tps"] else "started only, ") + f"start {first['start_s'] or 0:.0f} s, {first['wall_s']:.0f} s "
+          "in all", flush=True)
     got = []
-    for e in range(repeats + 1):  # each engine printed as it ends: a run cut off keeps what it measured
+    for e in range(1, repeats + 1):  # each engine printed as it ends: a run cut off keeps what it measured
         got.append(engine_means(argv, b, logs / "cli" / f"engine{e}", cfg["env"], sent))
-        print(f"2. engine {e}{' (discarded)' if not e else ''}: {got[-1][0]:.1f} output tok/s (start "
+        print(f"2. engine {e}: {got[-1][0]:.1f} output tok/s (start "
               f"{got[-1][1]['start_s']:.0f} s, measure {got[-1][1]['measure_s']:.0f} s)", flush=True)
     means = [m for m, _ in got]
-    spread(f"2. {repeats} fresh engines after a discarded first ({time.monotonic() - t0:.0f} s)", means[1:])
-    print(f"   the first engine: {means[0]:.1f} tok/s, {(means[0] / statistics.fmean(means[1:]) - 1) * 100:+.1f} % "
-          "vs the mean of the rest")
-    split("2", time.monotonic() - t0, {k_: sum(t[k_] for _, t in got) for k_ in ("start_s", "measure_s")})
+    spread(f"2. {repeats} fresh engines after a discarded first ({time.monotonic() - t0:.0f} s)", means)
+    if first["output_tps"]:
+        print(f"   the first engine: {first['output_tps']:.1f} tok/s, "
+              f"{(first['output_tps'] / statistics.fmean(means) - 1) * 100:+.1f} % vs the mean of the rest")
+    if len(means) > 1:
+        print(f"   engine 1 (the first timed) vs the mean of the others: "
+              f"{(means[0] / statistics.fmean(means[1:]) - 1) * 100:+.1f} %")
+    split("2", time.monotonic() - t0, {k_: sum(t[k_] for _, t in got) + (first["wall_s"] if k_ == "start_s" else 0)
+                                       for k_ in ("start_s", "measure_s")})
     fp = this_machine()
-    block = {"cv": round(statistics.stdev(means[1:]) / statistics.fmean(means[1:]), 4), "engines": len(means) - 1,
+    block = {"cv": round(statistics.stdev(means) / statistics.fmean(means), 4), "engines": len(means),
              "measured_on": machine(fp), "vllm": fp.get("vllm"), "measured": time.strftime("%Y-%m-%d")}
     print("   the profile's bench.noise_floor (ladder.yaml settings, or params.yaml for the cpu profile):\n"
           + yaml.safe_dump({"bench.noise_floor": block}, sort_keys=False, width=200))
-    common.write_json(logs / "noise_floor.json", {**block, "engine_means": means})
+    common.write_json(logs / "noise_floor.json", {**block, "engine_means": means, "first": first})
 
 
 def knee_searches(model_path: str, cfg: dict, k: dict, slo: dict, logs, rates: list[float], fixed: bool,
@@ -660,7 +671,7 @@ def compare_rule(params: dict, b: dict, logs, cands: list[dict]) -> None:
         cfg = upstream.engine_config(common.parse(p))  # the change laid over validated params, checked as a rung
         entry = upstream.model_entry(cfg["model"]["name"])
         sent, _ = workload.prepare(p["workload"], entry["path"], folder)
-        argv = throughput.throughput_argv(entry["path"], b, sent, cfg["engine"])
+        argv = throughput.throughput_argv(entry["path"], config.Bench(**b), sent, cfg["engine"])
         mean, timing = engine_means(argv, b, folder, cfg["env"], sent)
         print(f"5. {name}: {mean:.1f} output tok/s (repeats {', '.join(f'{x:.0f}' for x in timing['runs'])}; "
               f"start {timing['start_s']:.0f} s, measure {timing['measure_s']:.0f} s)", flush=True)

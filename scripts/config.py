@@ -337,6 +337,8 @@ class Bench(Section):
     # ladder run starts an untimed engine of its config before the timed one
     warm_up_engine: StrictBool = F("true or false: an untimed engine before the first timed one of a ladder run",
                                    True)
+    warm_up_passes: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0: the warm-up engine's untimed passes of the "
+                                                       "bench's prompts (0: it starts, compiles and stops)", 1)
     noise_floor: NoiseFloor = F("{cv, engines, measured_on, vllm, measured}: `make benchmark` prints it",
                                 NoiseFloor())
     # a timed repeat this far off its engine's median is replaced (measure/disturbed.screen): a measuring setting, not

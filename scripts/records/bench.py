@@ -90,6 +90,8 @@ class WarmUpEngine(Closed):
     """The untimed engine before the first timed one of a ladder run (throughput.warm_up): kept, never compared."""
     output_tps: float | None = None
     wall_s: float
+    passes: int | None = None          # its untimed passes (bench.warm_up_passes); 0: it only started; None: one
+    start_s: float | None = None       # its spawn to its engine ready (imports and compile included)
 
 
 class BenchResult(Record):

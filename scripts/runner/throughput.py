@@ -56,7 +56,7 @@ def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout:
                                              "warmup_prompts": warmup_prompts, **job}, logs, env_knobs, timeout,
                              "vllm bench throughput (in-engine repeats)")
     text = proc.log.read_text(encoding="utf-8", errors="replace")
-    runs = vllm_compat.parse_output(text)[:vllm_compat.timed_passes(text) or repeats]
+    runs = vllm_compat.parse_output(text)[:vllm_compat.timed_passes(text) or repeats] if repeats else []
     loads = vllm_compat.pass_loads(text)
     for i, run in enumerate(runs, 1):
         run["load"] = loads.get(i)  # the other work on the machine during the pass (disturbed.CpuWatch)
@@ -81,12 +81,16 @@ def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float
     return runs, {**facts, "timing": {k: round(v, 2) for k, v in timing.items()}}
 
 
-def warm_up(argv: list[str], logs: Path, env_knobs: dict, timeout: float, job: dict) -> dict:
+def warm_up(argv: list[str], logs: Path, env_knobs: dict, timeout: float, job: dict, passes: int = 1) -> dict:
     """An untimed engine before the first timed one of a ladder run (bench.warm_up_engine, where run.warm_up says
-    this bench is the run's first): whatever runs first on a machine reads slow. Its tok/s is kept (the first engine
-    vs the timed one), never compared."""
+    this bench is the run's first): whatever runs first on a machine reads slow. `passes` (bench.warm_up_passes)
+    whole passes of the bench's prompts, or none: the engine only starts (its compile fills the machine's cache).
+    The first pass's tok/s is kept (the first engine vs the timed one), never compared."""
     t0 = time.monotonic()
-    runs, facts = run_in_engine(argv, 1, logs / "warm-up", env_knobs, timeout, 0, job)
-    out = {"output_tps": runs[0]["output_tps"] if runs else None, "wall_s": round(time.monotonic() - t0, 1)}
-    print(f"bench: warm-up engine (untimed): {out['output_tps'] or 0:.1f} output tok/s in {out['wall_s']:.0f} s")
+    runs, facts = run_in_engine(argv, passes, logs / "warm-up", env_knobs, timeout, 0, job)
+    out = {"output_tps": runs[0]["output_tps"] if runs else None, "wall_s": round(time.monotonic() - t0, 1),
+           "passes": passes, "start_s": facts["timing"]["start_s"]}
+    print("bench: warm-up engine (untimed): " + (f"{out['output_tps'] or 0:.1f} output tok/s" if passes else
+                                                  f"started only ({out['start_s'] or 0:.0f} s)")
+          + f" in {out['wall_s']:.0f} s")
     return out

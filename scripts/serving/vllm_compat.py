@@ -175,7 +175,8 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, promp
     `dataset_seed`: what the prompts are drawn with (seeded_requests), not the engine's --seed. `warmup_prompts`: each
     untimed pass sends only the first that many (None: all). `more(tok/s so far)`: after the `repeats`, whether to
     time one pass more (one far off the others is replaced: the bench stage's screen); `watch()`: started before each
-    timed pass, its `stop()` (a dict: the other work on the machine meanwhile) printed after the pass's block."""
+    timed pass, its `stop()` (a dict: the other work on the machine meanwhile) printed after the pass's block.
+    No repeat and no untimed pass: the engine starts (compiles, profiles, captures its CUDA graphs) and nothing runs."""
     throughput = import_throughput()
     parser = _flexible_parser()
     throughput.add_cli_args(parser)
@@ -186,6 +187,8 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, promp
         from vllm import LLM
         llm = LLM.from_engine_args(engine_args)
         print(f"[timing] engine ready at {time.time():.3f}", flush=True)  # the stage splits its wall time
+        if not repeats and not warmup_repeats:
+            raise _StartedOnly  # a warm-up engine that only starts: compiled, profiled, its CUDA graphs captured
         t0 = time.monotonic()
         kw = dict(n=n, disable_detokenize=disable_detokenize, do_profile=False, prequeue_requests=prequeue_requests,
                   enable_lora=engine_args.enable_lora)
@@ -220,7 +223,14 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, promp
     # ... the prompts drawn with the workload's seed, and a prompts file's, where its parser has no `custom` dataset
     draw = custom_requests(prompts, output_len) if prompts else throughput.get_requests
     throughput.get_requests = seeded_requests(draw, dataset_seed, args.seed)
-    throughput.main(args)
+    try:
+        throughput.main(args)
+    except _StartedOnly:
+        print("[timing] started only: no pass", flush=True)
+
+
+class _StartedOnly(Exception):
+    """run_throughput with no pass at all: the engine started, then the worker ends (its engine with it)."""
 
 
 _WARMUP_PASS = re.compile(r"Warm-up pass \d+/\d+ \(untimed\): ([\d.]+) output tokens/s")
