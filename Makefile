@@ -54,11 +54,15 @@ lint: setup ## ruff: style and common bugs in scripts/ and tests/; mypy: types o
 	ruff check scripts tests
 	mypy $(TYPED)
 
-test: setup ## the test suite: unit tests + the real-vLLM end-to-end ladder on the cpu profile
-	python -m pytest tests -v -rs --durations=0 --durations-min=5
+# the unit tests on every core (pytest-xdist, a test file to a worker); then, one at a time, the tests that start the
+# real engine or read the machine's CPU use: they measure the box, so nothing may run beside them
+test: setup ## the test suite: unit tests (on every core) + the real-vLLM end-to-end ladder on the cpu profile
+	python -m pytest tests -v -rs -m "not engine and not serial" -n auto --dist loadfile --durations=0 --durations-min=5
+	python -m pytest tests -v -rs -m "engine or serial" --durations=0 --durations-min=5
 
-test-unit: setup ## only the fast tests (no engine)
-	python -m pytest tests -v -m "not engine"
+test-unit: setup ## only the fast tests (no engine), on every core but the few that read the CPU
+	python -m pytest tests -v -m "not engine and not serial" -n auto --dist loadfile
+	python -m pytest tests -v -m "serial and not engine"
 
 benchmark: setup ## measurement-noise benchmark: spread of repeats, knee probes, knees of fresh servers (ARGS="--parts 4"; prints numbers; not a test)
 	python scripts/benchmark_noise.py $(ARGS)

@@ -184,6 +184,7 @@ class Pages:
         return self.pages.pop(0) if len(self.pages) > 1 else self.pages[0]
 
 
+@pytest.mark.serial  # a busy thread's share of a core: nothing else may run on the box
 def test_the_watcher_reads_a_busy_thread_near_one_core_and_a_sleeping_one_near_none(child):
     busy, sleepy = child(BUSY), child(SLEEPY)
     time.sleep(0.5)  # both started

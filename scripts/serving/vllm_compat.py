@@ -167,16 +167,15 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, promp
                    output_len: int | None = None, dataset_seed: int = 0, warmup_prompts: int | None = None,
                    more=None, watch=None) -> None:
     """vLLM's own `bench throughput` main, its arguments parsed by its own parser, with its `run_vllm` replaced
-    so that ONE engine serves the warm-up and `repeats` timed runs (an engine start costs more than a run).
-    The warm-up ends with `warmup_repeats` whole untimed passes over the same requests: a short warm-up left the
-    first timed pass slow (6.5k vs 12.4k tok/s on an H200), which is no repeat of the others.
-    Each timed run prints a result block; vLLM's main then prints its own for the last one. `prompts`: a
-    rendered prompts file (vLLM's custom format), sampled by vLLM's CustomDataset, each request `output_len` out.
-    `dataset_seed`: what the prompts are drawn with (seeded_requests), not the engine's --seed. `warmup_prompts`: each
-    untimed pass sends only the first that many (None: all). `more(tok/s so far)`: after the `repeats`, whether to
+    so that ONE engine serves the warm-up and `repeats` timed runs (an engine start costs more than a run). The
+    warm-up ends with `warmup_repeats` untimed passes (after a short warm-up a first pass ran 6.5k vs 12.4k tok/s on an
+    H200). Each timed run prints a result block; vLLM's main then prints its own for the last. `prompts`: a rendered
+    prompts file, sampled by vLLM's CustomDataset, `output_len` out.
+    `dataset_seed`: what prompts are drawn with, not --seed. `warmup_prompts`: each untimed pass sends only the first
+    that many (None: all). `more(tok/s so far)`: after the `repeats`, whether to
     time one pass more (one far off the others is replaced: the bench stage's screen); `watch()`: started before each
-    timed pass, its `stop()` (a dict: the other work on the machine meanwhile) printed after the pass's block.
-    No repeat and no untimed pass: the engine starts (compiles, profiles, captures its CUDA graphs) and nothing runs."""
+    timed pass, its `stop()` (a dict: the other work on the machine meanwhile) printed after the pass's block. No
+    repeat and no untimed pass: the engine starts (compiles, profiles, captures its CUDA graphs), nothing runs."""
     throughput = import_throughput()
     parser = _flexible_parser()
     throughput.add_cli_args(parser)
@@ -202,9 +201,7 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, promp
             print(f"Warm-up pass {w + 1}/{warmup_repeats} (untimed): {o / elapsed:.2f} output tokens/s", flush=True)
         done: list[float] = []
         while len(done) < repeats or (more and more(done)):
-            # Every repeat re-sends the same seeded prompts: with prefix caching on, repeat 2 would be served
-            # from repeat 1's cache (seen on the H200: 14.7k -> 20.2k tok/s). Each repeat starts cold.
-            llm.reset_prefix_cache()
+            llm.reset_prefix_cache()  # each repeat cold: repeat 2 ran on 1's cache (H200: 14.7k -> 20.2k tok/s)
             w = watch() if watch else None
             elapsed, outputs = throughput._run_vllm_requests(llm, requests, **kw)
             load = w.stop() if w else None
@@ -219,14 +216,12 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, promp
         print(f"[timing] warm-up and timed passes took {time.monotonic() - t0:.3f} s", flush=True)
         return elapsed, outputs
 
-    throughput.run_vllm = run_vllm  # the only change to vLLM's flow: the timed part runs `repeats` times
-    # ... the prompts drawn with the workload's seed, and a prompts file's, where its parser has no `custom` dataset
+    throughput.run_vllm = run_vllm  # the only change to vLLM's flow: the timed part runs `repeats` times; the prompts
+    # drawn with the workload's seed, and a prompts file's, where its parser has no `custom` dataset
     draw = custom_requests(prompts, output_len) if prompts else throughput.get_requests
     throughput.get_requests = seeded_requests(draw, dataset_seed, args.seed)
-    try:
+    with contextlib.suppress(_StartedOnly):
         throughput.main(args)
-    except _StartedOnly:
-        print("[timing] started only: no pass", flush=True)
 
 
 class _StartedOnly(Exception):
