@@ -1160,9 +1160,11 @@ def outside_rows(lad: LadderRecord, unit: str) -> list[dict]:
         return []
     held = len(lad.environment.gpus) if lad.environment.device == "gpu" else 1
     rows = []
-    for what, minutes in (("pre-flight (imports, plan, models, engine configs)", tot.preflight_minutes),
-                          ("between experiments (the driver)", tot.driver_minutes or 0.0)):
-        rows.append({"rung": what, "wall": f"{minutes * 60 / max(held, 1):.0f} s", f"{unit}s": max(held, 1),
+    for what, minutes, seconds in (("pre-flight (imports, plan, models, engine configs)", tot.preflight_minutes,
+                                    tot.preflight_s),
+                                   ("between experiments (the driver)", tot.driver_minutes or 0.0, tot.driver_s)):
+        wall = seconds if seconds is not None else minutes * 60 / max(held, 1)
+        rows.append({"rung": what, "wall": f"{wall:.0f} s", f"{unit}s": max(held, 1),
                      **dict.fromkeys(("starting engines", "measuring", "other (imports, teardown)", "DVC overhead"),
                                      "—"),
                      f"{unit}-minutes": f"{minutes:.1f}"})

@@ -192,6 +192,19 @@ def test_the_pre_flight_and_the_driver_are_counted_so_the_rows_add_up_to_the_wal
     assert "ladder wall time 11.5 min (the pre-flight's 1.0 included)." in md
 
 
+def test_the_outside_rows_give_their_wall_seconds_not_minutes_rounded_back():
+    """The H100 check ladder's pre-flight took 52 s: from its device-minutes (0.9, rounded) the row read 54 s, so the
+    wall column missed the wall time by seconds a row."""
+    lad = ladder(rung(0, "baseline", 400.0, gpus=1, knee=stage(300, 100, 150)),
+                 rung(1, "placebo", 200.0, gpus=1, knee=stage(150, 50, 80)))
+    lad.update(wall_seconds=627.4, preflight_seconds=52.4, environment={"device": "gpu", "gpus": [{"index": 0}]})
+    tot = record.annotate_time(lad)["time"]
+    assert (tot["preflight_s"], tot["driver_s"]) == (52.4, 27.4) and tot["preflight_minutes"] == 0.9
+    md = "\n".join(time_lines(lad))
+    assert re.search(r"^\| pre-flight[^|]*\| 52 s\s*\|", md, re.M)
+    assert re.search(r"^\| between[^|]*\| 27 s\s*\|", md, re.M)
+
+
 def test_two_gpus_held_count_twice_outside_the_experiments_too():
     lad = ladder(rung(0, "baseline", 300.0, gpus=2, knee=stage(200, 100, 80)))
     lad.update(wall_seconds=330.0, preflight_seconds=30.0,

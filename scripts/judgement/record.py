@@ -365,6 +365,7 @@ def time_totals(rungs: list[dict], price_per_hour: float, unit: str = "GPU", pre
             **{f"{k[:-2]}_minutes": round(v / 60, 1) for k, v in sums.items()},
             **{f"{k[:-2]}_share": round(v / total, 3) if total else None for k, v in sums.items()},
             **{f"{k[:-2]}_minutes": round(v * held / 60, 1) for k, v in outside.items()},
+            **{k: round(v, 1) for k, v in outside.items()},  # their wall seconds: the Time table's wall column
             "price_per_hour": price_per_hour, "cost_usd": round(total / 3600 * price_per_hour, 2),
             "estimated": any(t["estimated"] for t in splits)}
 

@@ -289,6 +289,8 @@ class TimeTotals(Closed):
     estimated: bool                    # some rung's split was estimated (record._estimate)
     preflight_minutes: float | None = None  # before the first experiment, on the machine's GPUs; None: not recorded
     driver_minutes: float | None = None     # the driver's own between experiments (with preflight_minutes)
+    preflight_s: float | None = None        # the same two in wall seconds (the minutes are device-minutes, rounded);
+    driver_s: float | None = None           # None in a record from before they were kept: the minutes / GPUs held
     confirm: ConfirmTime | None = None
 
 
