@@ -1143,6 +1143,9 @@ def floor_lines(lad: LadderRecord) -> list[str]:
             gap = warm.output_tps / b.output_tps - 1
             out.append(f"- **Warm-up engine** (untimed, before {r.exp}'s timed engine): {warm.output_tps:.0f} "
                        f"output tok/s vs the timed {b.output_tps:.0f} ({gap:+.1%})")
+        elif b and warm and warm.passes == 0:
+            out.append(f"- **Warm-up engine** (untimed, before {r.exp}'s timed engine): started only, to fill the "
+                       f"machine's compile cache ({warm.wall_s:.0f} s; bench.warm_up_passes 0)")
     return out
 
 

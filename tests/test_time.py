@@ -226,3 +226,16 @@ def test_the_headline_gives_the_time_sections_total():
     total = f"{lad.time.minutes:.1f} GPU-minutes in all (Time) ≈ ${lad.time.cost_usd:.2f}"
     assert total in report.headline(lad)
     assert f"**{lad.time.minutes:.1f} GPU-minutes**" in "\n".join(report.time_lines(lad))
+
+
+def test_a_start_only_warm_up_engine_is_named_with_its_seconds():
+    """bench.warm_up_passes 0 (the gpu profiles): the warm-up engine runs no pass, so it has no tok/s to set beside
+    the timed engine's; the report still says it ran and what it cost."""
+    lad = LadderRecord.load_file(EXAMPLE)
+    bench = lad.rungs[0].bench
+    assert bench is not None and bench.warm_up_engine is not None
+    whole = "\n".join(report.floor_lines(lad))
+    assert "**Warm-up engine**" in whole and "output tok/s vs the timed" in whole
+    bench.warm_up_engine = bench.warm_up_engine.model_copy(update={"output_tps": None, "passes": 0, "wall_s": 72.4})
+    md = "\n".join(report.floor_lines(lad))
+    assert "started only, to fill the machine's compile cache (72 s; bench.warm_up_passes 0)" in md
