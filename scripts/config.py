@@ -467,6 +467,8 @@ class Anchor(Section):
         "count, one more visit a grid rate beyond (up for better, down for worse)", None)
     after: Annotated[int, at.Ge(0)] = F("an integer >= 0: when the re-checked rung's bench ran (Unix s), so that a "
                                         "rung and its re-check are restored or measured together", 0)
+    pair: Annotated[int, at.Ge(1)] = F("an integer >= 1: a knee re-check's pair of fresh servers (k > 1: its own "
+                                       "servers, not the run-cache's of pair 1)", 1)
     latency: list[tuple[PosNum, PosNum]] | None = F(
         "a list of [req/s, s] pairs or null: the median end-to-end latency the base (for a re-check, the base and the "
         "rung) measured at rates where its looks passed; a look at such a rate is sized by it (runner/knee_looks)",
@@ -476,8 +478,8 @@ class Anchor(Section):
 class Run(Section):
     """Bookkeeping `make ladder` sets for each experiment, so that DVC's run-cache tells experiments apart: not
     knobs (the rung in force is model, engine and env)."""
-    round: Annotated[int, at.Ge(0)] = F("an integer >= 0 (0 for rungs, k for confirm pair k or for a knee "
-                                        "re-check's pair k > 1)", 0)
+    round: Annotated[int, at.Ge(0)] = F("an integer >= 0 (0 for rungs and knee re-checks, k for confirm pair k)",
+                                        0)
     remeasure: Annotated[int, at.Ge(0)] = F("an integer >= 0 (a held rung's base measured again right after it, "
                                             "bench only: when that rung's bench ran, Unix s; else 0)", 0)
     anchor: Anchor | None = F("the base's knee {pass, fail} (req/s) that a rung's knee search probes first, or null",

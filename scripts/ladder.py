@@ -156,6 +156,7 @@ class Driver:
         # engine and warmed the machine first (runner.throughput.warm_up); a bench the run-cache restored warmed
         # nothing here, so a resumed run's first measured bench warms again
         self.warm_due = True
+        self.warm_ups: dict[str, bool] = {}  # run.warm_up each experiment of this run was set with (run_exp)
 
     @functools.cached_property
     def environment(self) -> dict:
@@ -301,10 +302,13 @@ class Driver:
     # -- one experiment
     def run_exp(self, index: int, name: str, cfg_flat: dict, role: str, change: dict | None, base: dict | None,
                 note: str = "", into: list | None = None, round_: int = 0, remeasure: int = 0,
-                anchor: dict | None = None, replay: bool = True) -> dict:
+                anchor: dict | None = None, replay: bool = True, warm_up: bool | None = None) -> dict:
+        """`warm_up`: run.warm_up as given (a knee re-check takes the one its experiment ran with, so that DVC
+        restores that experiment's bench), else Driver.warm_up_of."""
         exp = f"{self.profile}-{index}-{name}"
         sets = self.sets_of(cfg_flat, round_, remeasure, anchor)
-        sets["run.warm_up"] = self.warm_up_of(exp, sets)
+        sets["run.warm_up"] = self.warm_up_of(exp, sets) if warm_up is None else warm_up
+        self.warm_ups[exp] = sets["run.warm_up"]
         ref = replay and self.elsewhere(exp, sets)
         rec = {"index": index, "name": name, "exp": exp, "role": role, "change": change or {}, "note": note,
                "base": base["exp"] if base else None, "knobs": cfg_flat, "status": "running"}
@@ -546,11 +550,15 @@ class Driver:
 
         def look(who: str, src: dict, anchor: dict, n: int) -> dict:
             self.progress(f"rung {i}: its knee re-checked on a fresh {who} server" + (f" (pair {n})" if n > 1 else ""))
-            # a later pair is its own experiment (run.round): the run-cache must not hand it the first pair's server
+            # knee only: its bench params are its experiment's (run.round 0, run.remeasure 0, run.warm_up as that one
+            # ran), so DVC restores that bench; a later pair is its own knee (run.anchor.pair), so the run-cache does
+            # not hand it the first pair's server. run.round is the confirm pairs' alone: a pair's round here once
+            # handed confirm pair 2 this re-check's benches, measured minutes before the confirm step
             again = self.run_exp(i, f"{rec['name']}-knee-{who}" + (f"-{n}" if n > 1 else ""), src["knobs"],
                                  decide.KNEE_RECHECK, None, None,
                                  f"re-checks {rec['exp']}'s knee ({side}) on a fresh server of {src['exp']}",
-                                 anchor={**anchor, "after": key}, round_=n if n > 1 else 0)
+                                 anchor={**anchor, "after": key, **({"pair": n} if n > 1 else {})},
+                                 warm_up=self.warm_ups.get(src["exp"]))
             again["base"], again["of"], again["kept"] = base["exp"], src["exp"], False
             verdicts = (again.get("knee") or {}).get("recheck", {}).get("verdicts", {})
             again["decision"] = (f"{src['exp']} on a fresh server: " + ", ".join(f"{r} req/s {v}" for r, v in

@@ -287,6 +287,8 @@ def test_a_rung_after_a_knee_re_check_is_searched_not_re_checked(project):
         order, [(r["name"], (r.get("delta") or {}).get("knee_rps")) for r in lad["rungs"]])
     for r in checks:
         assert r["knee"]["mode"] == "recheck" and r["knee"]["label"] == "knee re-check", r["knee"]
+        # knee only: the bench is its experiment's, restored (the base's too, whose bench warmed the machine)
+        assert {"eval", "bench"} <= set(r["reused"]), (r["name"], r["reused"])
     pl = next(r for r in lad["rungs"] if r["name"] == "placebo-seed")
     assert order.index("placebo-seed") > order.index("four-seqs-knee-rung"), order
     assert pl["status"] == "ok", pl.get("error")

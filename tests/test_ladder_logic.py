@@ -280,6 +280,7 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
     drv.plan, drv.objective, drv.records, drv.t0, drv.eff, drv.confirm = P, "knee_rps", [], 0.0, P.params, None
     drv.dvc = experiments.Experiments(planning.KNOB_SECTIONS, ladder.LOGS)  # none of this commit's is another's
     drv.profile, drv.overrides, drv.warm_due = P.profile, P.overrides, True
+    drv.warm_ups = {"cpu-0-baseline": True, "cpu-2-c": False}  # rung 0's bench warmed the machine; c's did not
     base = {**BASE, "name": "baseline", "exp": "cpu-0-baseline", "knobs": {"engine.seed": 0}, "status": "ok"}
     at = {"a": "2026-12-01T06:00:00Z", "b": "2026-12-01T06:05:00Z", "c": "2026-12-01T06:10:00Z"}
     results = {"a": rec([457.0, 458.0, 456.0], 6.5), "b": rec([520.0, 522.0, 518.0], 6.5),
@@ -298,10 +299,10 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
     calls, rounds = [], []
 
     def run_exp(index, name, cfg, role, change, b, note="", into=None, round_=0, remeasure=0, anchor=None,
-                replay=True):
+                replay=True, warm_up=None):
         calls.append((name, cfg, role, remeasure))
         if role == decide.KNEE_RECHECK:
-            rounds.append((round_,))
+            rounds.append((round_, anchor.get("pair"), warm_up))
         if role == decide.RECHECK:  # held meanwhile: an interruption here must not leave them kept
             assert all(r["kept"] is False and r.get("verdict") is None for r in drv.records if r is not base)
         r = {**results[name], "index": index, "name": name, "exp": f"cpu-{index}-{name}", "role": role,
@@ -328,10 +329,15 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
     assert drv.try_rung(2, {"name": "c", "note": ""}, [("c", {"engine.max_num_seqs": 64}, "rung")],
                         {"engine.seed": 0}, base) is not None
     # kept on its knee: no re-measure of its tok/s, but its knee re-checked on two pairs of fresh servers, the
-    # second its own experiment (run.round 2, so DVC's run-cache cannot hand it the first pair's servers)
+    # second its own knee (run.anchor.pair 2, so DVC's run-cache cannot hand it the first pair's servers); each with
+    # its experiment's bench params (run.round 0, run.warm_up as that one ran), so its bench is restored, and no
+    # confirm pair's run.round
     assert [c[0] for c in calls] == ["c", "c-knee-base", "c-knee-rung", "c-knee-base-2", "c-knee-rung-2"]
     assert [c[2] for c in calls[1:]] == [decide.KNEE_RECHECK] * 4 and calls[1][1] == calls[3][1] == base["knobs"]
-    assert [r for r, in rounds] == [0, 0, 2, 2]
+    assert rounds == [(0, None, True), (0, None, False), (0, 2, True), (0, 2, False)]
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]  # the pair: the knee's key, not the bench's
+    assert "run.anchor" in stages["knee"]["params"] and "run.anchor" not in stages["bench"]["params"]
+    assert "run.round" in stages["bench"]["params"]
     by = {r["name"]: r for r in drv.records}
     assert by["c"]["verdict"] == "kept" and "holds on 3 servers a side" in by["c"]["decision"], by["c"]["decision"]
     # where the first pair does not hold, no second pair is started
