@@ -361,6 +361,9 @@ class Knee(Section):
         "an increasing list of request rates > 0", None)
     start_rate: PosNum | None = F("a request rate > 0 (the search's start where the bench measured no req/s)", None)
     start_fraction: OpenUnit = F("a number in (0, 1): the search starts at this share of the bench's req/s", 0.5)
+    start_steps: Annotated[int, at.Ge(0), at.Le(16)] = F(
+        "an integer in [0, 16]: grid rates either side of a start from the bench's req/s that the search moves one at "
+        "a time (0: a doubling after a pass)", 0)
     max_rate: PosNum | None = F("a request rate > 0", None)
     min_rate: PosNum | None = F("a request rate > 0 or null", None)
     rel_tol: OpenUnit | None = F("a number in (0, 1): the widest bracket, relative to its midpoint", None)

@@ -32,14 +32,17 @@ from runner import knee_looks
 from serving import engine, vllm_compat
 
 
-def start_rate(k: dict, bench: BenchResult | None) -> tuple[float, str]:
+def start_rate(k: dict, bench: BenchResult | None) -> tuple[float, str, int]:
     """Where the search starts: a fraction of the offline throughput the bench measured on this rung (the knee
-    at an SLO sits below it), else knee.start_rate. Two significant digits: probe rates stay readable."""
+    at an SLO sits near it), else knee.start_rate; and the grid rates either side of it the search moves one at a
+    time (knee.start_steps, from the bench's estimate only). Two significant digits: probe rates stay readable."""
     est = bench.requests_per_s if bench and bench.status == "ok" else None
     if not est:
-        return k["start_rate"], f"knee.start_rate {k['start_rate']:g} req/s (no bench estimate)"
+        return k["start_rate"], f"knee.start_rate {k['start_rate']:g} req/s (no bench estimate)", 0
     r = min(max(float(f"{est * k['start_fraction']:.2g}"), k["min_rate"] or 0), k["max_rate"])
-    return r, f"{k['start_fraction']:g} × the bench's {est:.3g} req/s"
+    near = k.get("start_steps") or 0
+    return r, f"{k['start_fraction']:g} × the bench's {est:.3g} req/s" + (
+        f", one grid rate at a time within {near} of it" if near else ""), near
 
 
 def _import_quietly() -> None:
@@ -231,9 +234,9 @@ def main(out: Path, csv_out: Path, logs: Path, bench_json: Path, gate_json: Path
     # what vLLM would refuse, `vllm serve`'s own arguments included, before its server starts
     engine.check_start(params, "rung", cfg, entry["path"], logs, serve=serve)
     sent, input_len = workload.prepare(params.workload.model_dump(), entry["path"], logs)
-    first, started = start_rate(k, BenchResult.load_file(bench_json) if bench_json.exists() else None)
+    first, started, near = start_rate(k, BenchResult.load_file(bench_json) if bench_json.exists() else None)
     anchor = params.run.anchor and params.run.anchor.model_dump(by_alias=True)
-    k = {**k, "workload": sent, "start_rate": first, "anchor": anchor}
+    k = {**k, "workload": sent, "start_rate": first, "start_steps": near, "anchor": anchor}
     t0 = time.monotonic()
     importing = threading.Thread(target=_import_quietly, daemon=True)
     importing.start()  # the prober's imports overlap the server's start-up

@@ -108,6 +108,11 @@ def test_the_search_starts_from_the_bench_estimate_and_falls_back_to_start_rate(
     assert knee.start_rate(K, BenchResult(status="n/a"))[0] == 4
     assert knee.start_rate(K, None)[0] == 4
     assert knee.start_rate({**K, "max_rate": 10}, BenchResult(status="ok", requests_per_s=300))[0] == 10
+    # knee.start_steps applies to a start from the bench's estimate only
+    near = {**K, "start_steps": 4}
+    assert knee.start_rate(near, BenchResult(status="ok", requests_per_s=30.01))[2] == 4
+    assert knee.start_rate(near, None)[2] == 0
+    assert knee.start_rate(K, BenchResult(status="ok", requests_per_s=30))[2] == 0
 
 
 def test_the_batch1_probe_sends_one_request_at_a_time_with_its_own_seed(tmp_path):

@@ -535,6 +535,27 @@ def test_a_search_above_the_wall_steps_down_one_grid_rate_and_halves_below_a_rat
     assert probing.next_rate([(13.45, False), (11.31, False)], 13.45, 128, 0.2, 10) == 9.514
 
 
+def test_a_search_started_at_the_bench_s_knee_moves_one_grid_rate_either_way_within_start_steps():
+    """knee.start_steps: the check ladder's rung 0 on an H100 (bracket 26.91-32) looked at 19.03, 38.05, 26.91 and
+    32 from 0.75 of the bench's req/s; from its knee, a doubling after the pass overshoots to 53.82 and bisects back,
+    and a halving below a far fail (an H200 starting at 32) bisects up from 16."""
+    def path(start, knee, near, anchor=None):
+        probes = []
+        while (r := probing.next_rate(probes, start, 128, 0.2, 10, anchor=anchor, near=near,
+                                      far={r for r, ok in probes if not ok})) is not None:
+            probes.append((r, r < knee))
+        return [r for r, _ in probes]
+    assert path(26.91, 29.5, 4) == [26.91, 32.0]           # an H100: pass, then one grid rate up
+    assert path(26.91, 29.5, 0) == [26.91, 53.82, 38.05, 32.0]
+    assert path(32.0, 29.5, 4) == [32.0, 26.91]            # an H200: a far fail, then one grid rate down
+    assert path(32.0, 29.5, 0) == [32.0, 16.0, 22.63, 26.91]
+    # a start a doubling or more off its knee: one grid rate at a time within the band, then as before
+    assert path(13.45, 40.0, 4) == [13.45, 16.0, 19.03, 22.63, 26.91, 53.82, 38.05, 45.25]
+    assert path(64.0, 20.0, 4) == [64.0, 53.82, 45.25, 38.05, 32.0, 16.0, 22.63, 19.03]
+    # a rung's search starts at its base's knee (run.anchor), not from the bench: start_steps does not apply
+    assert path(26.91, 40.0, 4, {"fail": 32.0, "pass": 26.91}) == path(26.91, 40.0, 0, {"fail": 32.0, "pass": 26.91})
+
+
 def test_a_look_fails_for_certain_at_the_fewest_requests_over_that_fail_it_were_all_counted():
     need = probing.fail_count(600, 95, 6.9, 0.975)
     assert probing.slo_evidence(600, need, 95, 0.975, 6.9)["verdict"] == "fail"

@@ -434,7 +434,8 @@ def bisected_rate(lo: float, hi: float, verdicts: dict, steps: int, rel_tol: flo
 
 def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, rel_tol: float,
               max_probes: int, min_rate: float | None = None, anchor: dict | None = None,
-              unsure: frozenset | set = frozenset(), far: frozenset | set = frozenset()) -> float | None:
+              unsure: frozenset | set = frozenset(), far: frozenset | set = frozenset(),
+              near: int = 0) -> float | None:
     """The next rate to probe, or None when done, on the grid of `grid_steps(rel_tol)` rates per doubling. `unsure`:
     rates whose evidence was left inconclusive (not passed, but not failed on evidence either); `far`: rates that
     failed far above the wall (FAR_SHARE).
@@ -453,10 +454,12 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     one grid step after an inconclusive rate: the wall is near) until a rate fails on evidence or `max_rate` passes;
     down while nothing passed (to `min_rate`): a doubling below a rate in `far` (most of its requests over the SLO,
     or a backlog: far above the wall), else one grid step (a look that fails stops early, knee_looks.Curtail, so a fail
-    costs little where a pass below the wall costs a whole look); then bisect, on the grid, between the last pass
-    and the first fail on evidence, until the bracket is at most `rel_tol` wide or no rate between them is left unprobed
-    (inconclusive ones in between: the knee is there). Each rate is visited once: its evidence is pooled over the
-    probes of that visit, not re-drawn later."""
+    costs little where a pass below the wall costs a whole look); within `near` grid rates of the first rate probed
+    (knee.start_steps: a start the bench's req/s put at the knee), one grid step either way, a pass or a far fail
+    alike (from a start at the knee, a doubling overshoots the bracket and bisects back to it); then bisect, on the
+    grid, between the last pass and the first fail on evidence, until the bracket is at most `rel_tol` wide or no
+    rate between them is left unprobed (inconclusive ones in between: the knee is there). Each rate is visited once:
+    its evidence is pooled over the probes of that visit, not re-drawn later."""
     if len(probes) >= max_probes:
         return None
     steps = grid_steps(rel_tol)
@@ -474,13 +477,17 @@ def next_rate(probes: list[tuple[float, bool]], start: float, max_rate: float, r
     fails = [r for r, ok in verdicts.items() if not ok and r not in unsure]
     hi = min(fails) if fails else None
     lo = max((r for r, ok in verdicts.items() if ok and (hi is None or r < hi)), default=None)
+    first = grid_index(probes[0][0], steps)
+    near = 0 if anchor.get("pass") or anchor.get("fail") else near  # rung 0's search alone starts from the bench
     if hi is None:                                  # nothing failed on evidence yet: go up
         high = max(verdicts)
-        i = min(grid_index(high, steps) + (steps if verdicts[high] else 1), top)
+        far_up = verdicts[high] and grid_index(high, steps) - first >= near
+        i = min(grid_index(high, steps) + (steps if far_up else 1), top)
         return None if high >= max_rate or i <= grid_index(high, steps) else grid_rate(i, steps)
     if lo is None:                                  # nothing passed below it: go down
         low = min(verdicts)
-        i = max(grid_index(low, steps) - (steps if low in far else 1), bottom)
+        far_down = low in far and first - grid_index(low, steps) >= near
+        i = max(grid_index(low, steps) - (steps if far_down else 1), bottom)
         return None if low <= min_rate or i >= grid_index(low, steps) else grid_rate(i, steps)
     return bisected_rate(lo, hi, verdicts, steps, rel_tol)
 
@@ -510,7 +517,7 @@ def search(probe, k: dict, slo: dict, report=None) -> tuple[list[dict], list[tup
     while True:
         rate = (sweep_next(probes, k["rates"]) if k["mode"] == "sweep" else
                 next_rate(probes, k["start_rate"], k["max_rate"], k["rel_tol"], k["max_probes"], k["min_rate"],
-                          anchor=k.get("anchor"), unsure=unsure, far=far))
+                          anchor=k.get("anchor"), unsure=unsure, far=far, near=k.get("start_steps") or 0))
         if rate is None:
             return rows, probes
         looks = visit(probe, rate, rows, k, slo, report, cap - len(probes))
