@@ -378,6 +378,9 @@ class Knee(Section):
         "a number >= 0: end-to-end latencies of arrivals after the counted ones, keeping the server full", 1)
     min_prompts: PosNum = F("a number > 0")
     max_prompts: PosNum = F("a number > 0")
+    server_pass_prompts: Annotated[int, at.Ge(0)] = F(
+        "an integer >= 0: requests sent at once to the server after the search, for output tok/s through it (0: "
+        "none)", 0)
     batch1_requests: Annotated[int, at.Ge(0)] = F(
         "an integer >= 0: requests sent one at a time after the sweep, for the roofline's batch-1 TPOT", 3)
     backlog_ratio: Annotated[Num, at.Gt(0), at.Le(1)] = F("a number in (0, 1]")

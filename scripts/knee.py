@@ -143,7 +143,11 @@ def search(prober: knee_looks.Prober, srv: engine.Server, model_path: str, k: di
     rows, probes = knee_looks.sweep(prober, srv, model_path, k, slo, logs)
     after = vllm_compat.scrape(srv.metrics())  # before the batch-1 probe: hit rates are the sweep's
     one = knee_looks.batch1(prober, srv, model_path, k, slo, logs)
-    return {"before": before, "after": after, "rows": rows, "probes": probes, "batch1": one}
+    tps = knee_looks.server_pass(prober, srv, model_path, k, slo, logs)  # last: it changes no look
+    if tps:
+        print(f"knee: through the server: {tps['requests']} requests at once, {tps['output_tps'] or 0:.1f} output "
+              f"tok/s in {tps['duration_s'] or 0:.1f} s")
+    return {"before": before, "after": after, "rows": rows, "probes": probes, "batch1": one, "server_pass": tps}
 
 
 def prefix_cache(before: dict, after: dict, facts: dict) -> dict:
@@ -181,6 +185,7 @@ def write_result(out: Path, csv_out: Path, got: dict, k: dict, slo: dict, sent: 
         "tpot_ms_at_knee": at and at["slo_tpot_ms"],
         "counted_at_knee": at and at["counted"],
         "batch1": got["batch1"],
+        "server_pass": got.get("server_pass"),
         "output_tps_at_knee": at and at["output_tps"],
         "workload": desc,
         "shape": {"input_len": sent.get("prompt_tokens_mean", got["input_len"]), "output_len": sent["output_len"],

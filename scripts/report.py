@@ -1146,6 +1146,20 @@ def floor_lines(lad: LadderRecord) -> list[str]:
         elif b and warm and warm.passes == 0:
             out.append(f"- **Warm-up engine** (untimed, before {r.exp}'s timed engine): started only, to fill the "
                        f"machine's compile cache ({warm.wall_s:.0f} s; bench.warm_up_passes 0)")
+    out += server_pass_lines(lad)
+    return out
+
+
+def server_pass_lines(lad: LadderRecord) -> list[str]:
+    """Output tok/s read through each rung's knee server (knee.server_pass_prompts sent at once after its search)
+    beside its bench engine's: how far `vllm serve` reads from `vllm bench throughput` on one rung config."""
+    out = []
+    for r in lad.rungs:
+        sp, b = (r.knee.server_pass if r.knee else None) or {}, r.bench
+        if sp.get("output_tps") and b and b.output_tps:
+            out.append(f"- **Through the server** ({r.exp}): {sp['output_tps']:.0f} output tok/s of "
+                       f"{sp['requests']} requests sent at once to its knee's `vllm serve` after the search, vs its "
+                       f"bench engine's {b.output_tps:.0f} ({sp['output_tps'] / b.output_tps - 1:+.1%}; one pass each)")
     return out
 
 

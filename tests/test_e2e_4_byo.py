@@ -75,15 +75,17 @@ def test_a_shared_prefix_workload_hits_the_prefix_cache_only_with_caching_on(pro
     proj.set_params(model__name="smollm2-135m", workload__kind="shared-prefix", workload__prefix_len=192,
                     workload__input_len=32)
     rates = {}
+    proj.set_params(knee__server_pass_prompts=8)  # and output tok/s through the server, after the sweep
     for caching in (False, True):
         proj.set_params(engine__enable_prefix_caching=caching)
         proj.dvc("repro", "knee")
         knee = proj.read_json("results/knee.json")
+        assert knee["server_pass"]["completed"] == 8 and knee["server_pass"]["output_tps"] > 0, knee["server_pass"]
         assert knee["workload"]["kind"] == "shared-prefix" and knee["workload"]["shared_prefix"].startswith("yes:")
         assert knee["applied"]["cache_config"]["enable_prefix_caching"] == str(caching)
         rates[caching] = knee["applied"]["prefix_cache_hit_rate"]
     assert rates[False] == 0 and rates[True] > 0, rates
-    proj.set_params(engine__enable_prefix_caching=False)
+    proj.set_params(engine__enable_prefix_caching=False, knee__server_pass_prompts=0)
     assert not wait_no_vllm()
 
 

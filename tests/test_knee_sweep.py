@@ -103,6 +103,16 @@ def test_a_whole_overloaded_look_fails_on_evidence_also_where_its_latency_outran
     assert any(not r["settled"] for r in rows if not r["passed"])
 
 
+def test_the_server_pass_sends_its_prompts_at_once_after_the_search_and_only_when_asked(tmp_path):
+    prober, srv = FakeProber(), FakeServer()
+    assert knee_looks.server_pass(prober, srv, "model", K, SLO, tmp_path) is None and not prober.calls  # 0: none
+    got = knee_looks.server_pass(prober, srv, "model", {**K, "server_pass_prompts": 32}, SLO, tmp_path)
+    assert prober.calls == [{"rate": float("inf"), "n": 32, "seed": "20000", "what": "vllm bench serve (server pass)",
+                             "detailed": True, "concurrency": None}]
+    assert got["requests"] == got["completed"] == 32 and got["output_tps"] > 0
+    assert "generated_texts" not in json.loads((tmp_path / "server_pass.json").read_text())  # slimmed as a look's
+
+
 def test_the_search_starts_from_the_bench_estimate_and_falls_back_to_start_rate():
     assert knee.start_rate(K, BenchResult(status="ok", requests_per_s=30.01))[0] == 15
     assert knee.start_rate(K, BenchResult(status="n/a"))[0] == 4

@@ -228,6 +228,18 @@ def test_the_headline_gives_the_time_sections_total():
     assert f"**{lad.time.minutes:.1f} GPU-minutes**" in "\n".join(report.time_lines(lad))
 
 
+def test_output_tok_s_through_the_knee_s_server_is_set_beside_the_bench_engine_s():
+    lad = LadderRecord.load_file(EXAMPLE)
+    assert not report.server_pass_lines(lad)  # the check ladder at ed2b51a sent none
+    rung = lad.rungs[3]
+    assert rung.knee is not None and rung.bench is not None and rung.bench.output_tps
+    rung.knee.server_pass = {"requests": 1024, "completed": 1024, "output_tps": rung.bench.output_tps * 0.97,
+                             "duration_s": 38.0}
+    (line,) = report.server_pass_lines(lad)
+    assert line.startswith(f"- **Through the server** ({rung.exp}): ") and "(-3.0%; one pass each)" in line
+    assert line in "\n".join(report.floor_lines(lad))
+
+
 def test_a_start_only_warm_up_engine_is_named_with_its_seconds():
     """bench.warm_up_passes 0 (the gpu profiles): the warm-up engine runs no pass, so it has no tok/s to set beside
     the timed engine's; the report still says it ran and what it cost."""

@@ -141,6 +141,7 @@ class KneeResult(Record):
     counted_at_knee: int | None = None
     output_tps_at_knee: float | None = None
     batch1: dict | None = None         # p50 TPOT/TTFT of requests sent one at a time (the roofline's batch-1)
+    server_pass: dict | None = None    # output tok/s of knee.server_pass_prompts sent at once, through this server
     recheck: Recheck | None = None
     slo: config.Slo | None = None      # None only in a version-1 record that did not write it
     workload: dict | None = None       # workload.describe: what was sent

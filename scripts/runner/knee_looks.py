@@ -327,6 +327,20 @@ def batch1(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: di
     return {"requests": n, "tpot_ms": result.get("p50_tpot_ms"), "ttft_ms": result.get("p50_ttft_ms")}
 
 
+def server_pass(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> dict | None:
+    """`knee.server_pass_prompts` requests sent at once to the rung's server after its search: output tok/s read
+    through `vllm serve` (its API servers, HTTP and detokenizing included) on the bench's shape, beside the bench
+    engine's, to show where one server a rung could measure both (issue: a ladder that fits)."""
+    n = k.get("server_pass_prompts") or 0
+    if not n:
+        return None
+    argv = probe_args(srv.url, model_path, k, slo, float("inf"), n, logs, "server_pass.json", seed=20_000)
+    prober(argv, k["probe_timeout_s"], "vllm bench serve (server pass)")
+    result, _ = slim(logs / "server_pass.json")
+    return {"requests": n, "completed": result.get("completed"), "output_tps": result.get("output_throughput"),
+            "duration_s": result.get("duration")}
+
+
 def recheck_looks(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dict, logs) -> list[dict]:
     """A knee verdict re-checked on this fresh server (run.anchor.look): probing.recheck, each look sized by
     probing.recheck_settings and sent the trace the search sends that rate."""
