@@ -177,6 +177,19 @@ class Driver:
                  and (machine is None or record.machine_of(r) == machine)]
         return again[-1] if again else base
 
+    def confirm_anchor(self, which: str, recs: list[dict]) -> dict:
+        """The record a confirm run of `which` (baseline or final) starts its knee search from: its side's run
+        measured last in the step, else the config's latest search in the ladder; the final stack with no knee on
+        evidence there (knee_anchor None: e.g. a rung kept on tok/s whose knee was not measured) from the baseline's
+        measured last."""
+        def last(side: str) -> dict | None:
+            return next((r for r in reversed(recs) if r["name"].endswith(f"-{side}") and r["status"] == "ok"), None)
+        base = last("baseline") or self.searched(self.records[0])
+        if which == "baseline":
+            return base
+        final = last("final") or self.searched(next(r for r in self.records if r.get("exp") == self.final_exp))
+        return final if knee_anchor(final, final.get("knobs") or {}) else base
+
     def searched(self, base: dict) -> dict:
         """The base's latest measurement with a knee search (a re-measure here after a move, else the base)."""
         again = [r for r in self.records if r.get("role") == decide.RECHECK and r.get("base") == base.get("exp")
@@ -343,15 +356,14 @@ class Driver:
         index = len(self.plan.rungs) + 1
 
         def pair(k: int, replay: bool) -> list[dict]:
-            # the baseline starts from rung 0's knee, the final stack from the baseline's measured last: each on to
-            # its own bracket (the same arrival traces at the rates both probe)
+            # each side starts from its own knee measured last (rung 0's, the final rung's, then the step's own), on
+            # to its own bracket: a search from the other side's knee overshot a gain and bisected back (the cpu
+            # ladder's final stack looked 4 times a server, for the bracket 2 looks give). Each rate has its own
+            # arrival traces whoever probes it
             out = []
             for which in confirm_order(k):
                 src = base if which == "baseline" else final
-                last = next((r for r in reversed(recs) if r["name"].endswith("-baseline") and r["status"] == "ok"),
-                            None)
-                anchor = knee_anchor(self.searched(base) if which == "baseline" or last is None else last,
-                                     src["knobs"], bracket=True)
+                anchor = knee_anchor(self.confirm_anchor(which, recs), src["knobs"], bracket=True)
                 self.progress(f"confirm {k}/{pairs}: {which}")
                 rec = self.run_exp(index, f"confirm-{k}-{which}", src["knobs"], decide.CONFIRM, None, None,
                                    f"re-measures {src['exp']}", into=recs, round_=k, anchor=anchor, replay=replay)

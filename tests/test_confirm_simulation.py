@@ -13,8 +13,9 @@ tests/simulate.py's (the rule's own):
   the rule pools: 9 servers, CV 0); the cpu profile's search (p90,
   phi 5.3, one look a rate) on its own wall (gamma 65.6) and spread (knee CV 0.4 %, 8 servers), both as params.yaml
   stores them and the rule pools them;
-- rung 0's search starts at 0.7 K; each confirm run's search starts from the knee before it (a baseline from rung
-  0's, the final stack from the baseline measured last), on to its own bracket (ladder.knee_anchor(bracket=True));
+- rung 0's search starts at 0.7 K, the final rung's from rung 0's knee (a rung's search); each confirm run's search
+  starts from its own side's knee measured last (ladder.Driver.confirm_anchor: rung 0's, the final rung's, then the
+  step's own), on to its own bracket (ladder.knee_anchor(bracket=True));
 - the ladder kept a x1.3 gain (a kept rung that read +30 % on tok/s, or on its knee): where the confirm step does
   not call the stack better, it says "did not reproduce" where its interval excludes that gain, else "could not tell";
 - "at the upper end": the truth at the upper end of each floor's 95 % interval, the rule's floors as stored: the
@@ -115,15 +116,17 @@ def confirm_trial(rng, profile: str, tps: float, knee: float, pairs: int, upper:
     def search(true_knee: float, anchor: dict | None, speed: float = 1.0) -> dict:
         return knee_search(rng, true_knee, anchor, cv, p["knee"]["noise_floor"], phi, model=model, drift=speed)
     rung0 = run("baseline", STOCK, m.engine(STOCK_TPS), search(k0, None))
-    final = run("final-rung", FINAL, m.engine(STOCK_TPS * tps), {})  # its knee: no part of the confirm's judgement
+    final = run("final-rung", FINAL, m.engine(STOCK_TPS * tps),  # its knee: where its confirm runs start from
+                search(k0 * knee, ladder.knee_anchor(rung0, FINAL, floor=p["knee"]["noise_floor"])))
+    drv = ladder.Driver.__new__(ladder.Driver)
+    drv.records, drv.final_exp = [rung0, final], final["exp"]
     runs: list[dict] = []
     m.drift, m.started = drift, 0  # the confirm's runs drift from here
     for k in range(1, pairs + 1):
         for which in order(k):
             knobs, rate, kn = ((STOCK, STOCK_TPS, k0) if which == "baseline" else
                                (FINAL, STOCK_TPS * tps, k0 * knee))
-            last = next((r for r in reversed(runs) if r["name"].endswith("-baseline")), rung0)
-            anchor = ladder.knee_anchor(rung0 if which == "baseline" else last, knobs, bracket=True)
+            anchor = ladder.knee_anchor(drv.confirm_anchor(which, runs), knobs, bracket=True)
             speed = 1 + drift * m.started
             runs.append(run(f"confirm-{k}-{which}", knobs, m.engine(rate), search(kn, anchor, speed)))
     floor = record.floor_of(prior, [rung0, final, *runs])
@@ -131,6 +134,7 @@ def confirm_trial(rng, profile: str, tps: float, knee: float, pairs: int, upper:
                                  config.ServerSpread(**p["knee"]["server_spread"]))
     sides = [[r for r in runs if r["name"].endswith(w)] for w in ("-baseline", "-final")]
     out["one server"] = stats.knee_delta(sides[0][-1]["knee"], sides[1][-1]["knee"])["verdict"]
+    out["looks"] = {w: np.mean([r["knee"]["probes"] for r in side]) for w, side in zip(("baseline", "final"), sides)}
     return out
 
 
@@ -150,6 +154,8 @@ def confirm_rates(profile: str, tps: float, knee: float, seed: int, pairs: int |
         for v in ("better", "worse"):
             share[f"{m} {v}"] = np.mean([o["delta"][m]["verdict"] == v for o in out])
     share["one server better"] = np.mean([o["one server"] == "better" for o in out])
+    for w in ("baseline", "final"):  # what the step costs: looks a server
+        share[f"looks a {w} server"] = np.mean([o["looks"][w] for o in out])
     share["output_tps rel"] = np.mean([o["delta"]["output_tps"]["rel"] for o in out])
     return {k: round(float(v), 4) for k, v in share.items()}
 

@@ -146,7 +146,8 @@ def test_the_confirm_step_re_measures_stock_and_final_interleaved_fresh_and_skip
     drv = ladder.Driver.__new__(ladder.Driver)
     drv.plan, drv.eff, drv.confirm, drv.t0, drv.out, drv.objective = P, P.params, None, 0.0, None, P.objective
     base = {"exp": "cpu-0-baseline", "knobs": {"engine.seed": 0}, "knee": {"knee_rps": 7.0, "conclusive_fail_rps": 8.0}}
-    final = {"exp": "cpu-2-b", "knobs": {"engine.seed": 0, "engine.max_num_seqs": 32}}
+    final = {"exp": "cpu-2-b", "knobs": {"engine.seed": 0, "engine.max_num_seqs": 32},
+             "knee": {"knee_rps": 11.31, "conclusive_fail_rps": 13.45}}
     drv.records, drv.final_exp = [base, final], "cpu-2-b"
     calls = []
 
@@ -155,8 +156,9 @@ def test_the_confirm_step_re_measures_stock_and_final_interleaved_fresh_and_skip
     def run_exp(index, name, cfg, role, change, b, note="", into=None, round_=0, anchor=None, replay=True):
         calls.append((index, name, cfg, role, round_))
         anchors.append(anchor)
+        lo = 8.0 if name.endswith("baseline") else 12.0
         r = {"name": name, "exp": f"cpu-{index}-{name}", "status": "ok", "knobs": cfg,
-             "knee": {"knee_rps": 8.0 + round_, "conclusive_fail_rps": 9.514 + round_}}
+             "knee": {"knee_rps": lo + round_, "conclusive_fail_rps": lo + 1.514 + round_}}
         into.append(r)
         return r
     monkeypatch.setattr(drv, "run_exp", run_exp)
@@ -174,11 +176,10 @@ def test_the_confirm_step_re_measures_stock_and_final_interleaved_fresh_and_skip
         ("confirm-1-baseline", 1, base["knobs"]), ("confirm-1-final", 1, final["knobs"]),
         ("confirm-2-final", 2, final["knobs"]), ("confirm-2-baseline", 2, base["knobs"])]
     assert all(role == decide.CONFIRM and i == 3 for i, _, _, role, _ in calls)
-    # each baseline starts its knee search from rung 0's knee, the final stack from the baseline measured last
-    # (common random numbers there), each on to its own bracket: the headline and the capacity plan print them
-    rung0 = {"pass": 7.0, "fail": 8.0, "bracket": True}
-    assert anchors == [rung0, {"pass": 9.0, "fail": 10.51, "bracket": True},
-                       {"pass": 9.0, "fail": 10.51, "bracket": True}, rung0]
+    # each side starts its knee search from its own knee measured last (rung 0's, the final rung's, then the step's
+    # own), each on to its own bracket: the headline and the capacity plan print them
+    assert anchors == [{"pass": 7.0, "fail": 8.0, "bracket": True}, {"pass": 11.31, "fail": 13.45, "bracket": True},
+                       {"pass": 13.0, "fail": 14.51, "bracket": True}, {"pass": 9.0, "fail": 10.51, "bracket": True}]
     assert judged == [P.typed_params.knee.server_spread]  # the knee judged over servers with the card's spread
     assert drv.confirm["summary"] == "4 runs" and [r["of"] for r in drv.confirm["runs"]][:2] == [base["exp"],
                                                                                                 final["exp"]]
@@ -186,6 +187,21 @@ def test_the_confirm_step_re_measures_stock_and_final_interleaved_fresh_and_skip
     drv.final_exp = "cpu-0-baseline"
     drv.confirm_step()
     assert not calls and "nothing was kept" in drv.confirm["why"]
+
+
+def test_a_confirm_run_starts_from_its_own_sides_knee_and_the_final_stack_without_one_from_the_baseline():
+    import ladder
+    drv = ladder.Driver.__new__(ladder.Driver)
+    base = {"exp": "e0", "knobs": {}, "knee": {"knee_rps": 7.0, "conclusive_fail_rps": 8.0}}
+    final = {"exp": "e2", "knobs": {}, "knee": {"knee_rps": 11.31, "conclusive_fail_rps": 13.45}}
+    drv.records, drv.final_exp = [base, final], "e2"
+    assert drv.confirm_anchor("baseline", []) is base and drv.confirm_anchor("final", []) is final
+    b1 = {"name": "confirm-1-baseline", "status": "ok", "knee": {"knee_rps": 8.0, "conclusive_fail_rps": 9.514}}
+    f1 = {"name": "confirm-1-final", "status": "ok", "knee": {"knee_rps": 13.45, "conclusive_fail_rps": 16.0}}
+    assert drv.confirm_anchor("final", [b1, f1]) is f1 and drv.confirm_anchor("baseline", [b1, f1]) is b1
+    # a final rung kept on tok/s whose knee was not measured (or has no boundary on evidence): the baseline's
+    final["knee"] = {"status": "n/a"}
+    assert drv.confirm_anchor("final", []) is base and drv.confirm_anchor("final", [b1]) is b1
 
 
 def test_a_knob_an_earlier_rung_added_is_removed_from_the_next_experiment():
