@@ -73,8 +73,12 @@ def e2e_estimate(rows: list[dict], warm: float | None, rate: float,
     return max(longest, scaled, e2 + max(e2 - e1, 0.0) / (r2 - r1) * (rate - r2))
 
 
-WARM_PAD = 1.5  # the warm-up's latency (knee.warm_up: a few requests at the start rate, the server never full) to
-                # a first look's: x1.35 on an H100 rung 0 at 19.03 req/s (1.90 -> 2.56 s); x1.8-2.0 to 26.91
+WARM_PAD = 2.0  # the warm-up's latency (knee.warm_up: a few requests at the start rate, the server never full) to
+                # a first look's: x1.35 on an H100 rung 0 at 19.03 req/s (1.90 -> 2.56 s); x1.8-2.0 to 26.91. With
+                # knee.start_steps the first look is at the knee: an H100's at 26.91 (7731a75), sized at x1.5 for
+                # 547 counted, met ~x1.77 (its window left out 367 of 859 arrivals, not 312) and counted 492 where a
+                # pass needs 497: a second look, ~45 s. Too long costs rate x (settle + tail) x the excess: ~100
+                # arrivals there, ~4 s
 
 
 def probe_args(url: str, model_path: str, k: dict, slo: dict, rate: float, n: int, out_dir, name: str,
