@@ -177,18 +177,18 @@ class Driver:
                  and (machine is None or record.machine_of(r) == machine)]
         return again[-1] if again else base
 
-    def confirm_anchor(self, which: str, recs: list[dict]) -> dict:
+    def confirm_anchor(self, which: str, recs: list[dict], base: dict, final: dict) -> dict:
         """The record a confirm run of `which` (baseline or final) starts its knee search from: its side's run
-        measured last in the step, else the config's latest search in the ladder; the final stack with no knee on
-        evidence there (knee_anchor None: e.g. a rung kept on tok/s whose knee was not measured) from the baseline's
-        measured last."""
+        measured last in the step (`recs`), else its config's latest search in the ladder (`base`: rung 0's record,
+        `final`: the final rung's); the final stack with no knee on evidence there (knee_anchor None: e.g. a rung
+        kept on tok/s whose knee was not measured) from the baseline's measured last."""
         def last(side: str) -> dict | None:
             return next((r for r in reversed(recs) if r["name"].endswith(f"-{side}") and r["status"] == "ok"), None)
-        base = last("baseline") or self.searched(self.records[0])
+        before = last("baseline") or self.searched(base)
         if which == "baseline":
-            return base
-        final = last("final") or self.searched(next(r for r in self.records if r.get("exp") == self.final_exp))
-        return final if knee_anchor(final, final.get("knobs") or {}) else base
+            return before
+        after = last("final") or self.searched(final)
+        return after if knee_anchor(after, after.get("knobs") or {}) else before
 
     def searched(self, base: dict) -> dict:
         """The base's latest measurement with a knee search (a re-measure here after a move, else the base)."""
@@ -363,7 +363,7 @@ class Driver:
             out = []
             for which in confirm_order(k):
                 src = base if which == "baseline" else final
-                anchor = knee_anchor(self.confirm_anchor(which, recs), src["knobs"], bracket=True)
+                anchor = knee_anchor(self.confirm_anchor(which, recs, base, final), src["knobs"], bracket=True)
                 self.progress(f"confirm {k}/{pairs}: {which}")
                 rec = self.run_exp(index, f"confirm-{k}-{which}", src["knobs"], decide.CONFIRM, None, None,
                                    f"re-measures {src['exp']}", into=recs, round_=k, anchor=anchor, replay=replay)

@@ -119,14 +119,14 @@ def confirm_trial(rng, profile: str, tps: float, knee: float, pairs: int, upper:
     final = run("final-rung", FINAL, m.engine(STOCK_TPS * tps),  # its knee: where its confirm runs start from
                 search(k0 * knee, ladder.knee_anchor(rung0, FINAL, floor=p["knee"]["noise_floor"])))
     drv = ladder.Driver.__new__(ladder.Driver)
-    drv.records, drv.final_exp = [rung0, final], final["exp"]
+    drv.records = [rung0, final]  # what Driver.searched reads (no re-measures here)
     runs: list[dict] = []
     m.drift, m.started = drift, 0  # the confirm's runs drift from here
     for k in range(1, pairs + 1):
         for which in order(k):
             knobs, rate, kn = ((STOCK, STOCK_TPS, k0) if which == "baseline" else
                                (FINAL, STOCK_TPS * tps, k0 * knee))
-            anchor = ladder.knee_anchor(drv.confirm_anchor(which, runs), knobs, bracket=True)
+            anchor = ladder.knee_anchor(drv.confirm_anchor(which, runs, rung0, final), knobs, bracket=True)
             speed = 1 + drift * m.started
             runs.append(run(f"confirm-{k}-{which}", knobs, m.engine(rate), search(kn, anchor, speed)))
     floor = record.floor_of(prior, [rung0, final, *runs])

@@ -194,14 +194,17 @@ def test_a_confirm_run_starts_from_its_own_sides_knee_and_the_final_stack_withou
     drv = ladder.Driver.__new__(ladder.Driver)
     base = {"exp": "e0", "knobs": {}, "knee": {"knee_rps": 7.0, "conclusive_fail_rps": 8.0}}
     final = {"exp": "e2", "knobs": {}, "knee": {"knee_rps": 11.31, "conclusive_fail_rps": 13.45}}
-    drv.records, drv.final_exp = [base, final], "e2"
-    assert drv.confirm_anchor("baseline", []) is base and drv.confirm_anchor("final", []) is final
+    drv.records = [base, final]
+
+    def anchor(which: str, recs: list[dict]) -> dict:
+        return drv.confirm_anchor(which, recs, base, final)
+    assert anchor("baseline", []) is base and anchor("final", []) is final
     b1 = {"name": "confirm-1-baseline", "status": "ok", "knee": {"knee_rps": 8.0, "conclusive_fail_rps": 9.514}}
     f1 = {"name": "confirm-1-final", "status": "ok", "knee": {"knee_rps": 13.45, "conclusive_fail_rps": 16.0}}
-    assert drv.confirm_anchor("final", [b1, f1]) is f1 and drv.confirm_anchor("baseline", [b1, f1]) is b1
+    assert anchor("final", [b1, f1]) is f1 and anchor("baseline", [b1, f1]) is b1
     # a final rung kept on tok/s whose knee was not measured (or has no boundary on evidence): the baseline's
     final["knee"] = {"status": "n/a"}
-    assert drv.confirm_anchor("final", []) is base and drv.confirm_anchor("final", [b1]) is b1
+    assert anchor("final", []) is base and anchor("final", [b1]) is b1
 
 
 def test_a_knob_an_earlier_rung_added_is_removed_from_the_next_experiment():
