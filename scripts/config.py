@@ -25,6 +25,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StrictBool,
     StrictFloat,
     StrictInt,
@@ -32,6 +33,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
@@ -324,6 +326,17 @@ class ServerSpread(Section):
     vllm: StrictStr | None = F("the vLLM version it was measured with, or null", None)
     measured: StrictStr | None = F("when it was measured (YYYY-MM-DD), or null", None)
     source: StrictStr | None = F("what the looks were, in words, or null", None)
+    also: list[ServerSpread] | None = F(
+        "the same measurement on other configs of the ladder (a later rung's, `make benchmark` part 4 with --set), "
+        "each a block like this one, or null: the simulations' upper end takes the gentlest of all their walls", None)
+
+    @model_serializer(mode="wrap")
+    def _also_where_measured(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """`also` only where it was measured: a block stored before it existed reads back as it was written."""
+        out = handler(self)
+        if out.get("also") is None:
+            out.pop("also", None)
+        return out
 
 
 class Bench(Section):

@@ -58,34 +58,38 @@ class Noise:
     true_phi: float = 0.0  # the looks' true dispersion (0: the model's, knee.dispersion)
     upper_gamma: float = sim.GAMMA  # the wall at the upper end (see upper)
     upper_phi: float = 0.0
+    uppers: tuple[tuple[float, float], ...] = ()  # simulate.upper_ends: (knee CV, dispersion) a measured block
     start: float = 0.7     # rung 0's search starts at this multiple of its knee (sim.knee_search's default)
     pairs: int = stats.KNEE_BETTER_ROUNDS  # knee.better_pairs: pairs of fresh servers a better knee is re-checked on
 
     @classmethod
     def of(cls, profile: str, knee: float, spread_from: str = "gpu-shape-4090") -> Noise:
         """The profile's measured noise. A profile with no measured server spread takes `spread_from`'s. At the
-        upper end (upper()): the log share's between-server SD at its interval's upper end over the gentler of its
-        wall's lower end and the H200 study's GAMMA (a rung may change what binds: a wall fitted steep on rung 0 need
-        not be the rung's), so knees that far apart; the looks' dispersion the larger of knee.dispersion's and the
-        spread fit's own. The gpu profiles' (one rate, gamma fixed at GAMMA) come out as stored."""
+        upper end (upper()): the log share's between-server SD at its interval's upper end over simulate.upper_gamma's
+        wall (a rung may change what binds: a wall fitted steep on rung 0 bounds a later rung's only where that was
+        measured too), so knees that far apart; the looks' dispersion the largest of knee.dispersion's and the spread
+        fits'. The gpu profiles' (one rate, gamma fixed at GAMMA) come out as stored."""
         p = sim.profile_settings(profile)
         spread = p["knee"]["server_spread"]
         if not spread.get("servers"):
             spread = sim.profile_settings(spread_from)["knee"]["server_spread"]
         fl = p["bench"]["noise_floor"]
         model = sim.KneeModel.of(profile)
-        gamma_up = min(model.gamma_lo, sim.GAMMA)
+        gamma_up = sim.upper_gamma(spread)
         start = p["knee"]["start_fraction"] / KNEE_OF_BENCH[profile] if profile in KNEE_OF_BENCH else 0.7
-        return cls(profile, knee, model, spread["knee_cv"], sim.upper_knee_cv(spread),
+        uppers = tuple(sim.upper_ends(spread, model.phi))
+        return cls(profile, knee, model, spread["knee_cv"], uppers[0][0],
                    p["knee"].get("noise_floor") or 0.0, fl["cv"], fl["engines"], p["bench"]["repeats"],
-                   model.phi, gamma_up, max(model.phi, spread["phi"]), start,
+                   model.phi, gamma_up, uppers[0][1], uppers, start,
                    p["knee"].get("better_pairs") or stats.KNEE_BETTER_ROUNDS)
 
-    def upper(self) -> Noise:
-        """Every floor at the upper end of its 95 % interval: the servers' knee spread and the engines'
-        start-to-start; the wall and the looks' dispersion as of() sets them there."""
-        return replace(self, server_cv=self.server_cv_hi, floor_cv=sim.upper_cv(self.floor_cv, self.floor_engines - 1),
-                       model=self.model.gentler(self.upper_gamma), true_phi=self.upper_phi)
+    def upper(self, block: int = 0) -> Noise:
+        """Every floor at the upper end of its 95 % interval: the servers' knee spread (and the looks' dispersion) of
+        the measured spread block `block` (0: rung 0's; simulate.upper_ends), the engines' start-to-start; the wall
+        as of() sets it there."""
+        cv, phi = self.uppers[block] if self.uppers else (self.server_cv_hi, self.upper_phi)
+        return replace(self, server_cv=cv, floor_cv=sim.upper_cv(self.floor_cv, self.floor_engines - 1),
+                       model=self.model.gentler(self.upper_gamma), true_phi=phi)
 
     def machine(self, rng) -> sim.Machine:
         """Fresh engines one after another on one machine; its first reads sim.COLD low."""

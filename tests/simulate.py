@@ -7,7 +7,6 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
-import pytest
 from scipy import stats as sps
 
 from judgement import stats
@@ -97,26 +96,41 @@ GAMMA, PHI, SERVER_CV = 13.0, P4090["knee"]["dispersion"]["phi"], SPREAD["knee_c
 PAIRS = P4090["knee"].get("better_pairs") or stats.KNEE_BETTER_ROUNDS
 
 
+def spread_blocks(spread: dict) -> list[dict]:
+    """A profile's measured spread blocks: its own (rung 0's) and those on other configs of its ladder (`also`)."""
+    return [spread, *(spread.get("also") or [])]
+
+
+def upper_gamma(spread: dict) -> float:
+    """The wall the upper end runs on. A rung may change what binds, so one config's wall does not bound another's:
+    where the spread was measured on rung 0 alone, the gentler of its wall's lower end and GAMMA (the H200 study's);
+    where it was measured on a later rung too (`also`, each with its wall fitted from looks at two rates), the gentlest
+    of their lower ends. The cpu's: rung 0's 69.5 and the final stack's 188.8 (gamma 13 would put its knees 30.8 %
+    apart at sigma's upper end, where both configs' walls read them within 0-3.9 %)."""
+    blocks = spread_blocks(spread)
+    if len(blocks) > 1 and all(b.get("gamma_ci") for b in blocks):
+        return min(b["gamma_ci"][0] for b in blocks)
+    return min((spread.get("gamma_ci") or [GAMMA])[0], GAMMA)
+
+
+def upper_ends(spread: dict, phi: float) -> list[tuple[float, float]]:
+    """The truth at the upper end, one per measured block (rung 0's, then `also`'s): fresh servers' knee CV, the log
+    share's between-server SD at its interval's upper end over upper_gamma's wall, and the looks' dispersion, the
+    larger of `phi` (knee.dispersion) and the block's fit's. Each block's pair is one noise model: with one look a
+    rate on each server a fit splits the same spread between sigma and phi its own way (the cpu's rung 0: 2.46 and
+    3.45; its final stack: 0 and 20.0), so the largest of each across blocks would count it twice. The spread
+    measured with 4 API servers reads knees' CV 0 [0, 0.61 %] at its own wall of 61 [45, 81]: 2.9 % at GAMMA's; the
+    cpu's rung 0 1.9 % [1.1, 3.9 %] on 131.8 [69.5, 187.4]: 5.8 % at 69.5, its final stack's 1.3 %."""
+    g = upper_gamma(spread)
+    return [(b["sigma_ci"][1] / g, max(phi, b.get("phi") or 0.0)) for b in spread_blocks(spread)]
+
+
 def upper_knee_cv(spread: dict) -> float:
-    """Fresh servers' knee CV at the upper end, as every simulation takes it: the log share's between-server SD at its
-    interval's upper end over the gentler of the spread's own wall (its lower end, where looks at two or more rates
-    fitted it) and GAMMA, at which the rule's model runs. The spread measured with 4 API servers reads knees' CV 0
-    [0, 0.61 %] at its own wall of 61 [45, 81]: 2.9 % at GAMMA's; a one-rate block gives its own knee_cv_ci end."""
-    return spread["sigma_ci"][1] / min((spread.get("gamma_ci") or [GAMMA])[0], GAMMA)
+    """Rung 0's block's knee CV at the upper end (upper_ends' first)."""
+    return upper_ends(spread, 1.0)[0][0]
 
 
 SERVER_CV_HI = upper_knee_cv(SPREAD)
-# The cpu's budget at its upper end, as upper_knee_cv takes it, does not hold on the box CI and the cpu ladders run on
-# (2-core AMD EPYC): its 8 fresh servers' knees sit 1.9 % [1.1, 3.9 %] apart on a wall of 131.8 [69.5, 187.4], and
-# sigma's upper end (4.0) over a wall of GAMMA is a knee CV of 30.8 %, at which 8.9 % of all-placebo ladders keep
-# something (budget 5 %) and the confirm step calls an A/A stack better in 7.7 % (budget 2.5 %). At the measured
-# spread both hold (2.37 %, 0.5 %). A wall of 13 is the H200 study's; rung 0's here is 131.8 [69.5, 187.4], and a later
-# cpu rung's is not measured: a ladder's own looks, one grid step apart, cannot tell it from 13 one config at a time
-# (docs/method.md). Which upper end the cpu's rule must hold is open until a later rung's wall is measured, so these
-# cases are strict xfails: they fail, and say so, until it is settled.
-CPU_UPPER_END_XFAIL = pytest.mark.xfail(strict=True, reason=(
-    "cpu at its upper end: sigma's upper end over a wall of 13, a knee CV of 30.8 % on this box's measured spread, "
-    "breaks the budget (see simulate.CPU_UPPER_END_XFAIL's comment)"))
 # The spread the stock front end (one API-server process) gave on H200s, 12 servers: knees' CV 12.9 % [5.9, 16.5]
 # (the gpu profile's, a user's own card with the stock server): the front end's limit, not the engine's.
 ONE_API = profile_settings("gpu")["knee"]["server_spread"]
