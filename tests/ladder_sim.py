@@ -67,8 +67,9 @@ class Noise:
         """The profile's measured noise. A profile with no measured server spread takes `spread_from`'s. At the
         upper end (upper()): the log share's between-server SD at its interval's upper end over simulate.upper_gamma's
         wall (a rung may change what binds: a wall fitted steep on rung 0 bounds a later rung's only where that was
-        measured too), so knees that far apart; the looks' dispersion the largest of knee.dispersion's and the spread
-        fits'. The gpu profiles' (one rate, gamma fixed at GAMMA) come out as stored."""
+        measured too), so knees that far apart, and the looks' dispersion the larger of knee.dispersion's and the
+        spread fit's, for each measured block (simulate.upper_ends). The gpu profiles' (one rate, gamma fixed at
+        GAMMA) come out as stored."""
         p = sim.profile_settings(profile)
         spread = p["knee"]["server_spread"]
         if not spread.get("servers"):

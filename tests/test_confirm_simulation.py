@@ -21,8 +21,8 @@ tests/simulate.py's (the rule's own):
 - "at the upper end": the truth at the upper end of each floor's 95 % interval, the rule's floors as stored: the
   servers' knee CV at its sigma's upper end over simulate.upper_gamma's wall: the gentler of its own's lower end and
   GAMMA where only rung 0's was measured (gpu-shape-4090 2.9 %), the gentlest measured where a later rung's was too
-  (cpu: rung 0's 69.5 and the final stack's 188.8, 5.8 %), its looks' dispersion the largest of knee.dispersion and
-  the spread fits' (cpu 20.0, the final stack's),
+  (cpu: rung 0's 69.5 and the final stack's 188.8: 5.8 % for rung 0's block, 1.3 % for the final stack's), its looks'
+  dispersion the larger of knee.dispersion and that block's fit's (cpu 5.3 and 20.0), each block a case,
   fresh engines at START_TO_START x sqrt(df / chi2_0.025(df)) with the profile's bench.noise_floor df (7: 3.05 %).
 
 A stack is "called better" where confirm_summary's `reproduced` is True. What must hold (issue 53): an A/A stack is
