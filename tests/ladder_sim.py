@@ -50,14 +50,12 @@ class Noise:
     knee: float            # the configs' true knee, req/s (a grid rate: the worst place, sim.KNEE)
     model: sim.KneeModel
     server_cv: float       # knee.server_spread knee_cv (fresh servers' knees)
-    server_cv_hi: float    # ... the upper end of its 95 % interval
     knee_floor: float      # knee.noise_floor
     floor_cv: float        # bench.noise_floor cv (fresh engines' start-to-start)
     floor_engines: int
     repeats: int
     true_phi: float = 0.0  # the looks' true dispersion (0: the model's, knee.dispersion)
     upper_gamma: float = sim.GAMMA  # the wall at the upper end (see upper)
-    upper_phi: float = 0.0
     uppers: tuple[tuple[float, float], ...] = ()  # simulate.upper_ends: (knee CV, dispersion) a measured block
     start: float = 0.7     # rung 0's search starts at this multiple of its knee (sim.knee_search's default)
     pairs: int = stats.KNEE_BETTER_ROUNDS  # knee.better_pairs: pairs of fresh servers a better knee is re-checked on
@@ -79,16 +77,16 @@ class Noise:
         gamma_up = sim.upper_gamma(spread)
         start = p["knee"]["start_fraction"] / KNEE_OF_BENCH[profile] if profile in KNEE_OF_BENCH else 0.7
         uppers = tuple(sim.upper_ends(spread, model.phi))
-        return cls(profile, knee, model, spread["knee_cv"], uppers[0][0],
+        return cls(profile, knee, model, spread["knee_cv"],
                    p["knee"].get("noise_floor") or 0.0, fl["cv"], fl["engines"], p["bench"]["repeats"],
-                   model.phi, gamma_up, uppers[0][1], uppers, start,
+                   model.phi, gamma_up, uppers, start,
                    p["knee"].get("better_pairs") or stats.KNEE_BETTER_ROUNDS)
 
     def upper(self, block: int = 0) -> Noise:
         """Every floor at the upper end of its 95 % interval: the servers' knee spread (and the looks' dispersion) of
         the measured spread block `block` (0: rung 0's; simulate.upper_ends), the engines' start-to-start; the wall
         as of() sets it there."""
-        cv, phi = self.uppers[block] if self.uppers else (self.server_cv_hi, self.upper_phi)
+        cv, phi = self.uppers[block]
         return replace(self, server_cv=cv, floor_cv=sim.upper_cv(self.floor_cv, self.floor_engines - 1),
                        model=self.model.gentler(self.upper_gamma), true_phi=phi)
 
