@@ -5,8 +5,9 @@ over the engines, the knee by stats.knees_delta over the servers (the profile's 
 step's own), decide.reproduced, and its power for a x1.3 stack (stats.power). The noise models are
 tests/simulate.py's (the rule's own):
 
-- tok/s: fresh engines START_TO_START (1.5 %) apart, IN_ENGINE (0.5 %) within; the floor every Δ is drawn with is
-  the card's (8 fresh engines, simulated on the same machine model) pooled with the ladder's own same-config engines
+- tok/s: fresh engines apart by the profile's measured floor (bench.noise_floor: gpu-shape-4090 0.59 %, the cpu
+  2.50 %), IN_ENGINE (0.5 %) within; the floor every Δ is drawn with is the card's (its engines, simulated on the
+  same machine model) pooled with the ladder's own same-config engines
   (record.floor_of: rung 0 and the final rung as the ladder measured them, and the confirm's own);
 - the knee: gpu-shape-4090's search on the H200 probe model (p95, phi 6.9, two looks a rate) on its own wall (gamma
   61, measured with 4 API servers), each fresh server's knee x exp(N(0, its knee CV)) (its knee.server_spread, which
@@ -23,7 +24,7 @@ tests/simulate.py's (the rule's own):
   GAMMA where only rung 0's was measured (gpu-shape-4090 2.9 %), the gentlest measured where a later rung's was too
   (cpu: rung 0's 69.5 and the final stack's 188.8: 5.8 % for rung 0's block, 1.3 % for the final stack's), its looks'
   dispersion the larger of knee.dispersion and that block's fit's (cpu 5.3 and 20.0), each block a case,
-  fresh engines at START_TO_START x sqrt(df / chi2_0.025(df)) with the profile's bench.noise_floor df (7: 3.05 %).
+  fresh engines at the floor x sqrt(df / chi2_0.025(df)) with its df (gpu-shape-4090 7: 1.20 %; the cpu 23: 3.51 %).
 
 A stack is "called better" where confirm_summary's `reproduced` is True. What must hold (issue 53): an A/A stack is
 called better in <= 2.5 %; a true x1.3 stack (tok/s and knee both x1.3) in >= 80 % at the pairs params.yaml sets
@@ -76,10 +77,13 @@ def looks_phi(profile: str, upper: bool, block: int = 0) -> float:
     return upper_ends(sp, phi)[block][1] if upper and sp.get("servers") else phi
 
 
-def upper_start_to_start(profile: str) -> float:
-    """The fresh engines' SD at the upper end of a floor's 95 % interval, were it measured with the profile's
-    bench.noise_floor degrees of freedom: sqrt(df / chi2_0.025(df)) x the model's."""
-    return upper_cv(START_TO_START, stats.Floor.of(config.NoiseFloor(**PROFILES[profile]["bench"]["noise_floor"])).df)
+def start_to_start(profile: str, upper: bool = False) -> float:
+    """The fresh engines' true SD: the profile's measured floor (bench.noise_floor: the machine it claims), or the
+    upper end of its 95 % interval, sqrt(df / chi2_0.025(df)) x it; a floor never measured (cv 0) runs on the model's
+    START_TO_START."""
+    floor = stats.Floor.of(config.NoiseFloor(**PROFILES[profile]["bench"]["noise_floor"]))
+    cv = PROFILES[profile]["bench"]["noise_floor"]["cv"] or START_TO_START
+    return upper_cv(cv, floor.df) if upper else cv
 
 
 def run(name: str, knobs: dict, engine: list[float], knee: dict) -> dict:
@@ -109,7 +113,7 @@ def confirm_trial(rng, profile: str, tps: float, knee: float, pairs: int, upper:
     moves by this share per confirm run (tok/s and knee alike); `on`: what the kept gain (x1.3) rested on. Also
     `one server`: the knee as the confirm step judged it before, stats.knee_delta on the last server of each side."""
     p, model = PROFILES[profile], MODELS[profile]
-    s2s = upper_start_to_start(profile) if upper else START_TO_START
+    s2s = start_to_start(profile, upper)
     cv = server_cv(profile, upper, block)
     model = model.gentler(upper_gamma(sp_of(profile))) if upper else model
     phi = looks_phi(profile, upper, block)
