@@ -83,11 +83,15 @@ class BudgetSpent(Exception):
 
 def experiment_cost(r: dict) -> float:
     """What an experiment cost when it was measured: its wall time, plus the stage seconds of the stages DVC restored
-    (a resumed ladder's restored rungs cost what they did then). 0: replayed (measured on another machine)."""
+    (a resumed ladder's restored rungs cost what they did then). 0: replayed (measured on another machine). A knee
+    re-check runs its knee alone: its eval, gate and bench are its experiment's, restored by design whenever it runs,
+    so only a restored knee counts (a budget once took a placebo's unit at 12.9 min for the 9.2 it took, its two
+    re-checks charged the base's and the rung's benches again)."""
     if r.get("seconds") is None or r.get("replayed"):
         return 0.0
     staged = r.get("stage_seconds") or {}
-    return r["seconds"] + sum(v or 0 for k, v in staged.items() if k in (r.get("reused") or []))
+    runs = ("knee",) if r.get("role") == decide.KNEE_RECHECK else staged
+    return r["seconds"] + sum(v or 0 for k, v in staged.items() if k in (r.get("reused") or []) and k in runs)
 
 
 def budget_stop(budget_s: float | None, elapsed_s: float, est_s: float | None, what: str) -> str | None:

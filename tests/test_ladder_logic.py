@@ -586,6 +586,12 @@ def test_a_budget_stops_the_ladder_only_between_units_at_the_longest_unit_s_meas
     assert ladder.experiment_cost({"seconds": 200.0, "reused": ["eval"], "stage_seconds": {"eval": 40, "knee": 120}}) \
         == 240.0
     assert ladder.experiment_cost({"seconds": 0.0, "replayed": "other", "stage_seconds": {"knee": 99}}) == 0.0
+    # a knee re-check's eval, gate and bench are its experiment's, restored whenever it runs: they cost it nothing;
+    # its knee, restored (a resumed ladder), counts as measured (on an H200 a placebo's unit, 553 s, was taken at 774)
+    recheck = {"role": decide.KNEE_RECHECK, "seconds": 148.0, "reused": ["eval_baseline", "eval", "gate", "bench"],
+               "stage_seconds": {"eval": 0.0, "bench": 141.0, "knee": 127.0}}
+    assert ladder.experiment_cost(recheck) == 148.0
+    assert ladder.experiment_cost({**recheck, "seconds": 5.0, "reused": [*recheck["reused"], "knee"]}) == 132.0
     assert ladder.budget_stop(None, 1e9, 1e9, "rung 1") is None                 # no budget: never stops
     assert ladder.budget_stop(600.0, 10.0, None, "rung 0") is None               # nothing to estimate from: it starts
     assert ladder.budget_stop(600.0, 600.0, None, "rung 1").startswith("stopped before rung 1: 10.0 of BUDGET_MIN=10")
