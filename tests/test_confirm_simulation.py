@@ -38,7 +38,6 @@ import ladder
 from judgement import record, stats
 from simulate import (
     SPREAD,
-    START_TO_START,
     TRIALS,
     KneeModel,
     Machine,
@@ -79,11 +78,11 @@ def looks_phi(profile: str, upper: bool, block: int = 0) -> float:
 
 def start_to_start(profile: str, upper: bool = False) -> float:
     """The fresh engines' true SD: the profile's measured floor (bench.noise_floor: the machine it claims), or the
-    upper end of its 95 % interval, sqrt(df / chi2_0.025(df)) x it; a floor never measured (cv 0) runs on the model's
-    START_TO_START."""
+    upper end of its 95 % interval, sqrt(df / chi2_0.025(df)) x it. Only profiles whose floor was measured are
+    simulated here."""
     floor = stats.Floor.of(config.NoiseFloor(**PROFILES[profile]["bench"]["noise_floor"]))
-    cv = PROFILES[profile]["bench"]["noise_floor"]["cv"] or START_TO_START
-    return upper_cv(cv, floor.df) if upper else cv
+    assert floor.df > 0, f"{profile}: bench.noise_floor not measured"
+    return upper_cv(floor.cv, floor.df) if upper else floor.cv
 
 
 def run(name: str, knobs: dict, engine: list[float], knee: dict) -> dict:
