@@ -33,6 +33,7 @@ from measure import host, score
 from records.fingerprint import Fingerprint
 from records.ladder import LadderRecord
 from runner import experiments
+from serving import launcher, vllm_compat
 
 LADDER_JSON = common.ROOT / "report" / "ladder.json"
 LOGS = common.ROOT / "results" / "logs" / "ladder"
@@ -726,6 +727,14 @@ def main() -> int:
         return 0
     drv = Driver(plan, budget_min=args.budget_min)
     common.handle_signals()
+    # one process imports vLLM once; the stages' engines are forked from it (serving/launcher.py), their imports paid
+    # once a ladder rather than once an engine
+    with launcher.running(common.ROOT / "results" / "logs" / "ladder" / "launcher.log", vllm_compat.child_env()):
+        return drive(drv)
+
+
+def drive(drv: Driver) -> int:
+    """The ladder's rungs, its confirm step, the report; what an interruption or BUDGET_MIN leaves is kept."""
     try:
         rc = drv.run()
         if rc == 0:

@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 
 import common
-from serving import vllm_compat
+from serving import launcher, vllm_compat
 from serving.vllm_compat import LOG_PREFIX, child_env, cli_flags
 
 STOP_GRACE_S = 30
@@ -99,9 +99,15 @@ class Proc:
         self._logf = open(self.log, "a", encoding="utf-8")
         self._logf.write(common.redact("$ " + " ".join(cmd)) + "\n")
         self._logf.flush()
-        self.p = subprocess.Popen(cmd, cwd=common.ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
-                                  preexec_fn=_die_with_parent)
+        # forked from the ladder's preloaded launcher where one runs (its imports paid once a ladder), else fresh
+        self.p: subprocess.Popen | launcher.Launched = (
+            launcher.start(cmd, dict(os.environ) if env is None else env, common.ROOT) or
+            subprocess.Popen(cmd, cwd=common.ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+                             preexec_fn=_die_with_parent))
+        if isinstance(self.p, launcher.Launched):
+            self._logf.write("[ladder] forked from the preloaded launcher (serving/launcher.py)\n")
+            self._logf.flush()
         self.pgid = self.p.pid  # setsid made the child its group's leader
         _live.add(self)
         self._pump = threading.Thread(target=self._read, daemon=True)
