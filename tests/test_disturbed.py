@@ -155,7 +155,7 @@ def test_a_busy_look_is_kept_aside_and_looked_at_again_on_its_trace(tmp_path, mo
     loads = iter([0.6, 0.05])  # the first look ran while other work held 60 % of the cores; the second on a quiet box
 
     class Watch:
-        def __init__(self):
+        def __init__(self, also=()):
             self.share = next(loads, 0.0)
 
         def stop(self):
@@ -172,11 +172,11 @@ def test_a_busy_look_is_kept_aside_and_looked_at_again_on_its_trace(tmp_path, mo
     assert d["other_work_share"] == 0.6 and d["counted"] and d["file"] == "probe-01-4rps-disturbed.json"
     assert (tmp_path / d["file"]).exists() and (tmp_path / "probe-01-4rps.json").exists()  # both kept
     # a look that runs busy again is judged anyway, and says so; a quiet one is not looked at twice
-    monkeypatch.setattr(disturbed, "CpuWatch", lambda: type("W", (), {"stop": lambda self: {
+    monkeypatch.setattr(disturbed, "CpuWatch", lambda also=(): type("W", (), {"stop": lambda self: {
         "wall_s": 40.0, "cores": 2, "other_cpu_s": 60.0, "steal_s": 0.0, "ours_cpu_s": 60.0, "share": 0.75}})())
     again = knee_looks.probe(prober, FakeServer(), "model", k, SLO, tmp_path, 4.0, rows)
     assert again["busy_again"] and again["disturbed_look"]["other_work_share"] == 0.75 and len(prober.calls) == 4
-    monkeypatch.setattr(disturbed, "CpuWatch", lambda: type("W", (), {"stop": lambda self: None})())
+    monkeypatch.setattr(disturbed, "CpuWatch", lambda also=(): type("W", (), {"stop": lambda self: None})())
     quiet = knee_looks.probe(prober, FakeServer(), "model", k, SLO, tmp_path, 4.0, rows)
     assert "disturbed_look" not in quiet and len(prober.calls) == 5
 
@@ -185,7 +185,7 @@ def test_a_search_judges_the_clean_look_and_keeps_the_busy_one_in_its_row(tmp_pa
     first = [True]
 
     class Watch:  # the search's first look only ran while the machine was busy
-        def __init__(self):
+        def __init__(self, also=()):
             self.busy, first[0] = first[0], False
 
         def stop(self):
@@ -225,6 +225,27 @@ def test_the_cpu_watch_counts_another_process_tree_and_not_its_own():
     got = w.stop()
     assert got["ours_cpu_s"] >= 0.9 * burnt
     assert disturbed.CpuWatch().stop()["share"] is None  # too short to tell
+
+
+@pytest.mark.serial  # reads CPU use: alone, not beside the unit tests
+def test_the_cpu_watch_counts_a_tree_it_is_also_given_as_its_own_and_each_process_once():
+    """A knee server forked from the ladder's launcher is not the stage's descendant: named in `also`, its CPU is ours,
+    not other work; named and a descendant too, it is counted once."""
+    spin_forever = "import time\nwhile True:\n    time.process_time()"
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    server = subprocess.Popen([sys.executable, "-c", spin_forever])
+    try:
+        time.sleep(0.3)  # it spins
+        apart = disturbed.CpuWatch(idle.pid, also=(server.pid,))  # rooted elsewhere, the server named
+        twice = disturbed.CpuWatch(also=(server.pid,))  # rooted here (the server is our child) and named again
+        time.sleep(1.5)
+        a, t = apart.stop(), twice.stop()
+    finally:
+        for p in (idle, server):
+            p.kill()
+            p.wait()
+    assert a["ours_cpu_s"] >= 0.7 * a["wall_s"]  # one core's spinning, ours
+    assert t["ours_cpu_s"] <= 1.3 * t["wall_s"]  # once, not twice
 
 
 # ---------------------------------------------------------------- the report

@@ -105,16 +105,18 @@ def _machine(cpus: set[int]) -> tuple[float, float] | None:
     return busy_t / _TICK, steal / _TICK
 
 
-def _ours(root: int) -> float:
-    """CPU-seconds used by `root` and its descendants, their reaped children included (a child that exits during a
-    look moves into its parent's children_* counts, so it is not lost)."""
-    try:
-        top = psutil.Process(root)
-        procs = [top, *top.children(recursive=True)]
-    except psutil.Error:
-        return 0.0
+def _ours(roots: tuple[int, ...]) -> float:
+    """CPU-seconds used by `roots` and their descendants (each process once), their reaped children included (a child
+    that exits during a look moves into its parent's children_* counts, so it is not lost)."""
+    procs: dict[int, psutil.Process] = {}
+    for root in roots:
+        try:
+            top = psutil.Process(root)
+            procs.update((p.pid, p) for p in (top, *top.children(recursive=True)))
+        except psutil.Error:
+            continue
     total = 0.0
-    for p in procs:
+    for p in procs.values():
         try:
             t = p.cpu_times()
         except psutil.Error:  # gone between the listing and the read
@@ -126,16 +128,17 @@ def _ours(root: int) -> float:
 class CpuWatch:
     """Other work's CPU over a measurement: the CPU time the kernel counts busy on the CPUs this process may run on,
     less what `root` (this process: the load client, with the server or engine it started) and its descendants used,
+    and `also` (the server's process where it is not our descendant: forked from the ladder's launcher) and theirs,
     plus the time a hypervisor gave other guests (steal); `share` is that over the wall × those CPUs. Two reads of
-    /proc/stat and of one process tree: cheap, and a process that appears or vanishes mid-look is still counted."""
+    /proc/stat and of a few process trees: cheap, and a process that appears or vanishes mid-look is still counted."""
 
-    def __init__(self, root: int | None = None):
-        self.root = root or os.getpid()
+    def __init__(self, root: int | None = None, also: tuple[int, ...] = ()):
+        self.roots = (root or os.getpid(), *also)
         self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count()))
-        self.t0, self.m0, self.o0 = time.monotonic(), _machine(self.cpus), _ours(self.root)
+        self.t0, self.m0, self.o0 = time.monotonic(), _machine(self.cpus), _ours(self.roots)
 
     def stop(self) -> dict | None:
-        m1, o1, wall = _machine(self.cpus), _ours(self.root), time.monotonic() - self.t0
+        m1, o1, wall = _machine(self.cpus), _ours(self.roots), time.monotonic() - self.t0
         if self.m0 is None or m1 is None or wall <= 0:
             return None
         ours = o1 - self.o0

@@ -294,7 +294,9 @@ def probe(prober: Prober, srv: engine.Server, model_path: str, k: dict, slo: dic
         visit = list(itertools.takewhile(lambda r: r["offered_rps"] == rate, reversed(rows)))
     seen = e2e_estimate(rows, k.get("e2e_warm_s"), rate, (k.get("anchor") or {}).get("latency"), upward=False)
     stop = Curtail(rate, n, k, slo, visit, seen) if curtail else None
-    load, seen = disturbed.CpuWatch(), watch.LookWatch(srv.metrics, srv.proc.pid, prefix=srv.title_prefix)
+    # the server's CPU is ours too where it is not our descendant (forked from the ladder's launcher)
+    load = disturbed.CpuWatch(also=(srv.proc.pid,))
+    seen = watch.LookWatch(srv.metrics, srv.proc.pid, prefix=srv.title_prefix)
     try:
         prober(probe_args(srv.url, model_path, k, slo, rate, n, logs, name, seed), k["probe_timeout_s"],
                f"vllm bench serve at {rate:g} req/s", watch=stop)
