@@ -15,7 +15,6 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
-import ctypes
 import os
 import re
 import shutil
@@ -66,19 +65,10 @@ def llm_kwargs(engine: dict) -> dict:
 
 
 # ---------------------------------------------------------------- processes
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # linux/prctl.h
-
-
-def _prctl(option: int, arg: int) -> None:
-    try:  # Linux only; elsewhere the lifecycle falls back to the `finally` blocks
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, arg)
-    except OSError:
-        pass
-
-
 def _die_with_parent():
     os.setsid()
-    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # SIGTERM this child if the stage process dies, even by SIGKILL
+    # SIGTERM this child if the stage process dies, even by SIGKILL
+    launcher.prctl(launcher.PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|Traceback|CUDA out of memory|No available memory|Killed)")
@@ -378,7 +368,7 @@ def _guard(caller: int, cmd: list[str]) -> int:
     # Ctrl-C is sent to the whole group and is for `cmd`; a Python handler (not SIG_IGN) is reset on exec, so `cmd`
     # sees SIGINT's default disposition even if ours was inherited as ignored (a background job of a script)
     signal.signal(signal.SIGINT, lambda *_: None)
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    launcher.prctl(launcher.PR_SET_CHILD_SUBREAPER, 1)
     if os.getpgrp() != os.getpid():  # started other than by guarded(): own a group, or killpg would hit others
         os.setsid()
     rc = 128 + signal.SIGTERM

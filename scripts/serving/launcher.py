@@ -55,6 +55,12 @@ STOP_GRACE_S = 10  # a child whose stage is gone, or the launcher stopping: SIGT
 PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_CHILD_SUBREAPER = 1, 15, 36  # linux/prctl.h
 
 
+def prctl(option: int, arg) -> None:
+    """Linux's prctl (engine.py's lifecycle uses it too); elsewhere nothing, and the `finally` blocks stop what runs."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, arg)
+
+
 # ---------------------------------------------------------------- the stage's side
 class Launched:
     """A forked command as engine.Proc uses a subprocess.Popen: pid, poll(), wait(timeout), returncode, stdout."""
@@ -312,8 +318,7 @@ def serve(path: str, base: dict) -> None:
     """Accept requests until SIGTERM; each is forked (_fork) or refused. `base`: the environment the launcher
     imported with, before its imports changed it."""
     imported = {k: v for k, v in os.environ.items() if base.get(k) != v}  # what vLLM's imports set (env_override)
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
     lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     lsock.bind(path)
     lsock.listen(16)
@@ -343,8 +348,7 @@ def _become(req: dict) -> None:
     os.setsid()  # its own process group: the stage stops it with killpg as any engine
     os.write(req["led"], b"1")
     os.close(req["led"])
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != req["launcher"]:  # the launcher died before prctl
         os._exit(1)
     req["conn"].close()
@@ -370,8 +374,7 @@ def _title(argv: list[str]) -> None:
         import setproctitle  # a vLLM dependency (it titles its own processes with it)
         setproctitle.setproctitle(" ".join(argv))
     name = Path(argv[0]).name
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_NAME, name.encode()[:15])
+    prctl(PR_SET_NAME, name.encode()[:15])
 
 
 def run(argv: list[str]) -> int:
@@ -432,7 +435,7 @@ def running(log: Path, env: dict, preload: tuple[str, ...] = PRELOAD):
     with open(log, "a", encoding="utf-8") as f:
         p = subprocess.Popen([sys.executable, "-c", code, path, ",".join(preload)], stdin=subprocess.DEVNULL, stdout=f,
                              stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                             preexec_fn=lambda: ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGTERM))
+                             preexec_fn=lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM))
     before = os.environ.get(ENV)
     os.environ[ENV] = path
     try:
