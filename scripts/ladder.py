@@ -295,12 +295,21 @@ class Driver:
         return record.floor_of(self.plan.typed_params.bench.noise_floor,
                                self.records + ((self.confirm or {}).get("runs") or []))
 
-    def budget(self, kind: str, what: str) -> None:
+    def finished_before(self, exp: str, knobs: dict) -> bool:
+        """Whether experiment `exp` of this commit finished before this run with these knobs, here or on another
+        machine: a resumed ladder gets it back in seconds (the run-cache, or a replay), whatever it cost measured."""
+        found = self.earlier(exp)
+        return found is not None and same_sets(found[2], {**self.overrides, **knobs})
+
+    def budget(self, kind: str, what: str, first: tuple[str, dict] | None = None) -> None:
         """Stop (BudgetSpent) before the next unit of `kind` where it would not fit BUDGET_MIN: its estimate is the
         longest unit of that kind this run (a confirm pair's, while none ran: the longest rung's; a rung's, while
         none ran: rung 0's, which alone pays the reference eval and a search from nothing: errs long), plus the
-        warm-up engine where this run's first bench is still to come (a resumed run pays one again)."""
-        if self.budget_s is None:
+        warm-up engine where this run's first bench is still to come (a resumed run pays one again). `first`: the
+        unit's first experiment and its knobs; where it finished before this run the unit comes back, not measured,
+        and is not held to a measured unit's cost (a resumed ladder on a fresh lease once stopped before a rung it
+        had finished, taken at 6.5 min for the seconds its restore takes); the next unit measured here is checked."""
+        if self.budget_s is None or (first is not None and self.finished_before(*first)):
             return
         costs = self.unit_costs[kind] or (self.unit_costs["rung"] if kind == "pair" else []) \
             or self.unit_costs["rung 0"]
@@ -378,7 +387,9 @@ class Driver:
             return out
 
         for k in range(1, pairs + 1):
-            self.budget("pair", f"confirm pair {k}")
+            first = confirm_order(k)[0]
+            self.budget("pair", f"confirm pair {k}", first=(f"{self.profile}-{index}-confirm-{k}-{first}",
+                                                            (base if first == "baseline" else final)["knobs"]))
             n = len(recs)
             got = pair(k, replay=True)
             if not record.same_machine(got):  # another machine measured half of it: both halves here
@@ -441,7 +452,8 @@ class Driver:
                                              f"skipped: needs {need} GPUs, this machine has {self.plan.gpus}",
                                              {**kept_flat, **change}))
                 continue
-            self.budget("rung", f"rung {i} {rung['name']}")
+            self.budget("rung", f"rung {i} {rung['name']}",
+                        first=(f"{self.profile}-{i}-{tries[0][0]}", {**kept_flat, **tries[0][1]}))
             n = len(self.records)
             chosen = self.try_rung(i, rung, tries, kept_flat, base, last=i == last)
             if chosen is None and rung["fallback"]:

@@ -623,6 +623,28 @@ def test_a_budget_stops_the_ladder_only_between_units_at_the_longest_unit_s_meas
         drv.budget("rung", "rung 3 z")
 
 
+def test_a_unit_that_finished_before_this_run_is_not_held_to_a_measured_unit_s_cost(monkeypatch):
+    """A resumed ladder on a fresh lease (an H100, BUDGET_MIN=7) stopped before rung 1, which it had finished: rung 0
+    came back from the run-cache costing its measured 6.5 min, and rung 1 was taken to need as much, though it too
+    would have come back in seconds. A unit whose first experiment finished before (same name, same knobs; here or
+    on another machine) is not checked; one that did not, or with other knobs, is."""
+    import ladder
+    drv = ladder.Driver.__new__(ladder.Driver)
+    drv.budget_s, drv.unit_costs = 420.0, {"rung 0": [390.0], "rung": [], "pair": []}
+    drv.records, drv.warm_due, drv.overrides = [], False, {"bench.num_prompts": 64}
+    drv.__dict__["_earlier"] = {"p-1-placebo": ("rev1", "machine-a", {"engine": {"seed": 1},
+                                                                      "bench": {"num_prompts": 64}}),
+                                "p-2-awq": None}
+    monkeypatch.setattr(ladder, "_STARTED", ladder.time.monotonic() - 40.0)  # 40 s spent: 40 + 390 > 420
+    drv.budget("rung", "rung 1 placebo", first=("p-1-placebo", {"engine.seed": 1}))  # comes back: no check
+    with pytest.raises(ladder.BudgetSpent, match="rung 1 placebo is taken to need 6.5"):  # other knobs: measured
+        drv.budget("rung", "rung 1 placebo", first=("p-1-placebo", {"engine.seed": 2}))
+    with pytest.raises(ladder.BudgetSpent, match="rung 2 awq is taken to need 6.5"):  # never ran
+        drv.budget("rung", "rung 2 awq", first=("p-2-awq", {"model.quant": "awq"}))
+    with pytest.raises(ladder.BudgetSpent):
+        drv.budget("rung", "rung 2 awq")
+
+
 def test_the_warm_up_engine_is_a_declared_param_of_the_bench_set_until_a_bench_of_this_run_warmed():
     # whether an untimed engine warms the machine first changes what the timed one reads: it is run.warm_up, a param
     # the bench stage declares (in the run-cache's key), never an environment variable the stage reads unseen
