@@ -181,13 +181,7 @@ class Proc:
 
     def _group_alive(self) -> bool:
         self.p.poll()  # reap the leader so a zombie does not count
-        try:
-            os.killpg(self.pgid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+        return launcher.exists(self.pgid, group=True)
 
     def _close(self):
         _live.discard(self)

@@ -83,9 +83,9 @@ class Launched:
             rc = -signal.SIGTERM
             _killpg(self.pid, signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
-            while _exists(self.pid, group=True) and time.monotonic() < deadline:
+            while exists(self.pid, group=True) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if _exists(self.pid, group=True):
+            if exists(self.pid, group=True):
                 _killpg(self.pid, signal.SIGKILL)
                 rc = -signal.SIGKILL
         self.returncode = rc
@@ -259,16 +259,17 @@ class _Kids:
     def police(self, stopping: bool) -> None:
         now = time.monotonic()
         for pgid, g in list(self.groups.items()):
-            if not _exists(pgid, group=True):
+            if not exists(pgid, group=True):
                 del self.groups[pgid]
-            elif g["term"] is None and (stopping or not _exists(g["stage"])):
+            elif g["term"] is None and (stopping or not exists(g["stage"])):
                 _killpg(pgid, signal.SIGTERM)
                 g["term"] = now
             elif g["term"] is not None and now - g["term"] > STOP_GRACE_S:
                 _killpg(pgid, signal.SIGKILL)
 
 
-def _exists(pid: int, group: bool = False) -> bool:
+def exists(pid: int, group: bool = False) -> bool:
+    """Whether process `pid` (or process group `pid`) is there: signal 0 (another user's counts)."""
     try:
         (os.killpg if group else os.kill)(pid, 0)
         return True
