@@ -33,6 +33,7 @@ Usage: python scripts/benchmark_noise.py [--profile P] [--repeats 5] [--knee-ser
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import functools
 import statistics
@@ -50,12 +51,15 @@ from records import upstream
 from records.fingerprint import Fingerprint
 from records.models import ModelsManifest
 from runner import knee_looks, throughput
-from serving import engine, model_store, vllm_compat
+from serving import engine, launcher, model_store, vllm_compat
 
 BENCHMARK_LOGS = common.RESULTS / "logs" / "benchmark"   # git-ignored: everything this benchmark writes
 
 
 def spread(name: str, values: list[float]) -> None:
+    if len(values) < 2:  # one value has no spread (--repeats 1): said, not a crash after the engines ran
+        print(f"{name}: n={len(values)} {', '.join(f'{v:.1f}' for v in values)} tok/s (a spread needs 2 or more)")
+        return
     s = summary.summarize(values)
     lo, hi = s["ci95"]
     print(f"{name}: n={s['n']} median {s['median']:.1f} tok/s, min {min(values):.1f}, max {max(values):.1f}, "
@@ -72,9 +76,23 @@ def split(name: str, wall: float, timing: dict) -> None:
           f"{measure:.0f} s ({measure / wall:.0%}), other {other:.0f} s ({other / wall:.0%})")
 
 
+def positive(text: str) -> int:
+    """--repeats: a whole number above 0, refused by name before any engine starts."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--repeats must be a whole number above 0, got {text!r}")
+    return n
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=positive, default=5)
+    ap.add_argument("--fresh", action="store_true", help="start every engine and server as a new interpreter; "
+                    "default: forked from a launcher that imported vLLM once, as `make ladder` starts them, so that a "
+                    "floor measured here is the one the ladder's engines have")
     ap.add_argument("--engines", type=int, default=1, help="part 1: fresh engines one after another")
     ap.add_argument("--sweep-rates", default="1,2,3,4,5,6,7,8,9,10")
     ap.add_argument("--knee-servers", type=int, default=3)
@@ -111,14 +129,25 @@ def main():
         planning.set_dotted(params, key, value)
     params = config.validate(params)
     cfg = servers_config(params)
-    b, k, slo = params["bench"], params["knee"], params["slo"]
+    b, k = params["bench"], params["knee"]
     entry = upstream.model_entry(cfg["model"]["name"])
     logs = BENCHMARK_LOGS
     sent, _ = workload.prepare(params["workload"], entry["path"], logs)
     k = {**k, "workload": sent}
     argv = throughput.throughput_argv(entry["path"], config.Bench(**b), sent, cfg["engine"])
     print(f"rung: {cfg['model']['name']}, {b['num_prompts']} prompts, {workload.describe(sent)['text']}")
+    print("engines: " + ("each a new interpreter (--fresh)" if args.fresh else
+                         "forked from a launcher that imports vLLM once, as `make ladder` starts them (the first "
+                         "may start fresh while it imports)"), flush=True)
+    starts = contextlib.nullcontext() if args.fresh else launcher.running(logs / "launcher.log",
+                                                                          vllm_compat.child_env())
+    with starts:
+        run_parts(args, parts, params, cfg, entry, logs, sent, k, argv)
 
+
+def run_parts(args, parts: set[int], params: dict, cfg: dict, entry: dict, logs, sent: dict, k: dict,
+              argv: list[str]) -> None:
+    b, slo = params["bench"], params["slo"]
     if 1 in parts:
         in_one_engine(argv, b, cfg, logs, sent, args.repeats, args.engines)
 
@@ -180,6 +209,8 @@ def fresh_engines(argv: list[str], b: dict, cfg: dict, logs, sent: dict, repeats
               f"{got[-1][1]['start_s']:.0f} s, measure {got[-1][1]['measure_s']:.0f} s)", flush=True)
     means = [m for m, _ in got]
     spread(f"2. {repeats} fresh engines after a discarded first ({time.monotonic() - t0:.0f} s)", means)
+    if len(means) < 2:
+        return  # no floor from one engine
     if first["output_tps"]:
         print(f"   the first engine: {first['output_tps']:.1f} tok/s, "
               f"{(first['output_tps'] / statistics.fmean(means) - 1) * 100:+.1f} % vs the mean of the rest")

@@ -4,6 +4,9 @@ fitted where looks at two adjacent grid rates exist, looks bound outside the eng
 covariates kept, the block accepted by the profile's schema (config.ServerSpread); and the profile's front end
 (serve.api_server_count) on the command line of part 4's servers."""
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ import plan
 from measure import spread
 from serving import engine
 
+ROOT = Path(__file__).resolve().parents[1]
 R1, R2 = 26.91, 32.0
 FP = {"gpu": "1x planted GPU", "driver": "0", "vllm": "0.26.0"}  # the block names no real machine here
 
@@ -159,3 +163,18 @@ def test_a_profile_benchmark_writes_no_dvc_output(monkeypatch, tmp_path):
     after = {p: p.stat().st_mtime_ns for p in (common.RESULTS / "models.json", common.RESULTS / "fingerprint.json")
              if p.exists()}
     assert after == before   # neither written nor created
+
+
+def test_one_engine_s_value_is_printed_without_a_spread_not_a_crash(capsys):
+    # `make benchmark ARGS="--parts 2 --repeats 1"` crashed in its print after the engines had run (no interval)
+    bn.spread("2. 1 fresh engines", [512.25])
+    assert capsys.readouterr().out.strip() == "2. 1 fresh engines: n=1 512.2 tok/s (a spread needs 2 or more)"
+    bn.spread("2. 2 fresh engines", [500.0, 510.0])
+    assert "CV 1.4 %" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "two"])
+def test_a_bad_repeats_is_refused_by_name_before_any_engine(bad):
+    p = subprocess.run([sys.executable, "scripts/benchmark_noise.py", "--repeats", bad], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and f"--repeats must be a whole number above 0, got '{bad}'" in p.stderr, p.stderr
