@@ -139,6 +139,7 @@ class Driver:
     """One ladder run's climb: each rung measured as experiments (self.dvc runs them), decided against its base and
     recorded; main() builds it after the pre-flight."""
     budget_s: float | None = None  # BUDGET_MIN in seconds (__init__); None: no budget, no unit costs kept
+    held_for: str | None = None  # why the unit under way would not fit BUDGET_MIN (budget), until it measures
 
     def __init__(self, plan: planning.Plan, out: Path = LADDER_JSON, budget_min: float | None = None):
         self.plan, self.out = plan, out
@@ -295,29 +296,36 @@ class Driver:
         return record.floor_of(self.plan.typed_params.bench.noise_floor,
                                self.records + ((self.confirm or {}).get("runs") or []))
 
-    def finished_before(self, exp: str, knobs: dict) -> bool:
-        """Whether experiment `exp` of this commit finished before this run with these knobs, here or on another
-        machine: a resumed ladder gets it back in seconds (the run-cache, or a replay), whatever it cost measured."""
+    def restores(self, exp: str, sets: dict) -> bool:
+        """Whether experiment `exp` finished on this machine before this run with these very sets (run.warm_up
+        aside): DVC's run-cache gives it back in seconds, whatever it cost measured."""
         found = self.earlier(exp)
-        return found is not None and same_sets(found[2], {**self.overrides, **knobs})
+        return found is not None and (not found[1] or found[1] == self.machine["id"]) and same_sets(found[2], sets)
 
-    def budget(self, kind: str, what: str, first: tuple[str, dict] | None = None) -> None:
-        """Stop (BudgetSpent) before the next unit of `kind` where it would not fit BUDGET_MIN: its estimate is the
-        longest unit of that kind this run (a confirm pair's, while none ran: the longest rung's; a rung's, while
-        none ran: rung 0's, which alone pays the reference eval and a search from nothing: errs long), plus the
-        warm-up engine where this run's first bench is still to come (a resumed run pays one again). `first`: the
-        unit's first experiment and its knobs; where it finished before this run the unit comes back, not measured,
-        and is not held to a measured unit's cost (a resumed ladder on a fresh lease once stopped before a rung it
-        had finished, taken at 6.5 min for the seconds its restore takes); the next unit measured here is checked."""
-        if self.budget_s is None or (first is not None and self.finished_before(*first)):
+    def budget(self, kind: str, what: str) -> None:
+        """Whether the next unit of `kind` would not fit BUDGET_MIN (held_for, the words of the stop; measuring()
+        stops): its estimate is the longest unit of that kind this run (a confirm pair's, while none ran: the longest
+        rung's; a rung's, while none ran: rung 0's, which alone pays the reference eval and a search from nothing:
+        errs long), plus the warm-up engine where this run's first bench is still to come (a resumed run pays one
+        again)."""
+        self.held_for = None
+        if self.budget_s is None:
             return
         costs = self.unit_costs[kind] or (self.unit_costs["rung"] if kind == "pair" else []) \
             or self.unit_costs["rung 0"]
         est = max(costs) if costs and max(costs) > 0 else None
         if est is not None and self.warm_due and self.records:
             est += ((self.records[0].get("bench") or {}).get("warm_up_engine") or {}).get("wall_s") or 0
-        if why := budget_stop(self.budget_s, time.monotonic() - _STARTED, est, what):
-            raise BudgetSpent(why)
+        self.held_for = budget_stop(self.budget_s, time.monotonic() - _STARTED, est, what)
+
+    def measuring(self, exp: str, sets: dict) -> None:
+        """Before experiment `exp` is measured here: stop (BudgetSpent) where its unit would not fit (budget), unless
+        it comes back from the run-cache. The stop waits for the unit's first experiment that measures: one that
+        comes back costs seconds (a resumed ladder on a fresh lease once stopped before a rung it had finished, taken
+        at 6.5 min), and a unit cut off part-way by a lost lease is checked before what it still has to measure. An
+        experiment replayed from another machine never gets here."""
+        if self.held_for is not None and not self.restores(exp, sets):
+            raise BudgetSpent(self.held_for)
 
     def unit_done(self, kind: str, recs: list[dict]) -> None:
         """A unit's cost, kept where one of its experiments searched or looked at a knee: a rung the gate failed, or
@@ -325,6 +333,7 @@ class Driver:
         estimate: a full rung would then start with too little time left)."""
         if self.budget_s is not None and any((r.get("knee") or {}).get("status") not in (None, "n/a") for r in recs):
             self.unit_costs[kind].append(sum(experiment_cost(r) for r in recs))
+        self.held_for = None  # the unit came back whole: its check is not carried to what runs after it
 
     # -- one experiment
     def run_exp(self, index: int, name: str, cfg_flat: dict, role: str, change: dict | None, base: dict | None,
@@ -337,6 +346,8 @@ class Driver:
         sets["run.warm_up"] = self.warm_up_of(exp, sets) if warm_up is None else warm_up
         self.warm_ups[exp] = sets["run.warm_up"]
         ref = replay and self.elsewhere(exp, sets)
+        if not ref:
+            self.measuring(exp, sets)
         rec = {"index": index, "name": name, "exp": exp, "role": role, "change": change or {}, "note": note,
                "base": base["exp"] if base else None, "knobs": cfg_flat, "status": "running"}
         (self.records if into is None else into).append(rec)
@@ -387,9 +398,7 @@ class Driver:
             return out
 
         for k in range(1, pairs + 1):
-            first = confirm_order(k)[0]
-            self.budget("pair", f"confirm pair {k}", first=(f"{self.profile}-{index}-confirm-{k}-{first}",
-                                                            (base if first == "baseline" else final)["knobs"]))
+            self.budget("pair", f"confirm pair {k}")
             n = len(recs)
             got = pair(k, replay=True)
             if not record.same_machine(got):  # another machine measured half of it: both halves here
@@ -452,8 +461,7 @@ class Driver:
                                              f"skipped: needs {need} GPUs, this machine has {self.plan.gpus}",
                                              {**kept_flat, **change}))
                 continue
-            self.budget("rung", f"rung {i} {rung['name']}",
-                        first=(f"{self.profile}-{i}-{tries[0][0]}", {**kept_flat, **tries[0][1]}))
+            self.budget("rung", f"rung {i} {rung['name']}")
             n = len(self.records)
             chosen = self.try_rung(i, rung, tries, kept_flat, base, last=i == last)
             if chosen is None and rung["fallback"]:

@@ -188,8 +188,11 @@ def test_make_ladder_resumes_keeps_reverts_and_reports(project):
 def test_a_budget_stops_the_ladder_between_rungs_and_the_next_run_resumes(project):
     """`make ladder BUDGET_MIN=`: a lease about to end. Over the finished ladder above, its rung 2 experiment removed
     (as if the lease had gone before it), rung 0 comes back from the run-cache in seconds, but costs what it cost when
-    measured; rung 1 finished before, so it comes back too, unchecked; rung 2 would not fit half a minute, so the
-    ladder stops before it, exit 75, the rest of it left to the next run (the test after this one)."""
+    measured; rung 1 would not fit half a minute either, but it comes back from the run-cache too (the stop waits for
+    a unit's first experiment that measures); rung 2 has to be measured, so the ladder stops before it, exit 75, the
+    rest of it left to the next run (the test after this one, where rung 2 comes back from the run-cache as well: its
+    entry outlives the removed experiment, and its run.warm_up is what it ran with, since every rung before it came
+    back)."""
     ladder_cmd(project)  # writes ci-ladder.yaml
     project.dvc("exp", "remove", "cpu-2-placebo-seed")
     p = project.run("make", "ladder", "SYSTEM_PYTHON=1", "PROFILE=cpu", "LADDER=ci-ladder.yaml", "BUDGET_MIN=0.5",

@@ -604,45 +604,62 @@ def test_a_budget_stops_the_ladder_only_between_units_at_the_longest_unit_s_meas
     rung0 = {"role": decide.BASELINE, "seconds": 600.0, "reused": [], "bench": {"warm_up_engine": {"wall_s": 30.0}},
              "knee": {"status": "inside"}}
     drv.records = [rung0]
+    drv.__dict__["_earlier"] = {"x": None}  # no experiment of that name before this run
     drv.warm_due = False  # this run's first bench warmed the machine
     monkeypatch.setattr(ladder, "_STARTED", ladder.time.monotonic() - 610.0)  # ~610 s spent
     drv.unit_done("rung 0", [rung0])
     with pytest.raises(ladder.BudgetSpent, match="rung 1 x is taken to need 10.0"):  # rung 0's 600 s, errs long
-        drv.budget("rung", "rung 1 x")
+        measure(drv, "rung", "rung 1 x")
     drv.unit_done("rung", [{"seconds": 20.0, "knee": {"status": "n/a"}}])  # a rung the gate failed: no estimate
     with pytest.raises(ladder.BudgetSpent, match="taken to need 10.0"):
-        drv.budget("rung", "rung 2 y")
+        measure(drv, "rung", "rung 2 y")
     drv.unit_done("rung", [{"seconds": 150.0, "knee": {"status": "inside"}}, {"seconds": 60.0}])  # + re-measure
-    drv.budget("rung", "rung 2 y")  # 610 + 210 <= 1,200
-    drv.budget("pair", "confirm pair 1")  # no pair yet: the longest rung's 210 s
+    measure(drv, "rung", "rung 2 y")  # 610 + 210 <= 1,200
+    measure(drv, "pair", "confirm pair 1")  # no pair yet: the longest rung's 210 s
     drv.warm_due = True  # a resumed run's first bench pays a warm-up engine again: 30 s more
     monkeypatch.setattr(ladder, "_STARTED", ladder.time.monotonic() - 955.0)
-    drv.budget("rung", "rung 3 z")  # 955 + 210 + 30 fits
+    measure(drv, "rung", "rung 3 z")  # 955 + 210 + 30 fits
     monkeypatch.setattr(ladder, "_STARTED", ladder.time.monotonic() - 965.0)
     with pytest.raises(ladder.BudgetSpent, match="taken to need 4.0"):  # 210 + 30 s
-        drv.budget("rung", "rung 3 z")
+        measure(drv, "rung", "rung 3 z")
 
 
-def test_a_unit_that_finished_before_this_run_is_not_held_to_a_measured_unit_s_cost(monkeypatch):
+def measure(drv, kind: str, what: str, exp: str = "x", sets: dict | None = None) -> None:
+    """A unit of `kind` whose first experiment `exp` is measured: where it would not fit, the stop comes there."""
+    drv.budget(kind, what)
+    drv.measuring(exp, sets or {})
+
+
+def test_a_unit_that_comes_back_from_the_run_cache_is_not_held_to_a_measured_unit_s_cost(monkeypatch):
     """A resumed ladder on a fresh lease (an H100, BUDGET_MIN=7) stopped before rung 1, which it had finished: rung 0
     came back from the run-cache costing its measured 6.5 min, and rung 1 was taken to need as much, though it too
-    would have come back in seconds. A unit whose first experiment finished before (same name, same knobs; here or
-    on another machine) is not checked; one that did not, or with other knobs, is."""
+    came back in seconds. The stop waits for the unit's first experiment that measures here: one this machine
+    finished with these very sets comes back and passes; one with other sets, another machine's, or none stops; a
+    unit that came back whole carries no stop to what runs after it."""
     import ladder
     drv = ladder.Driver.__new__(ladder.Driver)
     drv.budget_s, drv.unit_costs = 420.0, {"rung 0": [390.0], "rung": [], "pair": []}
-    drv.records, drv.warm_due, drv.overrides = [], False, {"bench.num_prompts": 64}
-    drv.__dict__["_earlier"] = {"p-1-placebo": ("rev1", "machine-a", {"engine": {"seed": 1},
-                                                                      "bench": {"num_prompts": 64}}),
-                                "p-2-awq": None}
+    drv.records, drv.warm_due, drv.overrides = [], False, {}
+    drv.__dict__["environment"] = {"machine": {"id": "machine-a"}}
+    done = {"engine": {"seed": 1}, "run": {"round": 0, "anchor": {"pass": 16.0}, "warm_up": True}}
+    drv.__dict__["_earlier"] = {"p-1-placebo": ("rev1", "machine-a", done), "p-1-placebo-base-again": None,
+                                "p-2-awq": ("rev2", "machine-b", done)}
+    sets = {"engine.seed": 1, "run.round": 0, "run.anchor": {"pass": 16.0}, "run.warm_up": False}
     monkeypatch.setattr(ladder, "_STARTED", ladder.time.monotonic() - 40.0)  # 40 s spent: 40 + 390 > 420
-    drv.budget("rung", "rung 1 placebo", first=("p-1-placebo", {"engine.seed": 1}))  # comes back: no check
-    with pytest.raises(ladder.BudgetSpent, match="rung 1 placebo is taken to need 6.5"):  # other knobs: measured
-        drv.budget("rung", "rung 1 placebo", first=("p-1-placebo", {"engine.seed": 2}))
-    with pytest.raises(ladder.BudgetSpent, match="rung 2 awq is taken to need 6.5"):  # never ran
-        drv.budget("rung", "rung 2 awq", first=("p-2-awq", {"model.quant": "awq"}))
-    with pytest.raises(ladder.BudgetSpent):
-        drv.budget("rung", "rung 2 awq")
+    drv.budget("rung", "rung 1 placebo")
+    drv.measuring("p-1-placebo", sets)  # finished here with these sets (run.warm_up aside): comes back, no stop
+    with pytest.raises(ladder.BudgetSpent, match="stopped before rung 1 placebo: 0.7 of BUDGET_MIN=7 min spent, "
+                                                 "and rung 1 placebo is taken to need 6.5"):
+        drv.measuring("p-1-placebo-base-again", {"engine.seed": 0})  # what the cut-off unit still has to measure
+    with pytest.raises(ladder.BudgetSpent):  # other sets (another anchor): DVC measures it
+        drv.measuring("p-1-placebo", {**sets, "run.anchor": {"pass": 19.03}})
+    with pytest.raises(ladder.BudgetSpent):  # another machine's: not in this machine's run-cache
+        drv.measuring("p-2-awq", sets)
+    drv.unit_done("rung", [])  # the unit came back whole
+    drv.measuring("p-2-awq", sets)
+    drv.budget_s = None  # no budget: nothing is held
+    drv.budget("rung", "rung 2 awq")
+    drv.measuring("p-2-awq", sets)
 
 
 def test_the_warm_up_engine_is_a_declared_param_of_the_bench_set_until_a_bench_of_this_run_warmed():
