@@ -76,7 +76,7 @@ def split(name: str, wall: float, timing: dict) -> None:
           f"{measure:.0f} s ({measure / wall:.0%}), other {other:.0f} s ({other / wall:.0%})")
 
 
-def positive(text: str) -> int:
+def repeats_count(text: str) -> int:
     """--repeats: a whole number above 0, refused by name before any engine starts."""
     try:
         n = int(text)
@@ -89,7 +89,7 @@ def positive(text: str) -> int:
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=positive, default=5)
+    ap.add_argument("--repeats", type=repeats_count, default=5)
     ap.add_argument("--fresh", action="store_true", help="start every engine and server as a new interpreter; "
                     "default: forked from a launcher that imported vLLM once, as `make ladder` starts them, so that a "
                     "floor measured here is the one the ladder's engines have")
