@@ -51,9 +51,12 @@ def method(b: Bench, mode: str) -> str:
              f"{b.repeats} timed repeats inside one engine (vLLM's own bench code)" if mode == "engine" else
              f"{b.repeats} runs, each its own engine start ({b.warmups} warm-up requests each)")
     timed += f", prompts drawn with seed {workload.SEED} whatever engine.seed"
-    if b.far_share and b.extra_repeats and b.repeats >= 3:
-        timed += (f"; a repeat more than {b.far_share:.0%} off the median of its engine's others is replaced by one "
-                  f"more (at most {b.extra_repeats}) and kept beside it, out of the median and interval")
+    screens = ([f"run while other work held more than {b.busy_share:.0%} of the machine's cores"]
+               if b.busy_share else []) + ([f"more than {b.far_share:.0%} off the median of its engine's others"]
+                                           if b.far_share and b.repeats >= 3 else [])
+    if screens and b.extra_repeats:
+        timed += (f"; a repeat {' or '.join(screens)} is replaced by one more (at most {b.extra_repeats}) and kept "
+                  "beside it, out of the median and interval")
     return (f"`vllm bench throughput`, {b.num_prompts} prompts, {timed}, the prefix cache reset before each; "
             "median with a 95 % t-interval of the repeats; each Δ counts fresh engines as the unit (the card's "
             "start-to-start floor, bench.noise_floor, pooled with the ladder's own re-measures; stats.delta)")
@@ -62,23 +65,28 @@ def method(b: Bench, mode: str) -> str:
 def screen_runs(runs: list[dict], b: Bench) -> tuple[dict, list[dict]]:
     """The timed runs screened as the worker screened them (disturbed.screen over their output tok/s, params `bench`
     `b`), and a flag for each replaced or unreplaced one: which, its value, its siblings, why; each run marked."""
-    values = [r["output_tps"] for r in runs]
-    s = disturbed.screen(values, b.repeats, b.far_share, b.extra_repeats)
+    values, loads = [r["output_tps"] for r in runs], [r.get("load") for r in runs]
+    s = disturbed.screen(values, b.repeats, b.far_share, b.extra_repeats, loads, b.busy_share)
     if s["more"]:  # the worker stopped before replacing it (it cannot: its rule is this one); never silently
-        s = {**s, "unreplaced": disturbed.screen(values, b.repeats, b.far_share, len(values) - b.repeats)
-             ["unreplaced"]}
+        s = {**s, "unreplaced": disturbed.screen(values, b.repeats, b.far_share, len(values) - b.repeats, loads,
+                                                 b.busy_share)["unreplaced"]}
     flags = []
     for f in s["flagged"] + ([s["unreplaced"]] if s["unreplaced"] else []):
-        i = f["index"]
+        i, busy = f["index"], f.get("busy")
         flag = {"repeat": i + 1, "output_tps": values[i], "siblings": [values[j] for j in f["siblings"]],
-                "median": round(f["median"], 2), "off": round(f["off"], 4), "load": runs[i].get("load"),
-                "why": disturbed.far_words(values[i], f["median"], f["off"], b.far_share)}
+                "median": None if f["median"] is None else round(f["median"], 2),
+                "off": None if f["off"] is None else round(f["off"], 4), "load": runs[i].get("load"),
+                "why": (f"it ran while {disturbed.busy_words(busy)}, over bench.busy_share {b.busy_share:.0%}"
+                        if busy else disturbed.far_words(values[i], f["median"], f["off"], b.far_share))}
+        if busy:
+            flag["busy"] = True
+        what = "run busy" if busy else "far off the others"
         if "replaced_by" in f:
             flag.update(replaced_by=f["replaced_by"] + 1, replacement=values[f["replaced_by"]])
-            runs[i]["disturbed"] = "far off the others: replaced, not in the median"
+            runs[i]["disturbed"] = f"{what}: replaced, not in the median"
         else:
             flag["unreplaced"] = True
-            runs[i]["disturbed"] = "far off the others, no replacement left: in the median"
+            runs[i]["disturbed"] = f"{what}, no replacement left: in the median"
         flags.append(flag)
         print(f"bench: repeat {i + 1} flagged: {flag['why']}"
               + (f"; replaced by repeat {flag['replaced_by']}" if "replaced_by" in flag else
@@ -95,7 +103,7 @@ def figures(runs: list[dict], b: Bench) -> dict:
     return {"output_tps": summ["output_tps"]["median"], "total_tps": summ["total_tps"]["median"],
             "requests_per_s": summ["requests_per_s"]["median"], "output_tps_ci95": summ["output_tps"]["ci95"],
             "output_tps_runs": summ["output_tps"]["values"],  # what a Δ vs another rung is computed from
-            "repeats": len(used), "timed_passes": len(runs), "far_share": b.far_share,
+            "repeats": len(used), "timed_passes": len(runs), "far_share": b.far_share, "busy_share": b.busy_share,
             "disturbed": flags,  # each timed repeat replaced (far off the others) or left far (no replacement left)
             "summary": summ}
 

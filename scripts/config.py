@@ -357,7 +357,12 @@ class Bench(Section):
     # a timed repeat this far off its engine's median is replaced (measure/disturbed.screen): a measuring setting, not
     # bench.noise_floor (a judgement threshold, and fresh engines' spread, not one engine's passes)
     far_share: PosNum | None = F("a number > 0 (relative), or null: no repeat is replaced", 0.2)
-    extra_repeats: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0: timed repeats run to replace far ones", 2)
+    # a timed repeat run while other work held more than this share of the machine's cores is replaced too (its cause
+    # measured: disturbed.CpuWatch), the one screen a single repeat can have (no siblings to be far from)
+    busy_share: Annotated[Num, at.Gt(0), at.Le(1)] | None = F(
+        "a number in (0, 1] (a share of the machine's cores), or null: no repeat is replaced for other work", 0.25)
+    extra_repeats: Annotated[StrictInt, at.Ge(0)] = F("an integer >= 0: timed repeats run to replace far or busy ones",
+                                                      2)
     timeout_s: PosNum = F("a number of seconds > 0", 1800)
 
 

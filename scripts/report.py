@@ -1088,12 +1088,20 @@ def disturbed_lines(lad: LadderRecord) -> list[str]:
         screened = (screened or (b is not None and "far_share" in b.model_fields_set)
                     or (k is not None and "busy_share" in k.model_fields_set))
         far_share, busy_share = (b.far_share if b else None) or 0, (k.busy_share if k else None) or 0
+        bench_busy = (b.busy_share if b else None) or 0
         for f in b.disturbed if b else []:
-            load = f"; meanwhile {disturbed.busy_words(f.load)}" if f.load else ""
             sibs = ", ".join(f"{v:.1f}" for v in f.siblings)
             fate = (f"replaced by repeat {f.replaced_by} ({f.replacement:.1f}): kept in bench.json, out of the "
                     "median and interval" if f.replaced_by else
                     "no extra repeat left (bench.extra_repeats): it stays in the median and interval")
+            if f.busy:  # flagged for the other work it ran beside: its distance, where it had siblings, is evidence
+                near = (f" (its siblings {sibs}: {f.off:+.0%} off their median)"
+                        if f.siblings and f.off is not None else "")
+                lines.append(f"- **{who}** bench repeat {f.repeat}: {f.output_tps:.1f} output tok/s{near}, run while "
+                             f"{disturbed.busy_words(f.load or {})}, over bench.busy_share {bench_busy:.0%}; "
+                             f"{fate}")
+                continue
+            load = f"; meanwhile {disturbed.busy_words(f.load)}" if f.load else ""
             lines.append(f"- **{who}** bench repeat {f.repeat}: {f.output_tps:.1f} output tok/s against its "
                          f"siblings {sibs} ({f.off:+.0%} off its engine's median {f.median:.1f}, beyond "
                          f"bench.far_share {far_share:.0%}){load}; {fate}")
@@ -1114,8 +1122,11 @@ def disturbed_lines(lad: LadderRecord) -> list[str]:
         return ["- not screened: this record predates the screen (bench.far_share, knee.busy_share)"]
     s = lad.settings  # the params it ran with: open (config.Params as dumped)
     far, busy = (s.get("bench") or {}).get("far_share"), (s.get("knee") or {}).get("busy_share")
+    repeat_busy = (s.get("bench") or {}).get("busy_share")
     return ["- none: no timed bench repeat was more than " + (f"{far:.0%}" if far else "bench.far_share")
-            + " off its engine's others, and no knee look ran while other work held more than "
+            + " off its engine's others" + (f" or ran while other work held more than {repeat_busy:.0%} of the "
+                                             "machine's cores" if repeat_busy else "")
+            + ", and no knee look ran while other work held more than "
             + (f"{busy:.0%}" if busy else "knee.busy_share") + " of the machine's cores"]
 
 

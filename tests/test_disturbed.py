@@ -80,6 +80,94 @@ def test_the_far_rule_false_flags_about_one_engine_in_a_hundred_at_the_boxs_own_
     assert share(0.059, 0.7, 2000) > 0.85
 
 
+# ---------------------------------------------------------------- the busy rule: a repeat's measured other work
+BUSY = {"wall_s": 8.0, "cores": 2, "other_cpu_s": 8.0, "steal_s": 0.0, "ours_cpu_s": 8.2, "share": 0.5}
+QUIET = {"wall_s": 8.0, "cores": 2, "other_cpu_s": 0.8, "steal_s": 0.0, "ours_cpu_s": 8.2, "share": 0.05}
+
+
+def test_one_repeat_run_busy_is_replaced_by_the_next_and_a_quiet_one_is_not():
+    """A single timed repeat (bench.repeats 1) has no siblings to be far from: its own measured other work is the one
+    screen it can have. Over busy_share it is flagged and one more pass replaces it; at or under, it stands."""
+    assert disturbed.screen([480.0], 1, 0.2, 2, [QUIET], 0.25) == {"clean": [0], "flagged": [], "more": False,
+                                                                   "unreplaced": None}
+    assert disturbed.screen([480.0], 1, 0.2, 2, [{**QUIET, "share": 0.25}], 0.25)["flagged"] == []  # not over
+    assert disturbed.screen([330.0], 1, 0.2, 2, [BUSY], 0.25)["more"]  # the worker times one more pass
+    s = disturbed.screen([330.0, 505.0], 1, 0.2, 2, [BUSY, QUIET], 0.25)
+    assert not s["more"] and s["clean"] == [1] and s["unreplaced"] is None
+    (f,) = s["flagged"]
+    assert f["index"] == 0 and f["replaced_by"] == 1 and f["busy"] == BUSY
+    assert f["median"] is None and f["off"] is None and f["siblings"] == []
+    # a machine that stays busy: after extra_repeats the last busy one stays, named
+    s = disturbed.screen([330.0, 340.0, 320.0], 1, 0.2, 2, [BUSY] * 3, 0.25)
+    assert not s["more"] and [f["index"] for f in s["flagged"]] == [0, 1] and s["unreplaced"]["index"] == 2
+    assert s["clean"] == [2]
+    # no busy_share, or no load measured (an older record): nothing is flagged for load
+    assert disturbed.screen([330.0], 1, 0.2, 2, [BUSY], None)["flagged"] == []
+    assert not disturbed.screen([330.0], 1, 0.2, 2, [None], 0.25)["more"]
+
+
+def test_a_busy_repeat_among_three_is_replaced_though_its_siblings_are_near():
+    """Three repeats near each other, one run busy: the measured cause flags it (the far rule would not); a repeat both
+    far and busy is flagged once, for its load, with its distance kept."""
+    s = disturbed.screen([478.0, 470.0, 481.0, 480.0], 3, 0.2, 2, [QUIET, BUSY, QUIET, QUIET], 0.25)
+    assert s["clean"] == [0, 2, 3] and [f["index"] for f in s["flagged"]] == [1]
+    s = disturbed.screen([175.0, 52.0, 181.0, 178.0], 3, 0.2, 2, [None, BUSY, None, None], 0.25)
+    (f,) = s["flagged"]
+    assert f["busy"] == BUSY and f["median"] == 178.0 and f["off"] == pytest.approx(52 / 178 - 1)
+
+
+def test_the_bench_records_a_busy_single_repeat_and_judges_on_its_replacement():
+    b = B.model_copy(update={"repeats": 1})
+    runs = runs_of([330.0, 505.0], {0: BUSY, 1: QUIET})
+    got = bench.figures(runs, b)
+    assert got["output_tps_runs"] == [505.0] and got["output_tps"] == 505.0 and got["timed_passes"] == 2
+    assert got["busy_share"] == 0.25 and runs[0]["disturbed"] == "run busy: replaced, not in the median"
+    (f,) = got["disturbed"]
+    assert f["busy"] is True and f["median"] is None and f["replacement"] == 505.0 and f["siblings"] == []
+    assert f["why"] == ("it ran while other work took 50% of the machine's 2 cores over its 8 s (8.0 CPU-s), over "
+                        "bench.busy_share 25%")
+    assert "a repeat run while other work held more than 25% of the machine's cores is replaced" in bench.method(
+        b, "engine")
+    assert "off the median" not in bench.method(b, "engine")  # one repeat: no far rule to state
+
+
+def test_the_in_engine_loop_times_one_more_pass_for_a_busy_single_repeat(monkeypatch, capsys):
+    """As the far-rule loop test below: one timed repeat, its pass read while the stand-in watch says the machine was
+    busy, so the loop times one more; the second reads quiet and the loop stops."""
+    throughput = vllm_compat.import_throughput()
+    reads, shares = iter([330.0, 505.0, 999.0]), iter([0.5, 0.05, 0.05])
+
+    class Out:
+        prompt_token_ids = [0] * 64
+        outputs = [type("C", (), {"token_ids": [0] * 32})()]
+
+    def passes(llm, requests, n, disable_detokenize, do_profile, prequeue_requests, enable_lora):
+        return 320 / next(reads), [Out()] * 10
+
+    class LLM:
+        @classmethod
+        def from_engine_args(cls, engine_args):
+            return cls()
+
+        def reset_prefix_cache(self):
+            pass
+
+    class Watch:
+        def stop(self):
+            return {"share": next(shares), "cores": 2}
+
+    import vllm
+    monkeypatch.setattr(vllm, "LLM", LLM)
+    monkeypatch.setattr(throughput, "_run_vllm_requests", passes)
+    monkeypatch.setattr(throughput, "main", lambda args: throughput.run_vllm(
+        list(range(10)), 1, type("EngineArgs", (), {"enable_lora": False})(), False))
+    more = lambda done, loads: disturbed.screen(done, 1, 0.2, 2, loads, 0.25)["more"]  # noqa: E731
+    vllm_compat.run_throughput(["--model", "m", "--num-prompts", "10"], 1, 0, more=more, watch=Watch)
+    text = capsys.readouterr().out
+    assert [r["output_tps"] for r in vllm_compat.parse_output(text)] == [330.0, 505.0]
+    assert vllm_compat.pass_loads(text) == {1: {"share": 0.5, "cores": 2}, 2: {"share": 0.05, "cores": 2}}
+
+
 # ---------------------------------------------------------------- the bench stage
 def runs_of(values, loads=None):
     return [{"output_tps": v, "total_tps": 1.5 * v, "requests_per_s": v / 32, "load": (loads or {}).get(i)}
@@ -87,8 +175,8 @@ def runs_of(values, loads=None):
 
 
 def test_a_replaced_repeat_is_kept_in_the_results_but_not_in_the_median_or_interval():
-    busy = {"wall_s": 78.0, "cores": 2, "other_cpu_s": 101.4, "steal_s": 0.0, "ours_cpu_s": 54.6, "share": 0.65}
-    runs = runs_of([175.0, 52.0, 181.0, 178.0], {1: busy})
+    quiet = {"wall_s": 78.0, "cores": 2, "other_cpu_s": 15.6, "steal_s": 0.0, "ours_cpu_s": 54.6, "share": 0.1}
+    runs = runs_of([175.0, 52.0, 181.0, 178.0], {1: quiet})
     got = bench.figures(runs, B)
     assert got["output_tps_runs"] == [175.0, 181.0, 178.0] and got["output_tps"] == 178.0
     assert got["output_tps_ci95"][0] > 170 and got["repeats"] == 3 and got["timed_passes"] == 4
@@ -97,7 +185,7 @@ def test_a_replaced_repeat_is_kept_in_the_results_but_not_in_the_median_or_inter
     assert runs[1]["disturbed"].startswith("far off the others: replaced") and "disturbed" not in runs[0]
     (f,) = got["disturbed"]
     assert f["repeat"] == 2 and f["output_tps"] == 52.0 and f["siblings"] == [175.0, 181.0]
-    assert f["replaced_by"] == 4 and f["replacement"] == 178.0 and f["load"] == busy
+    assert f["replaced_by"] == 4 and f["replacement"] == 178.0 and f["load"] == quiet and "busy" not in f
     assert "-70% off the median 175.0 of its engine's repeats" in f["why"] and "bench.far_share 20%" in f["why"]
     plain = bench.figures(runs_of([175.0, 178.0, 181.0]), B)
     assert plain["disturbed"] == [] and plain["output_tps_runs"] == [175.0, 178.0, 181.0]
@@ -134,12 +222,12 @@ def test_the_in_engine_loop_times_one_more_pass_for_a_far_one_and_prints_each_pa
     monkeypatch.setattr(throughput, "_run_vllm_requests", passes)
     monkeypatch.setattr(throughput, "main", lambda args: throughput.run_vllm(
         list(range(10)), 1, type("EngineArgs", (), {"enable_lora": False})(), False))
-    more = lambda done: disturbed.screen(done, 3, 0.2, 2)["more"]  # noqa: E731 -- as throughput.worker builds it
+    more = lambda done, loads: disturbed.screen(done, 3, 0.2, 2, loads)["more"]  # noqa: E731 -- as throughput.worker
     vllm_compat.run_throughput(["--model", "m", "--num-prompts", "10"], 3, 0, more=more, watch=Watch)
     text = capsys.readouterr().out
     assert vllm_compat.timed_passes(text) == 4  # 3, and one for the far one; never the fifth
     assert [r["output_tps"] for r in vllm_compat.parse_output(text)] == [175.0, 52.0, 181.0, 178.0]
-    assert "[repeat 4/3, again: one was far off the others] Throughput" in text
+    assert "[repeat 4/3, again: one was far off the others or ran busy] Throughput" in text
     assert vllm_compat.pass_loads(text) == {i: {"share": 0.5, "cores": 2} for i in (1, 2, 3, 4)}
 
 
@@ -271,10 +359,10 @@ def test_the_report_names_each_disturbed_repeat_and_look_or_says_none_were(tmp_p
         **row, "over_slo": 260, "counted": 331, "slo_ttft_ms": 63_000.0, "achieved_rps": 1.98, "busy": busy,
         "other_work_share": 0.65, "file": "probe-01-2rps-disturbed.json"})
     knee_line, bench_line = disturbed_lines(lad)  # rung by rung: the base's knee, then the placebo's bench
-    assert bench_line == (f"- **1 {placebo['name']}** bench repeat 2: 52.0 output tok/s against its siblings 175.0, "
-                          "181.0 (-70% off its engine's median 175.0, beyond bench.far_share 20%); meanwhile other "
-                          "work took 65% of the machine's 2 cores over its 78 s (101.4 CPU-s); replaced by repeat 4 "
-                          "(178.0): kept in bench.json, out of the median and interval")
+    assert bench_line == (f"- **1 {placebo['name']}** bench repeat 2: 52.0 output tok/s (its siblings 175.0, 181.0: "
+                          "-71% off their median), run while other work took 65% of the machine's 2 cores over its 78 "
+                          "s (101.4 CPU-s), over bench.busy_share 25%; replaced by repeat 4 (178.0): kept in "
+                          "bench.json, out of the median and interval")
     assert knee_line == ("- **0 baseline** knee look at 2 req/s (trace seed 20141): ran while other work took 65% of "
                          "the machine's 2 cores over its 78 s (101.4 CPU-s), over knee.busy_share 25%: 260 of 331 "
                          "counted over the SLO, p99 TTFT 63000 ms, achieved 1.98 req/s (kept in knee.json, "

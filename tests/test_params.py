@@ -48,6 +48,7 @@ def test_the_shipped_params_and_every_profile_are_valid():
     (lambda p: p["knee"].update(rates=[4, 2], mode="sweep"),
      "knee.rates: [4, 2] is not allowed; expected an increasing list"),
     (lambda p: p["bench"].update(repeats=0), "bench.repeats: 0 is not allowed; expected an integer > 0"),
+    (lambda p: p["bench"].update(busy_share=1.5), "bench.busy_share: 1.5 is not allowed; expected a number in (0, 1]"),
     (lambda p: p["download"].update(fetch=["nope"]), "download.fetch: 'nope' is not in download.catalog"),
 ])
 def test_bad_params_name_field_value_and_what_is_allowed(mutate, expected):

@@ -35,30 +35,44 @@ def farthest(values: list[float], idx: list[int], far: float) -> tuple[int, floa
     return (i, med, off[i]) if abs(off[i]) > far else None
 
 
-def screen(values: list[float], repeats: int, far: float | None, extra: int) -> dict:
+def screen(values: list[float], repeats: int, far: float | None, extra: int, loads: list[dict | None] | None = None,
+           busy_share: float | None = None) -> dict:
     """One engine's timed repeats in the order they ran, screened: the first `repeats` are its set; while one of the
-    set is more than `far` (relative) off the set's median (farthest), it is flagged and the next value replaces it,
-    up to `extra` replacements. `more`: a replacement is wanted and allowed but not yet measured (the worker runs one
-    more pass while it is True). `clean`: the indices the engine's median and interval are drawn from (always
-    `repeats` of them where enough were measured); `flagged`: each replaced repeat with its median, distance and
-    siblings; `unreplaced`: one still far when no replacement was left (it stays in `clean`, and is named).
-    A pure function of the values: the stage replays what the worker decided."""
+    set ran while other work held more than `busy_share` of the machine's cores (`loads`: each repeat's CpuWatch
+    reading; busy), or is more than `far` (relative) off the set's median (farthest: three or more), it is flagged
+    and the next value replaces it, up to `extra` replacements. A busy repeat is flagged first, the earliest: its
+    cause was measured, and it is the one check a single repeat can have. `more`: a replacement is wanted and allowed
+    but not yet measured (the worker runs one more pass while it is True). `clean`: the indices the engine's median
+    and interval are drawn from (always `repeats` of them where enough were measured); `flagged`: each replaced repeat
+    with its median, distance and siblings (median and distance None for a busy one whose set had no other), and
+    `busy`: its load where that flagged it; `unreplaced`: one still off when no replacement was left (it stays in
+    `clean`, and is named). A pure function of the values and loads: the stage replays what the worker decided."""
+    loads = loads or []
     clean = list(range(min(repeats, len(values))))
     flagged: list[dict] = []
     nxt = len(clean)
-    while far:
-        got = farthest(values, clean, far)
+
+    def off_one() -> dict | None:
+        for i in clean:
+            if busy(loads[i] if i < len(loads) else None, busy_share):
+                others = [j for j in clean if j != i]
+                med = statistics.median(values[j] for j in others) if others else None
+                return {"index": i, "median": med, "off": (values[i] - med) / med if med else None,
+                        "siblings": others, "busy": loads[i]}
+        got = farthest(values, clean, far) if far else None
         if got is None:
-            break
+            return None
         i, med, off = got
+        return {"index": i, "median": med, "off": off, "siblings": [j for j in clean if j != i]}
+    while far or busy_share:
+        f = off_one()
+        if f is None:
+            break
         if nxt >= len(values):
             more = nxt - repeats < extra
-            return {"clean": clean, "flagged": flagged, "more": more,
-                    "unreplaced": None if more else {"index": i, "median": med, "off": off,
-                                                     "siblings": [j for j in clean if j != i]}}
-        flagged.append({"index": i, "median": med, "off": off, "siblings": [j for j in clean if j != i],
-                        "replaced_by": nxt})
-        clean = [j for j in clean if j != i] + [nxt]
+            return {"clean": clean, "flagged": flagged, "more": more, "unreplaced": None if more else f}
+        flagged.append({**f, "replaced_by": nxt})
+        clean = [j for j in clean if j != f["index"]] + [nxt]
         nxt += 1
     clean += list(range(nxt, len(values)))  # passes run beyond what this rule asked for: ordinary repeats
     return {"clean": sorted(clean), "flagged": flagged, "more": False, "unreplaced": None}

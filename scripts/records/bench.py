@@ -51,14 +51,16 @@ class Summaries(Closed):
 
 
 class Flag(Closed):
-    """A timed repeat far off its engine's others (bench.screen_runs): replaced by one more (`replaced_by`, its
-    `replacement`), or `unreplaced` where bench.extra_repeats was spent (it stays in the median)."""
+    """A timed repeat far off its engine's others, or run while other work kept the machine busy (`busy`; its
+    siblings' median and its distance from it None where it had none) (bench.screen_runs): replaced by one more
+    (`replaced_by`, its `replacement`), or `unreplaced` where bench.extra_repeats was spent (it stays in the median)."""
     repeat: int
     output_tps: float
     siblings: list[float]
-    median: float
-    off: float
+    median: float | None
+    off: float | None
     load: dict | None = None
+    busy: bool | None = None           # flagged for its load (bench.busy_share), not its distance
     why: str
     replaced_by: int | None = None
     replacement: float | None = None
@@ -109,6 +111,7 @@ class BenchResult(Record):
     repeats: int = 0
     timed_passes: int | None = None    # the runs measured, replaced ones included
     far_share: float | None = None     # bench.far_share the screen ran with
+    busy_share: float | None = None    # bench.busy_share the screen ran with (absent: a record from before it)
     disturbed: list[Flag] = []
     summary: Summaries | None = None
     mode: Literal["engine", "cli"] | None = None  # None only in a version-1 record that did not write it

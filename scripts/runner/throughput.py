@@ -20,10 +20,12 @@ WORKER_SCRIPT = str(Path(__file__).resolve().parents[1] / "bench.py")
 
 def worker(job_path: str) -> None:
     """In the child: vLLM's own throughput benchmark, one engine, warm-up then `repeats` timed runs, and one more for
-    each that is far off the others (disturbed.screen, up to bench.extra_repeats); each pass's other work measured."""
+    each that is far off the others or ran while other work kept the machine busy (disturbed.screen, up to
+    bench.extra_repeats); each pass's other work measured."""
     job = common.read_json(job_path)
-    far, extra = job.get("far_share"), job.get("extra_repeats") or 0
-    more = (lambda done: disturbed.screen(done, job["repeats"], far, extra)["more"]) if far and extra else None
+    far, busy, extra = job.get("far_share"), job.get("busy_share"), job.get("extra_repeats") or 0
+    more = ((lambda done, loads: disturbed.screen(done, job["repeats"], far, extra, loads, busy)["more"])
+            if (far or busy) and extra else None)
     vllm_compat.run_throughput(job["argv"], job["repeats"], job["warmup_repeats"], job.get("prompts"),
                                job.get("output_len"), job["dataset_seed"], job.get("warmup_prompts"), more=more,
                                watch=disturbed.watch)
@@ -43,7 +45,7 @@ def job_of(sent: dict, b: Bench | None = None) -> dict:
     `b`) how a repeat far off the others is replaced (disturbed.screen)."""
     return {"dataset_seed": workload.SEED,
             **({"prompts": sent["prompts"], "output_len": sent["output_len"]} if sent.get("prompts") else {}),
-            **({"far_share": b.far_share, "extra_repeats": b.extra_repeats} if b else {})}
+            **({"far_share": b.far_share, "busy_share": b.busy_share, "extra_repeats": b.extra_repeats} if b else {})}
 
 
 def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float, warmup_repeats: int,
@@ -67,11 +69,13 @@ def run_in_engine(argv: list[str], repeats: int, logs, env_knobs: dict, timeout:
 def run_cli(argv: list[str], repeats: int, logs, env_knobs: dict, timeout: float, job: dict) -> tuple[list[dict], dict]:
     """vLLM's bench throughput once per repeat, each its own process and engine (bench.mode cli), so the spread
     holds the start-to-start noise: results and the first engine's facts, `timing` summed over the runs. A run far off
-    the others is replaced by one more engine (disturbed.screen, job's far_share and extra_repeats)."""
+    the others, or run while other work kept the machine busy, is replaced by one more engine (disturbed.screen, job's
+    far_share, busy_share and extra_repeats)."""
     runs, facts, timing = [], {}, {"start_s": 0.0, "measure_s": 0.0}
-    one = {k: v for k, v in job.items() if k not in ("far_share", "extra_repeats")}  # one pass each: nothing inside
+    one = {k: v for k, v in job.items() if k not in ("far_share", "busy_share", "extra_repeats")}  # nothing inside
     while len(runs) < repeats or disturbed.screen([x["output_tps"] for x in runs], repeats, job.get("far_share"),
-                                                  job.get("extra_repeats") or 0)["more"]:
+                                                  job.get("extra_repeats") or 0, [x.get("load") for x in runs],
+                                                  job.get("busy_share"))["more"]:
         r = len(runs)
         got, f = run_in_engine(argv, 1, Path(logs) / f"run{r + 1}", env_knobs, timeout, 0, one)
         runs += got

@@ -172,8 +172,8 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, promp
     H200). Each timed run prints a result block; vLLM's main then prints its own for the last. `prompts`: a rendered
     prompts file, sampled by vLLM's CustomDataset, `output_len` out.
     `dataset_seed`: what prompts are drawn with, not --seed. `warmup_prompts`: each untimed pass sends only the first
-    that many (None: all). `more(tok/s so far)`: after the `repeats`, whether to
-    time one pass more (one far off the others is replaced: the bench stage's screen); `watch()`: started before each
+    that many (None: all). `more(tok/s so far, their loads)`: after the `repeats`, whether to time one pass more
+    (one far off the others or run busy is replaced: the bench stage's screen); `watch()`: started before each
     timed pass, its `stop()` (a dict: the other work on the machine meanwhile) printed after the pass's block. No
     repeat and no untimed pass: the engine starts (compiles, profiles, captures its CUDA graphs), nothing runs."""
     throughput = import_throughput()
@@ -199,20 +199,21 @@ def run_throughput(argv: list[str], repeats: int, warmup_repeats: int = 1, promp
             elapsed, outputs = throughput._run_vllm_requests(llm, requests[:warmup_prompts or len(requests)], **kw)
             o = sum(len(c.token_ids) for out in outputs for c in out.outputs if c is not None)
             print(f"Warm-up pass {w + 1}/{warmup_repeats} (untimed): {o / elapsed:.2f} output tokens/s", flush=True)
-        done: list[float] = []
-        while len(done) < repeats or (more and more(done)):
+        done, loads = [], []  # each timed pass's tok/s and the other work beside it
+        while len(done) < repeats or (more and more(done, loads)):
             llm.reset_prefix_cache()  # each repeat cold: repeat 2 ran on 1's cache (H200: 14.7k -> 20.2k tok/s)
             w = watch() if watch else None
             elapsed, outputs = throughput._run_vllm_requests(llm, requests, **kw)
             load = w.stop() if w else None
             p = sum(len(o.prompt_token_ids or []) for o in outputs)
             o = sum(len(c.token_ids) for out in outputs for c in out.outputs if c is not None)
-            again = "" if len(done) < repeats else ", again: one was far off the others"
+            again = "" if len(done) < repeats else ", again: one was far off the others or ran busy"
             print(_result_block(len(requests), elapsed, p, o, f"[repeat {len(done) + 1}/{repeats}{again}] "),
                   flush=True)
             if load:
                 print(f"[load] repeat {len(done) + 1}: {json.dumps(load)}", flush=True)
             done.append(o / elapsed)
+            loads.append(load)
         print(f"[timing] warm-up and timed passes took {time.monotonic() - t0:.3f} s", flush=True)
         return elapsed, outputs
 
