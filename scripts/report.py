@@ -1270,9 +1270,10 @@ def render(lad: LadderRecord | dict, out: Path) -> str:
           "## Setup", *header(rec), "",
           "## What I kept and why", *([f"Rule: {rec.rule}", ""] if rec.rule else []), *kept_why(rec), "",
           *gate_power_lines(rec),
-          "## Disturbed measurements", "A bench repeat far off its engine's others is replaced by one more pass (up to "
-          "bench.extra_repeats), a knee look while other work kept the machine busy is looked at again on its trace "
-          "(once); the flagged one is kept beside what replaced it and judged on by nothing:",
+          "## Disturbed measurements", "A bench repeat far off its engine's others, or run while other work kept the "
+          "machine busy, is replaced by one more pass (up to bench.extra_repeats), a knee look while other work kept "
+          "the machine busy is looked at again on its trace (once); the flagged one is kept beside what replaced it "
+          "and judged on by nothing:",
           *disturbed_lines(rec), "",
           "## Capacity plan", *capacity_lines(rec), "",
           "## Plots", "![knee evidence per rung](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
