@@ -24,7 +24,7 @@ from test_knee_sweep import SLO, FakeProber, FakeServer
 from test_knee_sweep import K as KNEE
 
 PARAMS = config.load_params()
-B = PARAMS.bench.model_copy(update={"repeats": 3})  # the cpu profile's far_share 0.2, extra_repeats 2 (its repeats 1)
+B = PARAMS.bench  # the cpu profile's: far_share 0.2, extra_repeats 2, repeats 3
 FLOOR_CV = B.noise_floor.cv
 
 
