@@ -1121,12 +1121,14 @@ def disturbed_lines(lad: LadderRecord) -> list[str]:
     if not screened:
         return ["- not screened: this record predates the screen (bench.far_share, knee.busy_share)"]
     s = lad.settings  # the params it ran with: open (config.Params as dumped)
-    far, busy = (s.get("bench") or {}).get("far_share"), (s.get("knee") or {}).get("busy_share")
-    repeat_busy = (s.get("bench") or {}).get("busy_share")
-    return ["- none: no timed bench repeat was more than " + (f"{far:.0%}" if far else "bench.far_share")
-            + " off its engine's others" + (f" or ran while other work held more than {repeat_busy:.0%} of the "
-                                             "machine's cores" if repeat_busy else "")
-            + ", and no knee look ran while other work held more than "
+    bs, busy = s.get("bench") or {}, (s.get("knee") or {}).get("busy_share")
+    # only the screens that ran: the far one needs three repeats an engine (disturbed.farthest), the busy one a share
+    checks = ([f"was more than {bs['far_share']:.0%} off its engine's others"]
+              if bs.get("far_share") and (bs.get("repeats") or 0) >= 3 else []) + \
+             ([f"ran while other work held more than {bs['busy_share']:.0%} of the machine's cores"]
+              if bs.get("busy_share") else [])
+    return ["- none: " + (f"no timed bench repeat {' or '.join(checks)}, and " if checks else "")
+            + "no knee look ran while other work held more than "
             + (f"{busy:.0%}" if busy else "knee.busy_share") + " of the machine's cores"]
 
 
