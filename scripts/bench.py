@@ -48,7 +48,8 @@ def method(b: Bench, mode: str) -> str:
     """How the figures were measured, in the words the report prints."""
     untimed = f" of {b.warmup_prompts} prompts" if b.warmup_prompts else ""
     timed = (f"{b.warmups} warm-up requests and {b.warmup_repeats} untimed pass(es){untimed}, then "
-             f"{b.repeats} timed repeats inside one engine (vLLM's own bench code)" if mode == "engine" else
+             f"{b.repeats} timed {'repeat' if b.repeats == 1 else 'repeats'} inside one engine (vLLM's own bench "
+             "code)" if mode == "engine" else
              f"{b.repeats} runs, each its own engine start ({b.warmups} warm-up requests each)")
     timed += f", prompts drawn with seed {workload.SEED} whatever engine.seed"
     screens = ([f"run while other work held more than {b.busy_share:.0%} of the machine's cores"]
@@ -57,8 +58,10 @@ def method(b: Bench, mode: str) -> str:
     if screens and b.extra_repeats:
         timed += (f"; a repeat {' or '.join(screens)} is replaced by one more (at most {b.extra_repeats}) and kept "
                   "beside it, out of the median and interval")
+    summary = ("the one repeat's figures (no interval inside one engine)" if b.repeats == 1 else
+               "median with a 95 % t-interval of the repeats")
     return (f"`vllm bench throughput`, {b.num_prompts} prompts, {timed}, the prefix cache reset before each; "
-            "median with a 95 % t-interval of the repeats; each Δ counts fresh engines as the unit (the card's "
+            f"{summary}; each Δ counts fresh engines as the unit (the card's "
             "start-to-start floor, bench.noise_floor, pooled with the ladder's own re-measures; stats.delta)")
 
 

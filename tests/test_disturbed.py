@@ -129,6 +129,10 @@ def test_the_bench_records_a_busy_single_repeat_and_judges_on_its_replacement():
     assert "a repeat run while other work held more than 25% of the machine's cores is replaced" in bench.method(
         b, "engine")
     assert "off the median" not in bench.method(b, "engine")  # one repeat: no far rule to state
+    assert "1 timed repeat inside one engine" in bench.method(b, "engine")
+    assert "the one repeat's figures (no interval inside one engine)" in bench.method(b, "engine")
+    three = bench.method(B, "engine")
+    assert "3 timed repeats" in three and "95 % t-interval of the repeats" in three
 
 
 def test_the_in_engine_loop_times_one_more_pass_for_a_busy_single_repeat(monkeypatch, capsys):
