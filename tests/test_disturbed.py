@@ -135,18 +135,19 @@ def test_the_bench_records_a_busy_single_repeat_and_judges_on_its_replacement():
     assert "3 timed repeats" in three and "95 % t-interval of the repeats" in three
 
 
-def test_the_in_engine_loop_times_one_more_pass_for_a_busy_single_repeat(monkeypatch, capsys):
-    """As the far-rule loop test below: one timed repeat, its pass read while the stand-in watch says the machine was
-    busy, so the loop times one more; the second reads quiet and the loop stops."""
+def stand_in_engine(monkeypatch, reads: list[float], shares: list[float]):
+    """vLLM's own throughput module and parser with its main and the engine standing in (no engine starts): each
+    timed pass reads the next of `reads` tok/s; the returned watch class reads the next of `shares` (other work)."""
     throughput = vllm_compat.import_throughput()
-    reads, shares = iter([330.0, 505.0, 999.0]), iter([0.5, 0.05, 0.05])
+    tps, load = iter(reads), iter(shares)
 
     class Out:
         prompt_token_ids = [0] * 64
         outputs = [type("C", (), {"token_ids": [0] * 32})()]
 
-    def passes(llm, requests, n, disable_detokenize, do_profile, prequeue_requests, enable_lora):
-        return 320 / next(reads), [Out()] * 10
+    def passes(llm, requests, n, disable_detokenize, do_profile, prequeue_requests, enable_lora):  # vLLM's own
+        # parameters (vllm_compat checks them); a pass of 10 requests x 32 tokens at the next tok/s
+        return 320 / next(tps), [Out()] * 10
 
     class LLM:
         @classmethod
@@ -158,13 +159,20 @@ def test_the_in_engine_loop_times_one_more_pass_for_a_busy_single_repeat(monkeyp
 
     class Watch:
         def stop(self):
-            return {"share": next(shares), "cores": 2}
+            return {"share": next(load), "cores": 2}
 
     import vllm
     monkeypatch.setattr(vllm, "LLM", LLM)
     monkeypatch.setattr(throughput, "_run_vllm_requests", passes)
     monkeypatch.setattr(throughput, "main", lambda args: throughput.run_vllm(
         list(range(10)), 1, type("EngineArgs", (), {"enable_lora": False})(), False))
+    return Watch
+
+
+def test_the_in_engine_loop_times_one_more_pass_for_a_busy_single_repeat(monkeypatch, capsys):
+    """As the far-rule loop test below: one timed repeat, its pass read while the stand-in watch says the machine was
+    busy, so the loop times one more; the second reads quiet and the loop stops."""
+    Watch = stand_in_engine(monkeypatch, [330.0, 505.0, 999.0], [0.5, 0.05, 0.05])
     more = lambda done, loads: disturbed.screen(done, 1, 0.2, 2, loads, 0.25)["more"]  # noqa: E731
     vllm_compat.run_throughput(["--model", "m", "--num-prompts", "10"], 1, 0, more=more, watch=Watch)
     text = capsys.readouterr().out
@@ -198,34 +206,7 @@ def test_a_replaced_repeat_is_kept_in_the_results_but_not_in_the_median_or_inter
 def test_the_in_engine_loop_times_one_more_pass_for_a_far_one_and_prints_each_passs_load(monkeypatch, capsys):
     """vllm_compat.run_throughput's timed loop with the bench worker's hooks: vLLM's own module and parser, its main
     and the engine standing in (no engine starts); each pass's tok/s is what the stand-in engine is told to read."""
-    throughput = vllm_compat.import_throughput()
-    reads = iter([175.0, 52.0, 181.0, 178.0, 999.0])
-
-    class Out:
-        prompt_token_ids = [0] * 64
-        outputs = [type("C", (), {"token_ids": [0] * 32})()]
-
-    def passes(llm, requests, n, disable_detokenize, do_profile, prequeue_requests, enable_lora):  # vLLM's own
-        # parameters (vllm_compat checks them); a pass of 10 requests x 32 tokens at the next tok/s
-        return 320 / next(reads), [Out()] * 10
-
-    class LLM:
-        @classmethod
-        def from_engine_args(cls, engine_args):
-            return cls()
-
-        def reset_prefix_cache(self):
-            pass
-
-    class Watch:
-        def stop(self):
-            return {"share": 0.5, "cores": 2}
-
-    import vllm
-    monkeypatch.setattr(vllm, "LLM", LLM)
-    monkeypatch.setattr(throughput, "_run_vllm_requests", passes)
-    monkeypatch.setattr(throughput, "main", lambda args: throughput.run_vllm(
-        list(range(10)), 1, type("EngineArgs", (), {"enable_lora": False})(), False))
+    Watch = stand_in_engine(monkeypatch, [175.0, 52.0, 181.0, 178.0, 999.0], [0.5] * 5)
     more = lambda done, loads: disturbed.screen(done, 3, 0.2, 2, loads)["more"]  # noqa: E731 -- as throughput.worker
     vllm_compat.run_throughput(["--model", "m", "--num-prompts", "10"], 3, 0, more=more, watch=Watch)
     text = capsys.readouterr().out
