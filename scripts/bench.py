@@ -54,7 +54,7 @@ def method(b: Bench, mode: str) -> str:
     timed += f", prompts drawn with seed {workload.SEED} whatever engine.seed"
     screens = ([f"run while other work held more than {b.busy_share:.0%} of the machine's cores"]
                if b.busy_share else []) + ([f"more than {b.far_share:.0%} off the median of its engine's others"]
-                                           if b.far_share and b.repeats >= 3 else [])
+                                           if disturbed.far_screens(b.far_share, b.repeats) else [])
     if screens and b.extra_repeats:
         timed += (f"; a repeat {' or '.join(screens)} is replaced by one more (at most {b.extra_repeats}) and kept "
                   "beside it, out of the median and interval")

@@ -1122,9 +1122,9 @@ def disturbed_lines(lad: LadderRecord) -> list[str]:
         return ["- not screened: this record predates the screen (bench.far_share, knee.busy_share)"]
     s = lad.settings  # the params it ran with: open (config.Params as dumped)
     bs, busy = s.get("bench") or {}, (s.get("knee") or {}).get("busy_share")
-    # only the screens that ran: the far one needs three repeats an engine (disturbed.farthest), the busy one a share
+    # only the screens that ran: the far one needs enough repeats (disturbed.far_screens), the busy one a share
     checks = ([f"was more than {bs['far_share']:.0%} off its engine's others"]
-              if bs.get("far_share") and (bs.get("repeats") or 0) >= 3 else []) + \
+              if disturbed.far_screens(bs.get("far_share"), bs.get("repeats") or 0) else []) + \
              ([f"ran while other work held more than {bs['busy_share']:.0%} of the machine's cores"]
               if bs.get("busy_share") else [])
     return ["- none: " + (f"no timed bench repeat {' or '.join(checks)}, and " if checks else "")

@@ -19,13 +19,20 @@ import time
 
 import psutil
 
-
 # ---------------------------------------------------------------- bench: a repeat far off its engine's others
+FAR_MIN = 3  # repeats the far screen needs: two cannot say which one is off (their median is their mean)
+
+
+def far_screens(far: float | None, repeats: int) -> bool:
+    """Whether an engine of `repeats` timed repeats has a far screen at `far` (bench.far_share) at all."""
+    return bool(far) and repeats >= FAR_MIN
+
+
 def farthest(values: list[float], idx: list[int], far: float) -> tuple[int, float, float] | None:
     """The repeat among `values[i] for i in idx` farthest from their median, (index, median, relative distance), when
     that distance exceeds `far`; None where none does or fewer than 3 are there (two repeats cannot say which one is
     off: their median is their mean)."""
-    if len(idx) < 3:
+    if len(idx) < FAR_MIN:
         return None
     med = statistics.median(values[i] for i in idx)
     if med <= 0:
