@@ -30,9 +30,7 @@ def profile_settings(profile: str) -> dict:
 
 # ---------------------------------------------------------------- output tok/s
 # - an engine's mean output tok/s = the config's true rate x (1 + e), e ~ N(0, START_TO_START) between fresh engines;
-#   each of its timed repeats x (1 + u), u ~ N(0, IN_ENGINE) (in-engine). Every simulated profile times one pass an
-#   engine, as its floor was measured, so the floor already holds a pass's own noise and IN_ENGINE adds a sliver on
-#   top; it is no model of several passes (the cpu's pass-to-pass spread is 2.77 %, not 0.5 %: docs/method.md);
+#   each of its timed repeats x (1 + u), u ~ N(0, IN_ENGINE) (in-engine);
 # - "cold base": the first engine started on a machine reads COLD low (three fresh engines on a fresh H200: 6,639,
 #   then 7,242 and 7,337 tok/s);
 # - the card's floor (`make benchmark --parts 2`): a discarded first engine, then 8 fresh engines of as many timed

@@ -6,8 +6,8 @@ step's own), decide.reproduced, and its power for a x1.3 stack (stats.power). Th
 tests/simulate.py's (the rule's own):
 
 - tok/s: fresh engines apart by the profile's measured floor (bench.noise_floor: gpu-shape-4090 0.59 %, the cpu
-  3.03 %, each of one timed pass as both profiles run it), IN_ENGINE (0.5 %) on top; the floor every Δ is drawn with
-  is the card's (its engines, simulated on the same machine model) pooled with the ladder's own same-config engines
+  2.50 %), IN_ENGINE (0.5 %) within; the floor every Δ is drawn with is the card's (its engines, simulated on the
+  same machine model) pooled with the ladder's own same-config engines
   (record.floor_of: rung 0 and the final rung as the ladder measured them, and the confirm's own);
 - the knee: gpu-shape-4090's search on the H200 probe model (p95, phi 6.9, two looks a rate) on its own wall (gamma
   61, measured with 4 API servers), each fresh server's knee x exp(N(0, its knee CV)) (its knee.server_spread, which
@@ -24,7 +24,7 @@ tests/simulate.py's (the rule's own):
   GAMMA where only rung 0's was measured (gpu-shape-4090 2.9 %), the gentlest measured where a later rung's was too
   (cpu: rung 0's 69.5 and the final stack's 188.8: 5.8 % for rung 0's block, 1.3 % for the final stack's), its looks'
   dispersion the larger of knee.dispersion and that block's fit's (cpu 5.3 and 20.0), each block a case,
-  fresh engines at the floor x sqrt(df / chi2_0.025(df)) with its df (gpu-shape-4090 7: 1.20 %; the cpu 47: 3.80 %).
+  fresh engines at the floor x sqrt(df / chi2_0.025(df)) with its df (gpu-shape-4090 7: 1.20 %; the cpu 23: 3.51 %).
 
 A stack is "called better" where confirm_summary's `reproduced` is True. What must hold (issue 53): an A/A stack is
 called better in <= 2.5 %; a true x1.3 stack (tok/s and knee both x1.3) in >= 80 % at the pairs params.yaml sets

@@ -24,7 +24,7 @@ from test_knee_sweep import SLO, FakeProber, FakeServer
 from test_knee_sweep import K as KNEE
 
 PARAMS = config.load_params()
-B = PARAMS.bench.model_copy(update={"repeats": 3})  # the cpu profile's far_share 0.2, extra_repeats 2 (its repeats 1)
+B = PARAMS.bench  # the cpu profile's: far_share 0.2, extra_repeats 2, repeats 3
 FLOOR_CV = B.noise_floor.cv
 
 
@@ -40,7 +40,7 @@ def test_the_far_rule_flags_52_among_175_and_181_and_the_next_repeat_replaces_it
 
 
 def test_ordinary_spread_is_not_flagged():
-    # three repeats within +-3 of the cpu floor's SDs (CV 3.03 % on this box) of each other, and the widest spreads
+    # three repeats within +-3 of the cpu floor's SDs (CV 2.50 % on this box) of each other, and the widest spreads
     # the 2-core box's own ladders read inside one engine (13 % off their median at most)
     lo, hi = 178 * (1 - 3 * FLOOR_CV), 178 * (1 + 3 * FLOOR_CV)
     for values in ([lo, 178.0, hi], [365.45, 390.1, 339.15], [278.2, 318.83, 319.02], [93.25, 102.24, 106.53]):
@@ -62,7 +62,7 @@ def test_two_repeats_cannot_say_which_is_off_and_the_cap_holds():
 def test_the_far_rule_false_flags_about_one_engine_in_a_hundred_at_the_boxs_own_spread():
     """Simulated (fixed seed): three repeats of one engine, normal about their mean. At the 2-core box's in-engine
     spread (robust SD 5.9 % over its two ladders' 39 repeats) 0.9 % of engines get a repeat replaced (one pass more);
-    at the cpu floor's 3.03 % none do; a repeat read at 0.5x (another engine on the pinned core) or at 0.3x (the ~52 of
+    at the cpu floor's 2.50 % none do; a repeat read at 0.5x (another engine on the pinned core) or at 0.3x (the ~52 of
     ~175) is flagged every time, at 0.7x in 92 %."""
     rng = np.random.default_rng(0)
 

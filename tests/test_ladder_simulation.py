@@ -1,7 +1,7 @@
 """The ladder's one error budget (stats.LADDER_FALSE_KEEP), proved on whole ladders: tests/ladder_sim.py climbs them
 as ladder.Driver does, with the project's own judgement, on each profile's measured noise (gpu-shape-4090: its card's
 start-to-start floor, 8 engines, and its fresh servers' knee spread, 9 servers with 4 API servers on its own wall,
-fitted from looks at three rates; cpu: its floor, 48 engines, and its 8 fresh servers' knee spread on its own wall,
+fitted from looks at three rates; cpu: its floor, 8 engines, and its 8 fresh servers' knee spread on its own wall,
 fitted from looks at two rates), and at the upper end of those floors'
 95 % intervals (and a wall simulate.upper_gamma takes: the gentler of rung 0's lower end and 13 where only rung 0's was
 measured, the gentlest measured where a later rung's was too, as on the cpu). Five rungs, as a one-GPU ladder climbs;
