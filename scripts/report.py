@@ -1262,6 +1262,25 @@ def as_record(lad: LadderRecord | dict) -> LadderRecord:
     return lad if isinstance(lad, LadderRecord) else LadderRecord.model_validate(lad)
 
 
+def disturbed_intro(lad: LadderRecord) -> str:
+    """What the screens do, naming only those the ladder's settings ran: the far one needs enough timed repeats an
+    engine (disturbed.far_screens), so one pass an engine (the GPU profiles') is screened for other work alone."""
+    bs = lad.settings.get("bench") or {}
+    far = disturbed.far_screens(bs.get("far_share"), bs.get("repeats") or 0)
+    return (("A bench repeat far off its engine's others, or run" if far else "A timed bench pass run")
+            + " while other work kept the machine busy is replaced by one more pass (up to bench.extra_repeats), a "
+            "knee look while other work kept the machine busy is looked at again on its trace (once); the flagged "
+            "one is kept beside what replaced it and judged on by nothing:")
+
+
+def tps_words(lad: LadderRecord) -> str:
+    """What the table's output tok/s is: a median and interval of an engine's repeats, or its one timed pass."""
+    repeats = (lad.settings.get("bench") or {}).get("repeats") or 0
+    return ("Output tok/s: one engine's timed pass (no interval inside one engine; each Δ's interval rests on fresh "
+            "engines and the start-to-start floor)." if repeats == 1 else
+            "Output tok/s: median of one engine's repeats with their 95 % t-interval.")
+
+
 def render(lad: LadderRecord | dict, out: Path) -> str:
     """The first screen (headline, the seed's table, one line a rung: `first_screen`), then the evidence every line
     rests on, the rule's words once, and the long table as an appendix. `lad` the record, or a dict of its shape
@@ -1272,18 +1291,14 @@ def render(lad: LadderRecord | dict, out: Path) -> str:
           "## Setup", *header(rec), "",
           "## What I kept and why", *([f"Rule: {rec.rule}", ""] if rec.rule else []), *kept_why(rec), "",
           *gate_power_lines(rec),
-          "## Disturbed measurements", "A bench repeat far off its engine's others, or run while other work kept the "
-          "machine busy, is replaced by one more pass (up to bench.extra_repeats), a knee look while other work kept "
-          "the machine busy is looked at again on its trace (once); the flagged one is kept beside what replaced it "
-          "and judged on by nothing:",
-          *disturbed_lines(rec), "",
+          "## Disturbed measurements", disturbed_intro(rec), *disturbed_lines(rec), "",
           "## Capacity plan", *capacity_lines(rec), "",
           "## Plots", "![knee evidence per rung](knee.png)", "", "![throughput and accuracy](rungs.png)", "",
           f"![{PARETO_ALT}](pareto.png)", "",
           "## Time", *time_lines(rec), "",
           f"## Appendix: the full table ({len(rec.rungs)} runs)", "", table(rec), "",
-          "Output tok/s: median of one engine's repeats with their 95 % t-interval. " + stats.DELTA_WORDS + ". Knee: "
-          "highest offered rate meeting the SLO, with the first rate that broke it.", ""]
+          tps_words(rec) + " " + stats.DELTA_WORDS + ". Knee: highest offered rate meeting the SLO, with the first "
+          "rate that broke it.", ""]
     return "\n".join(md)
 
 

@@ -326,6 +326,20 @@ def disturbed_lines(lad: dict) -> list[str]:
     return report.disturbed_lines(LadderRecord.model_validate(lad))
 
 
+def test_the_report_words_its_bench_figures_and_screens_by_the_repeats_it_ran():
+    """One timed pass an engine (the GPU profiles'): no far screen ran and no interval inside an engine exists, so the
+    Disturbed section's opening and the appendix's tok/s words claim neither; three passes: both."""
+    lad = LadderRecord.model_validate(json.loads((FIXTURES / "ladder_cpu.json").read_text()))
+    bench_of = lad.settings["bench"]
+    for repeats, far, interval in ((1, False, False), (3, True, True)):
+        lad.settings["bench"] = {**bench_of, "repeats": repeats, "far_share": 0.2}
+        assert ("far off its engine's others" in report.disturbed_intro(lad)) is far, repeats
+        assert ("t-interval" in report.tps_words(lad)) is interval, repeats
+    assert report.tps_words(lad).startswith("Output tok/s: median of one engine's repeats")
+    lad.settings["bench"] = {**bench_of, "repeats": 1}
+    assert report.tps_words(lad).startswith("Output tok/s: one engine's timed pass (no interval inside one engine")
+
+
 def test_the_report_names_each_disturbed_repeat_and_look_or_says_none_were(tmp_path):
     lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
     assert disturbed_lines(lad) == ["- not screened: this record predates the screen (bench.far_share, "
