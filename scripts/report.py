@@ -456,7 +456,9 @@ def glance_notes(lad: LadderRecord) -> list[str]:
              "cold KV": ("the bench engine held fewer KV tokens than its own server (a start with no compile cache, "
                          "vLLM issue 54122): where KV binds its tok/s reads low")}
     notes = [f"{MARKS[key]} {words[key]}: {', '.join(who)}" for key, who in named.items() if who]
-    return [f"Output tok/s: median [95 % CI]; speedup vs rung 0; knee: last pass–first fail on evidence at the SLO "
+    one = (lad.settings.get("bench") or {}).get("repeats") == 1  # one timed pass an engine: no interval inside it
+    return [f"Output tok/s: {'one timed pass' if one else 'median [95 % CI]'}; speedup vs rung 0; knee: last "
+            f"pass–first fail on evidence at the SLO "
             f"({slo_text(slo_of(lad))}); regressions: accuracy lost per category vs rung 0 (✗ failed the gate). "
             "Each figure's evidence (Δ intervals, engines, servers, counts per look): the sections below.",
             *[f"- {n}" for n in notes]]

@@ -335,6 +335,7 @@ def test_the_report_words_its_bench_figures_and_screens_by_the_repeats_it_ran():
         lad.settings["bench"] = {**bench_of, "repeats": repeats, "far_share": 0.2}
         assert ("far off its engine's others" in report.disturbed_intro(lad)) is far, repeats
         assert ("t-interval" in report.tps_words(lad)) is interval, repeats
+        assert ("median [95 % CI]" in report.glance_notes(lad)[0]) is interval, repeats  # the first screen's words
     assert report.tps_words(lad).startswith("Output tok/s: median of one engine's repeats")
     lad.settings["bench"] = {**bench_of, "repeats": 1}
     assert report.tps_words(lad).startswith("Output tok/s: one engine's timed pass (no interval inside one engine")
