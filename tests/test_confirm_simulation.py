@@ -19,7 +19,9 @@ tests/simulate.py's (the rule's own):
   step's own), on to its own bracket (ladder.knee_anchor(bracket=True));
 - the ladder kept a x1.3 gain (a kept rung that read +30 % on tok/s, or on its knee): where the confirm step does
   not call the stack better, it says "did not reproduce" where its interval excludes that gain, else "could not tell";
-- "at the upper end": the truth at the upper end of each floor's 95 % interval, the rule's floors as stored: the
+- "at the upper end": the truth at the upper end of each floor's 95 % interval, the rule's knee spread as stored and
+  its tok/s floor re-measured at that truth (card_floor: it tracks the truth; held at the stored floor instead, an
+  all-placebo ladder's budget does not hold: tests/test_ladder_simulation.py's strict xfail): the
   servers' knee CV at its sigma's upper end over simulate.upper_gamma's wall: the gentler of its own's lower end and
   GAMMA where only rung 0's was measured (gpu-shape-4090 2.9 %), the gentlest measured where a later rung's was too
   (cpu: rung 0's 69.5 and the final stack's 188.8: 5.8 % for rung 0's block, 1.3 % for the final stack's), its looks'
