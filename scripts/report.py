@@ -456,7 +456,7 @@ def glance_notes(lad: LadderRecord) -> list[str]:
              "cold KV": ("the bench engine held fewer KV tokens than its own server (a start with no compile cache, "
                          "vLLM issue 54122): where KV binds its tok/s reads low")}
     notes = [f"{MARKS[key]} {words[key]}: {', '.join(who)}" for key, who in named.items() if who]
-    one = (lad.settings.get("bench") or {}).get("repeats") == 1  # one timed pass an engine: no interval inside it
+    one = timed_passes(lad) == 1  # one timed pass an engine: no interval inside it
     return [f"Output tok/s: {'one timed pass' if one else 'median [95 % CI]'}; speedup vs rung 0; knee: last "
             f"pass–first fail on evidence at the SLO "
             f"({slo_text(slo_of(lad))}); regressions: accuracy lost per category vs rung 0 (✗ failed the gate). "
@@ -1126,7 +1126,7 @@ def disturbed_lines(lad: LadderRecord) -> list[str]:
     bs, busy = s.get("bench") or {}, (s.get("knee") or {}).get("busy_share")
     # only the screens that ran: the far one needs enough repeats (disturbed.far_screens), the busy one a share
     checks = ([f"was more than {bs['far_share']:.0%} off its engine's others"]
-              if disturbed.far_screens(bs.get("far_share"), bs.get("repeats") or 0) else []) + \
+              if disturbed.far_screens(bs.get("far_share"), timed_passes(lad)) else []) + \
              ([f"ran while other work held more than {bs['busy_share']:.0%} of the machine's cores"]
               if bs.get("busy_share") else [])
     return ["- none: " + (f"no timed bench repeat {' or '.join(checks)}, and " if checks else "")
@@ -1264,11 +1264,15 @@ def as_record(lad: LadderRecord | dict) -> LadderRecord:
     return lad if isinstance(lad, LadderRecord) else LadderRecord.model_validate(lad)
 
 
+def timed_passes(lad: LadderRecord) -> int:
+    """The timed passes an engine the ladder ran (bench.repeats as it ran; 0 where an older record does not say)."""
+    return (lad.settings.get("bench") or {}).get("repeats") or 0
+
+
 def disturbed_intro(lad: LadderRecord) -> str:
     """What the screens do, naming only those the ladder's settings ran: the far one needs enough timed repeats an
     engine (disturbed.far_screens), so one pass an engine (the GPU profiles') is screened for other work alone."""
-    bs = lad.settings.get("bench") or {}
-    far = disturbed.far_screens(bs.get("far_share"), bs.get("repeats") or 0)
+    far = disturbed.far_screens((lad.settings.get("bench") or {}).get("far_share"), timed_passes(lad))
     return (("A bench repeat far off its engine's others, or run" if far else "A timed bench pass run")
             + " while other work kept the machine busy is replaced by one more pass (up to bench.extra_repeats), a "
             "knee look while other work kept the machine busy is looked at again on its trace (once); the flagged "
@@ -1277,9 +1281,8 @@ def disturbed_intro(lad: LadderRecord) -> str:
 
 def tps_words(lad: LadderRecord) -> str:
     """What the table's output tok/s is: a median and interval of an engine's repeats, or its one timed pass."""
-    repeats = (lad.settings.get("bench") or {}).get("repeats") or 0
     return ("Output tok/s: one engine's timed pass (no interval inside one engine; each Δ's interval rests on fresh "
-            "engines and the start-to-start floor)." if repeats == 1 else
+            "engines and the start-to-start floor)." if timed_passes(lad) == 1 else
             "Output tok/s: median of one engine's repeats with their 95 % t-interval.")
 
 
