@@ -1126,7 +1126,7 @@ def disturbed_lines(lad: LadderRecord) -> list[str]:
     bs, busy = s.get("bench") or {}, (s.get("knee") or {}).get("busy_share")
     # only the screens that ran: the far one needs enough repeats (disturbed.far_screens), the busy one a share
     checks = ([f"was more than {bs['far_share']:.0%} off its engine's others"]
-              if disturbed.far_screens(bs.get("far_share"), timed_passes(lad)) else []) + \
+              if far_screened(lad) else []) + \
              ([f"ran while other work held more than {bs['busy_share']:.0%} of the machine's cores"]
               if bs.get("busy_share") else [])
     return ["- none: " + (f"no timed bench repeat {' or '.join(checks)}, and " if checks else "")
@@ -1269,11 +1269,15 @@ def timed_passes(lad: LadderRecord) -> int:
     return (lad.settings.get("bench") or {}).get("repeats") or 0
 
 
+def far_screened(lad: LadderRecord) -> bool:
+    """Whether the ladder's benches ran the far screen: bench.far_share set and enough timed repeats an engine
+    (disturbed.far_screens); one pass an engine (the GPU profiles') is screened for other work alone."""
+    return disturbed.far_screens((lad.settings.get("bench") or {}).get("far_share"), timed_passes(lad))
+
+
 def disturbed_intro(lad: LadderRecord) -> str:
-    """What the screens do, naming only those the ladder's settings ran: the far one needs enough timed repeats an
-    engine (disturbed.far_screens), so one pass an engine (the GPU profiles') is screened for other work alone."""
-    far = disturbed.far_screens((lad.settings.get("bench") or {}).get("far_share"), timed_passes(lad))
-    return (("A bench repeat far off its engine's others, or run" if far else "A timed bench pass run")
+    """What the screens do, naming only those the ladder's settings ran (far_screened)."""
+    return (("A bench repeat far off its engine's others, or run" if far_screened(lad) else "A timed bench pass run")
             + " while other work kept the machine busy is replaced by one more pass (up to bench.extra_repeats), a "
             "knee look while other work kept the machine busy is looked at again on its trace (once); the flagged "
             "one is kept beside what replaced it and judged on by nothing:")
