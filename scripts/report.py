@@ -1306,8 +1306,8 @@ def render(lad: LadderRecord | dict, out: Path) -> str:
           f"![{PARETO_ALT}](pareto.png)", "",
           "## Time", *time_lines(rec), "",
           f"## Appendix: the full table ({len(rec.rungs)} runs)", "", table(rec), "",
-          tps_words(rec) + " " + stats.DELTA_WORDS + ". Knee: highest offered rate meeting the SLO, with the first "
-          "rate that broke it.", ""]
+          tps_words(rec) + " " + stats.delta_words(rec.noise_floor.read_at if rec.noise_floor else None)
+          + ". Knee: highest offered rate meeting the SLO, with the first rate that broke it.", ""]
     return "\n".join(md)
 
 

@@ -8,8 +8,9 @@ stats.knee_recheck, decide.needs_knee_again, decide.needs_again, decide.decide, 
 probing.recheck):
 
 - one machine: an untimed warm-up engine, then rung 0's engine and its knee search on its own server; the card's
-  floor is `make benchmark --parts 2` on another machine of the kind (a discarded first engine, then the profile's
-  bench.noise_floor.engines fresh ones), pooled with the ladder's own same-config engines (record.floor_of);
+  floor is the profile's bench.noise_floor as stored and as the rule reads it (stats.Floor.of: at the upper end of
+  its 95 % interval), held whatever the truth, as a ladder holds its params, pooled with the ladder's own same-config
+  engines (record.floor_of);
 - each rung: a fresh engine and a knee search on a fresh server, started from its base's knee (ladder.knee_anchor);
   its tok/s against the base's engine measured last (its latest re-measure, else its bench), its knee against the
   base's own search; a knee read better or worse re-checked on a fresh server of the base, then of the rung; a
@@ -29,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+import config
 import ladder
 import simulate as sim
 from judgement import decide, stats
@@ -51,8 +53,9 @@ class Noise:
     model: sim.KneeModel
     server_cv: float       # knee.server_spread knee_cv (fresh servers' knees)
     knee_floor: float      # knee.noise_floor
-    floor_cv: float        # bench.noise_floor cv (fresh engines' start-to-start)
+    floor_cv: float        # fresh engines' true start-to-start (bench.noise_floor cv as measured; upper: its upper end)
     floor_engines: int
+    stored: stats.Floor    # bench.noise_floor as the rule reads it (stats.Floor.of): the prior every ladder pools
     repeats: int
     true_phi: float = 0.0  # the looks' true dispersion (0: the model's, knee.dispersion)
     upper_gamma: float = sim.GAMMA  # the wall at the upper end (see upper)
@@ -78,7 +81,8 @@ class Noise:
         start = p["knee"]["start_fraction"] / KNEE_OF_BENCH[profile] if profile in KNEE_OF_BENCH else 0.7
         uppers = tuple(sim.upper_ends(spread, model.phi))
         return cls(profile, knee, model, spread["knee_cv"],
-                   p["knee"].get("noise_floor") or 0.0, fl["cv"], fl["engines"], p["bench"]["repeats"],
+                   p["knee"].get("noise_floor") or 0.0, fl["cv"], fl["engines"],
+                   stats.Floor.of(config.NoiseFloor(**fl)), p["bench"]["repeats"],
                    model.phi, gamma_up, uppers, start,
                    p["knee"].get("better_pairs") or stats.KNEE_BETTER_ROUNDS)
 
@@ -116,7 +120,7 @@ class Config:
 def ladder_run(rng, nm: Noise, rungs: list[list[tuple[float, float]]]) -> list[list[str]]:
     """One ladder: rung 0, then `rungs`, each a list of candidates (tok/s factor, knee factor) against the last kept
     rung. Returns each candidate's verdict: "kept on its knee", "kept on output tok/s" or "reverted"."""
-    prior = sim.card_floor(rng, True, nm.floor_engines, nm.repeats, nm.floor_cv)
+    prior = nm.stored  # params', as a ladder reads them: one measurement, held whatever the truth
     m = nm.machine(rng)
     m.engine(100.0, repeats=1)  # bench.warm_up_engine: untimed, discarded
     base = Config(100.0, nm.knee, [m.engine(100.0)], nm.search(rng, nm.knee))

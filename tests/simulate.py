@@ -3,11 +3,9 @@ the per-rung rule; tests/test_confirm_simulation.py: the confirm step). Each tes
 module states the models, as measured, and measures with the project's own functions (probing.search, stats.pool)."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy import stats as sps
 
 from judgement import stats
 from measure import probing
@@ -15,9 +13,7 @@ from measure import probing
 TRIALS = 2000
 
 
-def upper_cv(cv: float, df: int, level: float = 0.95) -> float:
-    """The upper end of a CV's two-sided `level` interval estimated on `df` degrees of freedom (chi-square)."""
-    return cv * math.sqrt(df / sps.chi2.ppf((1 - level) / 2, df))
+upper_cv = stats.upper_cv  # the upper end of a CV's two-sided 95 % interval: the rule reads a stored floor there too
 
 
 def profile_settings(profile: str) -> dict:
@@ -34,7 +30,7 @@ def profile_settings(profile: str) -> dict:
 # - "cold base": the first engine started on a machine reads COLD low (three fresh engines on a fresh H200: 6,639,
 #   then 7,242 and 7,337 tok/s);
 # - the card's floor (`make benchmark --parts 2`): a discarded first engine, then 8 fresh engines of as many timed
-#   repeats, on its own machine (card_floor).
+#   repeats, on its own machine (card_floor), read as the rule reads a stored floor (stats.Floor.read).
 GPU_REPEATS = profile_settings("gpu-shape-4090")["bench"]["repeats"]
 IN_ENGINE, START_TO_START, COLD = 0.005, 0.015, 0.06
 
@@ -62,7 +58,7 @@ def card_floor(rng, cold: bool, engines: int = 8, repeats: int = 1,
     m = Machine(rng, cold, repeats, start_to_start)
     m.engine(100.0)
     means = [float(np.mean(m.engine(100.0))) for _ in range(engines)]
-    return stats.Floor(float(np.std(means, ddof=1) / np.mean(means)), engines, 1, "simulated card")
+    return stats.Floor.read(float(np.std(means, ddof=1) / np.mean(means)), engines, "simulated card")
 
 
 # ---------------------------------------------------------------- the knee

@@ -57,6 +57,10 @@ def rung(**kw) -> RungRecord:
     return RungRecord.model_validate({"index": 1, "name": "r", "role": "rung", "status": "ok", **kw})
 
 
+# a floor on 4 engines that the rule reads as 1.2 % (stats.Floor.read: at the upper end of its 95 % interval)
+FLOOR_4 = config.NoiseFloor(cv=0.012 / stats.upper_cv(1.0, 3), engines=4)
+
+
 def ladder(*rungs: RungRecord) -> LadderRecord:
     return LadderRecord(profile="test", rungs=list(rungs))
 
@@ -109,7 +113,7 @@ def test_the_headline_comes_from_the_confirm_step_when_there_is_one(tmp_path):
         return {**src, "name": f"confirm-1-{which}", "exp": f"cpu-9-confirm-1-{which}", "status": "ok",
                 "bench": {**src["bench"], "output_tps_runs": runs, "output_tps": runs[1]}}
     runs = [again(base, "baseline", [400.0, 402.0, 404.0]), again(final, "final", [480.0, 482.0, 484.0])]
-    lad["confirm"] = {"pairs": 1, "runs": runs, **record.confirm_summary(runs, config.NoiseFloor(cv=0.012, engines=4))}
+    lad["confirm"] = {"pairs": 1, "runs": runs, **record.confirm_summary(runs, FLOOR_4)}
     assert lad["confirm"]["speedup"] == 482 / 402 and lad["confirm"]["delta"]["output_tps"]["verdict"] == "better"
     headline = report.render(lad, tmp_path).split("\n")[2]
     assert "402 output tok/s → 482 tok/s (1.20×, Δ +19.9 %" in headline and "confirm step" in headline
@@ -175,7 +179,7 @@ def confirmed(lad: dict, base_runs: list[float], final_runs: list[float], knees:
     runs = [again(base, "baseline", base_runs, knees and knees[0]),
             again(final, "final", final_runs, knees and knees[1])]
     kept = [r for r in lad["rungs"] if r.get("kept") and r.get("role") != "baseline"]
-    floor = floor or config.NoiseFloor(cv=0.012, engines=4)
+    floor = floor or FLOOR_4
     lad["confirm"] = {"pairs": 1, "runs": runs, **record.confirm_summary(runs, floor, lad["objective"], kept)}
     return lad
 
@@ -212,9 +216,10 @@ def test_a_confirm_pair_that_shows_no_gain_says_the_kept_gains_did_not_reproduce
 
 def test_a_confirm_step_too_weak_to_tell_says_so_with_its_power_not_that_the_gains_did_not_reproduce(tmp_path):
     # issue 53's cpu clone: the confirm pair read 258 -> 319 tok/s (1.23x, Δ +18.5 % [-8.5, +45.6]) on one engine a
-    # side: neither better nor excluding the +31.6 % the kept rungs read; here a floor of 8 % on 4 engines
+    # side: neither better nor excluding the +31.6 % the kept rungs read; here a floor read as 8 % on 4 engines
     lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
-    lad = confirmed(lad, [257.0, 258.0, 259.0], [318.0, 319.0, 320.0], floor=config.NoiseFloor(cv=0.08, engines=4))
+    lad = confirmed(lad, [257.0, 258.0, 259.0], [318.0, 319.0, 320.0],
+                    floor=config.NoiseFloor(cv=0.08 / stats.upper_cv(1.0, 3), engines=4))
     conf = lad["confirm"]
     assert conf["reproduced"] is None and conf["verdict"] == decide.COULD_NOT_TELL, conf["reproduced_why"]
     assert conf["delta"]["output_tps"]["ci"][0] < 0 < 0.3155 < conf["delta"]["output_tps"]["ci"][1]

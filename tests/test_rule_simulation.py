@@ -6,8 +6,11 @@ seeds, on a stated noise model:
   bench.repeats of them (one: the engine is the unit), the cpu profile's for its own test;
 - "cold base": the first engine started on a machine reads 6 % low (three fresh engines on a fresh H200: 6,639,
   then 7,242 and 7,337 tok/s);
-- the card's floor (`make benchmark --parts 2`): a discarded first engine, then 8 fresh engines of as many
-  timed repeats, on its own machine;
+- the card's floor (`make benchmark --parts 2`): a discarded first engine, then FLOOR_ENGINES (32) fresh engines of
+  as many timed repeats, on its own machine, read as the rule reads a stored floor, at the upper end of its 95 %
+  interval (stats.Floor.read: x 1.28 at df 31; x 2.03 at 8 engines' df 7, where a true +10 % was called better in
+  30 %, 75 % on 16, 87 % on 24, 92 % on 32: a card's floor on 8 engines holds only a floor far below its effects,
+  as gpu-shape-4090's 0.59 %);
 - a ladder rung (ladder.Driver): the first bench warms the machine with an untimed engine
   (bench.warm_up_engine), then base, rung, and the base again where that could still call the rung better
   (stats.may_gain: stats.again_odds), each a fresh engine; the rung is judged against the mean of the two base
@@ -42,8 +45,11 @@ from simulate import (
     rechecked,
 )
 
+FLOOR_ENGINES = 32
 
-def rung(rng, effect: float, cold: bool, warm_up: bool = True, floor_engines: int = 8, always_again: bool = False,
+
+def rung(rng, effect: float, cold: bool, warm_up: bool = True, floor_engines: int = FLOOR_ENGINES,
+         always_again: bool = False,
          engines: list | None = None, repeats: int | None = None) -> str:
     """One rung as the ladder measures and judges it (decide.needs_again): its verdict on output tok/s. The base is
     measured again after the rung unless its Δ against the base before it shows no gain (stats.may_gain), or always."""
@@ -96,7 +102,7 @@ def test_without_the_warm_up_engine_a_cold_base_credits_placebos_twice_as_often(
     # the base before the rung is then the machine's first engine: 6 % low, so the mean of the two flanks is 3 %
     # low (the pooled floor, widened by that pair, hides part of it)
     cold, warm = rates(0.0, True, seed=13, warm_up=False), rates(0.0, True, seed=13)
-    assert cold["better"] > 2 * warm["better"] and cold["worse"] < warm["worse"], (cold, warm)
+    assert cold["better"] > 2 * warm["better"] and cold["worse"] <= warm["worse"], (cold, warm)  # both 0 at seed 13
 
 
 def test_a_cpu_placebo_is_falsely_kept_in_at_most_1_percent():

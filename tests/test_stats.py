@@ -72,6 +72,28 @@ def test_a_pooled_floor_counts_every_same_config_group_by_its_degrees_of_freedom
     assert stats.pool(stats.Floor(0.0), []).df == 0
 
 
+def test_a_stored_floor_is_read_at_the_upper_end_of_its_95_percent_interval():
+    # gpu-shape-4090's 0.59 % on 8 engines reads 1.20 %, the cpu's 2.50 % on 24 reads 3.51 %; its df are its engines'
+    read = stats.Floor.of(config.NoiseFloor(cv=0.0059, engines=8, measured_on="H200"))
+    assert read.cv == pytest.approx(0.0120, abs=5e-5) and read.df == 7 and read.read_at == stats.FLOOR_LEVEL
+    assert "0.59% measured, read at its 95% upper end; H200" in read.words()
+    assert stats.Floor.of(config.NoiseFloor(cv=0.025, engines=24)).cv == pytest.approx(0.0351, abs=5e-5)
+    assert stats.Floor.of(config.NoiseFloor()).df == 0 and stats.Floor.of(None).read_at is None  # nothing to read
+    pooled = stats.pool(read, [[100.0, 101.0]])
+    assert pooled.read_at == stats.FLOOR_LEVEL and pooled.df == 8  # the ladder's own engines join it as measured
+    assert stats.pool(stats.Floor.of(config.NoiseFloor()), [[100.0, 101.0]]).read_at is None
+
+
+def test_the_read_floor_is_below_the_truth_in_2_5_percent_of_measurements():
+    # brute force on planted data: fresh engines' SD of 1 % measured on 8 (and 24) engines, 20,000 times; the upper
+    # end the rule reads falls below the truth in (1 - FLOOR_LEVEL) / 2 of them
+    rng = np.random.default_rng(5)
+    for n in (8, 24):
+        sd = np.std(rng.normal(100.0, 1.0, (20000, n)), axis=1, ddof=1) / 100.0
+        below = np.mean([stats.upper_cv(float(x), n - 1) < 0.01 for x in sd])
+        assert below == pytest.approx((1 - stats.FLOOR_LEVEL) / 2, abs=0.004), (n, below)
+
+
 def test_mcnemar_exact():
     assert stats.mcnemar_exact(0, 0) == 1.0
     assert stats.mcnemar_exact(4, 0) == pytest.approx(0.125)

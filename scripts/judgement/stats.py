@@ -24,12 +24,24 @@ if TYPE_CHECKING:
 # One error budget for the whole ladder: a rung is kept on its knee or on its tok/s, and a ladder judges five rungs
 # against one base, so a rate per test compounds (one re-check pair a side kept something in ~10 % of all-placebo
 # gpu-shape-4090 ladders, 8.7 % on the knee: tests/test_ladder_simulation.py). LADDER_FALSE_KEEP bounds the share of
-# ladders of LADDER_RUNGS rungs that change nothing which keep anything, both paths together: CONFIDENCE (tok/s,
-# ~2.5 % of such ladders) and the knee's re-check pairs (KNEE_BETTER_ROUNDS, ~1.6 %) share it, as whole ladders
-# simulated on each profile's measured noise, and at the upper end of its intervals, show.
+# ladders of LADDER_RUNGS rungs that change nothing which keep anything, both paths together: CONFIDENCE (tok/s on
+# the floor read at its upper end, FLOOR_LEVEL: up to ~1 % of such ladders) and the knee's re-check pairs
+# (KNEE_BETTER_ROUNDS, up to ~2.2 %) share it, as whole ladders simulated on each profile's measured noise, and at
+# the upper end of its intervals, show.
 LADDER_FALSE_KEEP, LADDER_RUNGS = 0.05, 5
 CONFIDENCE = 0.985  # two-sided: each way at most 0.75 %; a true +10 % is still called better in >= 90 % of rungs
                     # (tests/test_rule_simulation.py); 0.99 would cost that (89.2 %) for ~0.5 % of the budget
+# A measured floor is read at the upper end of its two-sided FLOOR_LEVEL interval (Floor.read): 8 engines cannot tell
+# 0.59 % from 1.20 %, and the t-interval's degrees of freedom cover that only on average over measurements. A ladder
+# reads one stored floor every time; read as measured, where the truth sat at that upper end, all-placebo ladders kept
+# something in 18.4 % (gpu-shape-4090: 0.59 % on 8 engines) and 10.3 % (cpu: 2.50 % on 24), budget 5 %. Read there,
+# the truth the simulations stress is the floor the rule reads (tests/test_ladder_simulation.py).
+FLOOR_LEVEL = 0.95
+
+
+def upper_cv(cv: float, df: int, level: float = FLOOR_LEVEL) -> float:
+    """The upper end of a CV's two-sided `level` interval estimated on `df` degrees of freedom (chi-square)."""
+    return cv * math.sqrt(df / sps.chi2.ppf((1 - level) / 2, df)) if df > 0 else cv
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,7 @@ class Floor:
     engines: int = 0
     groups: int = 1
     source: str = "not measured"
+    read_at: float | None = None  # a stored floor read at the upper end of its interval of this level (Floor.read)
 
     @property
     def df(self) -> int:
@@ -56,7 +69,16 @@ class Floor:
         if block is None:
             return cls(0.0)
         where = ", ".join(str(v) for v in (block.measured_on, block.vllm, block.measured) if v)
-        return cls(float(block.cv), block.engines, 1, where or "as typed")
+        return cls.read(float(block.cv), block.engines, where or "as typed")
+
+    @classmethod
+    def read(cls, cv: float, engines: int, source: str) -> Floor:
+        """A floor measured as `cv` on `engines` fresh engines of one config, as the rule reads it: at the upper end of
+        its two-sided FLOOR_LEVEL interval (upper_cv), the measured value named in its source."""
+        if engines < 2:
+            return cls(cv, engines, 1, source)
+        return cls(upper_cv(cv, engines - 1), engines, 1,
+                   f"{cv:.2%} measured, read at its {FLOOR_LEVEL:.0%} upper end; {source}", FLOOR_LEVEL)
 
     def words(self) -> str:
         if not self.df:
@@ -81,17 +103,25 @@ def pool(prior: Floor | NoiseFloor | None, groups: list[list[float]], source: st
     own = sum(len(g) for g in groups if len(g) >= 2)
     words = "; ".join(x for x in (prior.source if prior.df else "", f"{own} in this ladder" if own else "", source)
                       if x)
-    return Floor(math.sqrt(ss / df), engines, n_groups, words)
+    return Floor(math.sqrt(ss / df), engines, n_groups, words, prior.read_at if prior.df else None)
 
 
 # How a Δ on output tok/s is drawn, as the report's legend and docs/method.md say it (delta below is what it
 # describes).
-DELTA_WORDS = (f"Δ vs base: the rung's fresh engine against its base's engine measured just before it and, where that "
-               f"could be a gain, the mean of that and one measured again just after it (a machine drifting under the "
-               f"rung cancels), with a {CONFIDENCE:.1%} interval whose degrees of freedom include the start-to-start "
-               "floor's (Welch-Satterthwaite over the floor and every engine's repeats, at most the floor's); \"within "
-               "noise\" where it "
-               "includes zero, \"unknown\" where no floor was measured")
+def delta_words(read_at: float | None = FLOOR_LEVEL) -> str:
+    """The legend of a Δ on output tok/s; `read_at`: the level at whose upper end the stored floor was read (None: a
+    ladder from before, read as measured; its record's noise_floor.read_at says which)."""
+    floor = (f"on the start-to-start floor read at the upper end of its {read_at:.0%} interval, whose degrees of "
+             "freedom include the floor's" if read_at else
+             "whose degrees of freedom include the start-to-start floor's")
+    return ("Δ vs base: the rung's fresh engine against its base's engine measured just before it and, where that "
+            "could be a gain, the mean of that and one measured again just after it (a machine drifting under the "
+            f"rung cancels), with a {CONFIDENCE:.1%} interval {floor} (Welch-Satterthwaite over the floor and every "
+            "engine's repeats, at most the floor's); \"within noise\" where it includes zero, \"unknown\" where no "
+            "floor was measured")
+
+
+DELTA_WORDS = delta_words()
 
 
 def engines_of(runs) -> list[list[float]]:

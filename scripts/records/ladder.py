@@ -302,6 +302,8 @@ class NoiseFloor(Closed):
     source: str | None = None
     df: int | None = None
     words: str
+    read_at: float | None = None  # the level at whose upper end the stored floor was read; None: as measured (a
+                                  # ladder from before 2026-12-07's stats.Floor.read)
 
 
 class LadderRecord(Record):
