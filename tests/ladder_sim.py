@@ -19,8 +19,10 @@ probing.recheck):
   re-measure in place, so the rungs of an all-placebo ladder all meet rung 0's one knee search and are correlated
   through it.
 
-Tok/s: an engine's mean is the config's rate x (1 + e), e ~ N(0, start-to-start), each timed repeat x (1 + u),
-u ~ N(0, in-engine); the machine's first engine reads sim.COLD low. Knee: tests/simulate.py's model (a wall of
+Tok/s: an engine's passes are the config's rate x (1 + e) x (1 + u), u ~ N(0, the profile's measured pass-to-pass
+spread: sim.IN_ENGINE_OF), e what is left beside them of the floor (the SD of engine means of bench.repeats passes,
+as `make benchmark` measures it: sim.profile_machine); the machine's first engine reads sim.COLD low.
+Knee: tests/simulate.py's model (a wall of
 exponent gamma, bursts of dispersion phi, each fresh server's knee x exp(N(0, server CV))), with the profile's own
 search and SLO settings.
 """
@@ -96,7 +98,7 @@ class Noise:
 
     def machine(self, rng) -> sim.Machine:
         """Fresh engines one after another on one machine; its first reads sim.COLD low."""
-        return sim.Machine(rng, True, self.repeats, self.floor_cv)
+        return sim.profile_machine(rng, self.profile, True, self.repeats, self.floor_cv)
 
     def search(self, rng, knee: float, anchor: dict | None = None) -> dict:
         """A knee search on a fresh server of a config whose knee is `knee` (the knee stage's search; without an

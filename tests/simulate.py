@@ -3,6 +3,7 @@ the per-rung rule; tests/test_confirm_simulation.py: the confirm step). Each tes
 module states the models, as measured, and measures with the project's own functions (probing.search, stats.pool)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -31,25 +32,42 @@ def profile_settings(profile: str) -> dict:
 #   then 7,242 and 7,337 tok/s);
 # - the card's floor (`make benchmark --parts 2`): a discarded first engine, then 8 fresh engines of as many timed
 #   repeats, on its own machine (card_floor), read as the rule reads a stored floor (stats.Floor.read).
+# - a profile's measured floor is the SD of engine means of its bench.repeats passes (`make benchmark` measures it so):
+#   there (Machine(of_means=True)) an engine's own e is what is left of it beside its passes' u / sqrt(repeats), u at
+#   the profile's measured pass-to-pass spread (IN_ENGINE_OF; the model's IN_ENGINE where none was measured).
 GPU_REPEATS = profile_settings("gpu-shape-4090")["bench"]["repeats"]
 IN_ENGINE, START_TO_START, COLD = 0.005, 0.015, 0.06
+# the cpu's passes: 2.77 % pooled over 9 engines x 3 (df 18) on this 2-core AMD EPYC box, d99d63b
+# (docs/measurements.md); the simulations read 0.5 % there before, which flattered the three-pass rule's power
+IN_ENGINE_OF = {"cpu": 0.0277}
 
 
 class Machine:
     """Fresh engines started one after another on one machine; the first reads COLD low if `cold`. Each engine runs
-    `repeats` timed repeats. `start_to_start`: the SD between fresh engines (the model's, or the upper end of a
-    floor's interval); `drift`: the machine's speed moves by this share per engine started (linearly)."""
+    `repeats` timed repeats, each x (1 + u), u ~ N(0, `in_engine`). `start_to_start`: the SD between fresh engines
+    (the model's, or the upper end of a floor's interval); with `of_means` it is the SD of engine means of `repeats`
+    passes, as a profile's floor is measured, and an engine's own part is what is left of it beside its passes';
+    `drift`: the machine's speed moves by this share per engine started (linearly)."""
 
-    def __init__(self, rng, cold: bool, repeats: int, start_to_start: float = START_TO_START, drift: float = 0.0):
+    def __init__(self, rng, cold: bool, repeats: int, start_to_start: float = START_TO_START, drift: float = 0.0,
+                 in_engine: float = IN_ENGINE, of_means: bool = False):
         self.rng, self.cold, self.started, self.repeats = rng, cold, 0, repeats
-        self.start_to_start, self.drift = start_to_start, drift
+        self.drift, self.in_engine = drift, in_engine
+        self.between = (math.sqrt(max(start_to_start ** 2 - in_engine ** 2 / repeats, 0.0)) if of_means
+                        else start_to_start)
 
     def engine(self, rate: float, repeats: int | None = None) -> list[float]:
         first = self.started == 0
         speed = 1 + self.drift * self.started
         self.started += 1
-        mean = rate * speed * (1 + self.rng.normal(0, self.start_to_start)) * (1 - COLD if first and self.cold else 1)
-        return list(mean * (1 + self.rng.normal(0, IN_ENGINE, repeats or self.repeats)))
+        mean = rate * speed * (1 + self.rng.normal(0, self.between)) * (1 - COLD if first and self.cold else 1)
+        return list(mean * (1 + self.rng.normal(0, self.in_engine, repeats or self.repeats)))
+
+
+def profile_machine(rng, profile: str, cold: bool, repeats: int, floor_cv: float) -> Machine:
+    """Fresh engines of a profile whose measured floor (or its upper end) is `floor_cv`: engine means of `repeats`
+    passes that far apart, the passes at the profile's measured spread."""
+    return Machine(rng, cold, repeats, floor_cv, in_engine=IN_ENGINE_OF.get(profile, IN_ENGINE), of_means=True)
 
 
 def card_floor(rng, cold: bool, engines: int = 8, repeats: int = 1,

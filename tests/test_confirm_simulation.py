@@ -5,9 +5,10 @@ over the engines, the knee by stats.knees_delta over the servers (the profile's 
 step's own), decide.reproduced, and its power for a x1.3 stack (stats.power). The noise models are
 tests/simulate.py's (the rule's own):
 
-- tok/s: fresh engines apart by the profile's measured floor (bench.noise_floor: gpu-shape-4090 0.59 %, the cpu
-  2.50 %), IN_ENGINE (0.5 %) within; the floor every Δ is drawn with is the stored one as the rule reads it (at the
-  upper end of its 95 % interval: 1.20 %, 3.51 %) pooled with the ladder's own same-config engines
+- tok/s: fresh engines' means apart by the profile's measured floor (bench.noise_floor: gpu-shape-4090 0.59 %, the
+  cpu 2.50 %), their passes at the profile's measured spread within (simulate.profile_machine: the cpu's 2.77 %;
+  IN_ENGINE 0.5 % where none was measured); the floor every Δ is drawn with is the stored one as the rule reads
+  it (at the upper end of its 95 % interval: 1.20 %, 3.51 %) pooled with the ladder's own same-config engines
   (record.floor_of: rung 0 and the final rung as the ladder measured them, and the confirm's own);
 - the knee: gpu-shape-4090's search on the H200 probe model (p95, phi 6.9, two looks a rate) on its own wall (gamma
   61, measured with 4 API servers), each fresh server's knee x exp(N(0, its knee CV)) (its knee.server_spread, which
@@ -42,8 +43,8 @@ from simulate import (
     SPREAD,
     TRIALS,
     KneeModel,
-    Machine,
     knee_search,
+    profile_machine,
     profile_settings,
     spread_blocks,
     upper_cv,
@@ -120,7 +121,7 @@ def confirm_trial(rng, profile: str, tps: float, knee: float, pairs: int, upper:
     k0 = KNEES[profile]
     floor_spec = p["bench"]["noise_floor"]
     prior = stats.Floor.of(config.NoiseFloor(**floor_spec))  # as the ladder reads params: held whatever the truth
-    m = Machine(rng, False, p["bench"]["repeats"], s2s)
+    m = profile_machine(rng, profile, False, p["bench"]["repeats"], s2s)
 
     def search(true_knee: float, anchor: dict | None, speed: float = 1.0) -> dict:
         return knee_search(rng, true_knee, anchor, cv, p["knee"]["noise_floor"], phi, model=model, drift=speed)

@@ -110,15 +110,17 @@ def pool(prior: Floor | NoiseFloor | None, groups: list[list[float]], source: st
 # describes).
 def delta_words(read_at: float | None = FLOOR_LEVEL) -> str:
     """The legend of a Δ on output tok/s; `read_at`: the level at whose upper end the stored floor was read (None: a
-    ladder from before, read as measured; its record's noise_floor.read_at says which)."""
-    floor = (f"on the start-to-start floor read at the upper end of its {read_at:.0%} interval, whose degrees of "
-             "freedom include the floor's" if read_at else
-             "whose degrees of freedom include the start-to-start floor's")
+    ladder from before 2026-12-07, whose floor was read as measured and whose intervals added every engine's repeats
+    to it; its record's noise_floor.read_at says which)."""
+    how = (f"on the start-to-start floor read at the upper end of its {read_at:.0%} interval, or on the engines' own "
+           "repeats where they spread wider than it holds (Welch-Satterthwaite over them, at most the floor's degrees "
+           "of freedom)" if read_at else
+           "whose degrees of freedom include the start-to-start floor's (Welch-Satterthwaite over the floor and every "
+           "engine's repeats, at most the floor's)")
     return ("Δ vs base: the rung's fresh engine against its base's engine measured just before it and, where that "
             "could be a gain, the mean of that and one measured again just after it (a machine drifting under the "
-            f"rung cancels), with a {CONFIDENCE:.1%} interval {floor} (Welch-Satterthwaite over the floor and every "
-            "engine's repeats, at most the floor's); \"within noise\" where it includes zero, \"unknown\" where no "
-            "floor was measured")
+            f"rung cancels), with a {CONFIDENCE:.1%} interval {how}; \"within noise\" where it includes zero, "
+            "\"unknown\" where no floor was measured")
 
 
 DELTA_WORDS = delta_words()
@@ -136,10 +138,12 @@ def delta(base, new, floor: Floor | NoiseFloor | None = None, confidence: float 
     """Relative change of `new` vs `base` output tok/s, each side one or more fresh engines (engines_of), with a
     `confidence` interval and the call it supports: 'better' / 'worse' when it excludes zero, else 'within noise';
     'unknown' when no interval can be drawn (no floor measured: repeats inside one engine are not evidence).
-    The difference of the engine means carries every variance term: the start-to-start floor on each side
-    (cv² m² / engines, df of the floor) and each engine's own repeats (s² / r / engines², df r - 1), its degrees of
-    freedom by Welch-Satterthwaite over all of them, at most the floor's. A base measured just before and just after
-    (two engines) cancels a machine drifting linearly under the rung."""
+    The difference of the engine means has the start-to-start floor's variance on each side (cv² m² / engines, df of
+    the floor): the floor is measured on engine means of the bench's repeats, so it holds their in-engine noise
+    already. Where the engines' own repeats spread wider than that (s² / r / engines² summed, df r - 1 each), the
+    interval takes theirs instead, its degrees of freedom by Welch-Satterthwaite over them, at most the floor's:
+    never both, which counted the in-engine noise twice. A base measured just before and just after (two engines)
+    cancels a machine drifting linearly under the rung."""
     floor = Floor.of(floor)
     b, n = engines_of(base), engines_of(new)
     if not b or not n:
@@ -148,16 +152,18 @@ def delta(base, new, floor: Floor | NoiseFloor | None = None, confidence: float 
     if not mb:
         return {"rel": None, "ci": None, "verdict": "unknown", "why": "missing measurements"}
     rel, sides = (mn - mb) / mb, f"{len(b)} vs {len(n)} engine(s)"
-    terms = [(floor.cv ** 2 * (mb ** 2 / len(b) + mn ** 2 / len(n)), floor.df)]
-    terms += [(float(np.var(e, ddof=1)) / len(e) / len(side) ** 2, len(e) - 1) for side in (b, n) for e in side
-              if len(e) >= 2]
     if not floor.df:
         return {"rel": rel, "ci": None, "verdict": "unknown", "engines": [len(b), len(n)],
                 "why": f"{sides}, {floor.words()}: the difference cannot be told from start-to-start noise"}
-    var = sum(v for v, _ in terms)
-    # never more df than the floor's: the floor, measured on engine means, already holds the in-engine noise, so its
-    # terms here widen the interval but must not buy degrees of freedom (agreeing engines read df 5 on a df-1 floor)
-    df = min(var ** 2 / sum(v ** 2 / d for v, d in terms if v) if var else math.inf, floor.df)
+    var = floor.cv ** 2 * (mb ** 2 / len(b) + mn ** 2 / len(n))
+    own = [(float(np.var(e, ddof=1)) / len(e) / len(side) ** 2, len(e) - 1) for side in (b, n) for e in side
+           if len(e) >= 2]
+    df: float = floor.df
+    if sum(v for v, _ in own) > var:  # repeats wider than the floor holds: a disturbed engine's, not the floor's
+        var = sum(v for v, _ in own)
+        # never more df than the floor's: tight repeats must not buy degrees of freedom (agreeing engines read df 5
+        # on a df-1 floor)
+        df = min(var ** 2 / sum(v ** 2 / d for v, d in own if v), floor.df)
     half = tq(confidence, df) * math.sqrt(var)
     ci = [(mn - mb - half) / mb, (mn - mb + half) / mb]
     verdict = "better" if ci[0] > 0 else "worse" if ci[1] < 0 else "within noise"
