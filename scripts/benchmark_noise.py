@@ -224,6 +224,9 @@ def fresh_engines(argv: list[str], b: dict, cfg: dict, logs, sent: dict, repeats
              "measured_on": machine(fp), "vllm": fp.get("vllm"), "measured": time.strftime("%Y-%m-%d")}
     print("   the profile's bench.noise_floor (ladder.yaml settings, or params.yaml for the cpu profile):\n"
           + yaml.safe_dump({"bench.noise_floor": block}, sort_keys=False, width=200))
+    if len(means) > 1:  # what more engines buy: the rule judges the floor at the upper end of its interval
+        print(f"   the rule judges it at the upper end of its {stats.FLOOR_LEVEL:.0%} interval: "
+              f"{stats.upper_cv(block['cv'], len(means) - 1):.2%} on these {len(means)} engines")
     common.write_json(logs / "noise_floor.json", {**block, "engine_means": means, "first": first})
 
 

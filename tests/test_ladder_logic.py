@@ -17,6 +17,8 @@ def rec(tps, knee, bracket=1.0, gate=None, applied=None, status="ok"):
 
 BASE = rec([400.0, 402.0, 398.0], 6.0)
 FLOOR = stats.Floor(0.015, engines=9, source="fixture")  # start-to-start CV 1.5 % from 9 engines
+# params' bench.noise_floor that the rule judges as 1.5 % (stats.Floor.read: at the upper end of its 95 % interval)
+FLOOR_9 = config.NoiseFloor(cv=0.015 / stats.upper_cv(1.0, 8), engines=9)
 
 
 def decided(r, objective="knee_rps"):
@@ -139,7 +141,7 @@ def test_the_confirm_step_re_measures_stock_and_final_interleaved_fresh_and_skip
         params = {"confirm": {"pairs": 2}, "bench": {"noise_floor": {"cv": 0.015, "engines": 9}},
                   "knee": {"server_spread": {"knee_cv": 0.13, "servers": 12}}}
         typed_params = SimpleNamespace(  # the blocks the judgement reads, typed
-            bench=SimpleNamespace(noise_floor=config.NoiseFloor(cv=0.015, engines=9)),
+            bench=SimpleNamespace(noise_floor=FLOOR_9),
             knee=SimpleNamespace(server_spread=config.ServerSpread(knee_cv=0.13, servers=12)))
         baseline = {}
         experiments = 3
@@ -228,7 +230,7 @@ def judged(r, again_runs, objective="knee_rps"):
     base = {**BASE, "knobs": {"engine.seed": 0}, "status": "ok"}
     r = {**r, "knobs": {"engine.seed": 1}}
     again = None if again_runs is None else {**rec(again_runs, None), "knobs": base["knobs"], "status": "ok"}
-    floor = record.floor_of(config.NoiseFloor(cv=0.015, engines=9), [base, r] + ([again] if again else []))
+    floor = record.floor_of(FLOOR_9, [base, r] + ([again] if again else []))
     r["delta"] = {**record.compare(base, r, floor, again), decide.AGAIN: again is not None}
     r["delta"]["knee_rps"] = stats.knee_delta(BASE["knee"], r["knee"])
     r["kept"], r["decision"] = decide.decide(r, base, objective)
@@ -294,7 +296,7 @@ def test_the_driver_measures_the_base_again_once_per_rung_and_decides_on_both_si
     class P:
         profile, overrides, objective, rungs, experiments = "cpu", {}, "knee_rps", [], 1
         params = {"bench": {"noise_floor": {"cv": 0.015, "engines": 9}}, "knee": {"better_pairs": 2}}
-        typed_params = SimpleNamespace(bench=SimpleNamespace(noise_floor=config.NoiseFloor(cv=0.015, engines=9)))
+        typed_params = SimpleNamespace(bench=SimpleNamespace(noise_floor=FLOOR_9))
     drv = ladder.Driver.__new__(ladder.Driver)
     drv.plan, drv.objective, drv.records, drv.t0, drv.eff, drv.confirm = P, "knee_rps", [], 0.0, P.params, None
     drv.dvc = experiments.Experiments(planning.KNOB_SECTIONS, ladder.LOGS)  # none of this commit's is another's
@@ -379,7 +381,7 @@ def test_after_a_revert_the_next_rung_is_compared_with_its_base_as_last_measured
     class P:
         profile, overrides, objective, rungs, experiments = "cpu", {}, "knee_rps", [], 1
         params = {"bench": {"noise_floor": {"cv": 0.015, "engines": 9}}}
-        typed_params = SimpleNamespace(bench=SimpleNamespace(noise_floor=config.NoiseFloor(cv=0.015, engines=9)))
+        typed_params = SimpleNamespace(bench=SimpleNamespace(noise_floor=FLOOR_9))
     drv = ladder.Driver.__new__(ladder.Driver)
     drv.plan, drv.objective, drv.t0, drv.eff, drv.confirm = P, "knee_rps", 0.0, P.params, None
     base = {**BASE, "name": "baseline", "exp": "cpu-0-baseline", "knobs": {"engine.seed": 0}, "status": "ok"}

@@ -209,8 +209,8 @@ def test_a_confirm_pair_that_shows_no_gain_says_the_kept_gains_did_not_reproduce
     assert ("⚠ **Confirm step**: the kept gains did not reproduce: the confirm step does not show the final stack "
             "better than rung 0 by the rule, and its intervals exclude the gains the kept rungs read (knee -8.3 % "
             "(unknown, knee 5.188 → 4.757 req/s") in md
-    # [-13.6, +3.6] when the interval added each engine's repeats to the floor, which holds them
-    assert "its output tok/s interval [-13.3, +3.4] % lies below the +31.6 % the kept rungs read" in md
+    # [-13.6, +3.6] when the interval took a t on the floor's df and added each engine's repeats to it
+    assert "its output tok/s interval [-9.0, -0.9] % lies below the +31.6 % the kept rungs read" in md
     # (the why: the rule's reading of the pair)
     assert "**kept** (not reproduced)" in rows(md)["3 spend-memory"]
 

@@ -7,10 +7,10 @@ seeds, on a stated noise model:
 - "cold base": the first engine started on a machine reads 6 % low (three fresh engines on a fresh H200: 6,639,
   then 7,242 and 7,337 tok/s);
 - the card's floor (`make benchmark --parts 2`): a discarded first engine, then FLOOR_ENGINES (32) fresh engines of
-  as many timed repeats, on its own machine, read as the rule reads a stored floor, at the upper end of its 95 %
-  interval (stats.Floor.read: x 1.28 at df 31; x 2.03 at 8 engines' df 7, where a true +10 % was called better in
-  30 %, 75 % on 16, 87 % on 24, 92 % on 32: a card's floor on 8 engines holds only a floor far below its effects,
-  as gpu-shape-4090's 0.59 %);
+  as many timed repeats, on its own machine, judged as the rule judges a stored floor: at the upper end of its 95 %
+  interval, taken as known there (stats.Floor.read: x 1.33 at df 31; x 2.03 at 8 engines' df 7, where a true +10 %
+  was called better in 61 %, 85 % on 16, 90 % on 24, 95 % on 32: a card's floor on 8 engines holds only a floor far
+  below its effects, as gpu-shape-4090's 0.59 %);
 - a ladder rung (ladder.Driver): the first bench warms the machine with an untimed engine
   (bench.warm_up_engine), then base, rung, and the base again where that could still call the rung better
   (stats.may_gain: stats.again_odds), each a fresh engine; the rung is judged against the mean of the two base

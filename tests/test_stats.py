@@ -75,13 +75,29 @@ def test_a_pooled_floor_counts_every_same_config_group_by_its_degrees_of_freedom
 def test_a_stored_floor_is_read_at_the_upper_end_of_its_95_percent_interval():
     # gpu-shape-4090's 0.59 % on 8 engines reads 1.20 %, the cpu's 2.50 % on 24 reads 3.51 %; its df are its engines'
     read = stats.Floor.of(config.NoiseFloor(cv=0.0059, engines=8, measured_on="H200"))
-    assert read.cv == pytest.approx(0.0120, abs=5e-5) and read.df == 7 and read.read_at == stats.FLOOR_LEVEL
-    assert "0.59% measured, read at its 95% upper end; H200" in read.words()
-    assert stats.Floor.of(config.NoiseFloor(cv=0.025, engines=24)).cv == pytest.approx(0.0351, abs=5e-5)
-    assert stats.Floor.of(config.NoiseFloor()).df == 0 and stats.Floor.of(None).read_at is None  # nothing to read
+    assert read.cv == 0.0059 and read.judged == pytest.approx(0.0120, abs=5e-5) and read.df == 7
+    assert read.words().endswith("(df 7; H200), judged at its 95% upper end: 1.20%"), read.words()
+    assert stats.Floor.of(config.NoiseFloor(cv=0.025, engines=24)).judged == pytest.approx(0.0351, abs=5e-5)
+    assert stats.Floor.of(config.NoiseFloor()).judged == 0 and stats.Floor.of(None).read_at is None  # nothing to read
+    # the ladder's own engines pool with the estimate, and the pool is judged at its upper end on its own df
     pooled = stats.pool(read, [[100.0, 101.0]])
-    assert pooled.read_at == stats.FLOOR_LEVEL and pooled.df == 8  # the ladder's own engines join it as measured
+    assert pooled.read_at == stats.FLOOR_LEVEL and pooled.df == 8
+    assert pooled.judged == pytest.approx(stats.upper_cv(pooled.cv, 8)) and pooled.cv ** 2 == pytest.approx(
+        (7 * 0.0059 ** 2 + (2 ** 0.5 / 201) ** 2) / 8)
     assert stats.pool(stats.Floor.of(config.NoiseFloor()), [[100.0, 101.0]]).read_at is None
+
+
+def test_a_floor_judged_at_its_upper_end_is_taken_as_known_there():
+    # a normal quantile on the judged SD, not a t on the floor's df as well: at a truth at that upper end, each way
+    # CONFIDENCE's rate (brute force, 8,000 pairs of one engine a side)
+    floor = stats.Floor.of(config.NoiseFloor(cv=0.0059, engines=8))
+    d = stats.delta([100.0], [103.0], floor)
+    assert d["normal"] and d["floor_cv"] == floor.judged and "a normal quantile" in d["why"]
+    assert (d["ci"][1] - d["ci"][0]) / 2 == pytest.approx(2.4324 * floor.judged * math.hypot(100, 103) / 100, rel=1e-3)
+    rng = np.random.default_rng(9)
+    x = rng.normal(100.0, 100.0 * floor.judged, (8000, 2))
+    better = np.mean([stats.delta([a], [b], floor)["verdict"] == "better" for a, b in x])
+    assert better == pytest.approx((1 - stats.CONFIDENCE) / 2, abs=0.003), better
 
 
 def test_the_read_floor_is_below_the_truth_in_2_5_percent_of_measurements():
@@ -641,6 +657,21 @@ def test_the_power_at_the_true_floor_is_the_rate_a_planted_gain_is_called_better
         calls.append(stats.delta(b, n, stats.Floor(cv, 8))["verdict"] == "better")
     at_truth = stats.power({"ci": [0.0, 0.0], "df": 7, "engines": [2, 2], "floor_cv": 0.015}, gain=0.03)
     assert np.mean(calls) == pytest.approx(at_truth, abs=0.02), (np.mean(calls), at_truth)
+
+
+def test_the_power_on_a_judged_floor_is_the_rate_where_the_truth_sits_at_its_upper_end():
+    # brute force: params' floor of 0.59 % on 8 engines, judged 1.20 %; engines that far apart, 2 a side, +2 %: the
+    # power a confirm step states (a normal quantile on the judged floor) is the rate it is called better there
+    floor = stats.Floor.of(config.NoiseFloor(cv=0.0059, engines=8))
+    rng = np.random.default_rng(6)
+    calls, stated = [], None
+    for _ in range(3000):
+        b = [[100 * (1 + rng.normal(0, floor.judged))] for _ in range(2)]
+        n = [[102 * (1 + rng.normal(0, floor.judged))] for _ in range(2)]
+        d = stats.delta(b, n, floor)
+        calls.append(d["verdict"] == "better")
+        stated = stats.power(d, gain=0.02)
+    assert np.mean(calls) == pytest.approx(stated, abs=0.02), (np.mean(calls), stated)
 
 
 def test_a_look_counts_the_requests_it_was_sized_for_where_seconds_of_poisson_arrivals_left_it_short():

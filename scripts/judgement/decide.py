@@ -16,8 +16,8 @@ RE_MEASURES = (RECHECK, KNEE_RECHECK)  # rows that measure a config again: never
 
 _TPS = ("output tok/s is better with a {level} interval that excludes zero (the engine is the unit: the rung's fresh "
         "engine against the mean of its base's engines measured just before it and again just after it, with the "
-        "start-to-start SD that make benchmark measured on the card, read at the upper end of its "
-        f"{stats.FLOOR_LEVEL:.0%} interval, pooled with the ladder's own re-measures)")
+        "start-to-start SD that make benchmark measured on the card, pooled with the ladder's own re-measures and "
+        f"taken at the upper end of its {stats.FLOOR_LEVEL:.0%} interval)")
 _KNEE = ("its knee (req/s at the SLO) is better: it passed on evidence at a rate where the last kept rung's failed on "
          "evidence (its search probes that rate first, on the same arrival traces), beyond knee.noise_floor")
 # The confirm step (rung 0 and the final kept stack measured again, ladder.Driver.confirm_step) is judged as a rung

@@ -20,22 +20,25 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------- intervals
 # The engine is the unit of replication for output tok/s: repeats inside one engine cannot see how far a fresh
 # engine of the same config lands (three fresh H200 engines: 6,639 / 7,242 / 7,337 tok/s), so every Δ's interval
-# carries the start-to-start SD (`Floor`), with that estimate's own degrees of freedom.
+# carries the start-to-start SD (`Floor`), judged at the upper end of that estimate's interval (FLOOR_LEVEL).
 # One error budget for the whole ladder: a rung is kept on its knee or on its tok/s, and a ladder judges five rungs
-# against one base, so a rate per test compounds (one re-check pair a side kept something in ~10 % of all-placebo
-# gpu-shape-4090 ladders, 8.7 % on the knee: tests/test_ladder_simulation.py). LADDER_FALSE_KEEP bounds the share of
-# ladders of LADDER_RUNGS rungs that change nothing which keep anything, both paths together: CONFIDENCE (tok/s on
-# the floor read at its upper end, FLOOR_LEVEL: up to ~1 % of such ladders) and the knee's re-check pairs
-# (KNEE_BETTER_ROUNDS, up to ~2.2 %) share it, as whole ladders simulated on each profile's measured noise, and at
-# the upper end of its intervals, show.
+# against one base, so a rate per test compounds (one re-check pair a side kept something in ~8 % of all-placebo
+# gpu-shape-4090 ladders at the stock front end's spread, all on the knee: tests/test_ladder_simulation.py).
+# LADDER_FALSE_KEEP bounds the share of ladders of LADDER_RUNGS rungs that change nothing which keep anything, both
+# paths together: CONFIDENCE (tok/s on the floor judged at its upper end, FLOOR_LEVEL: up to ~2.7 % of such ladders
+# where the truth sits there) and the knee's re-check pairs (KNEE_BETTER_ROUNDS, up to ~1.9 %) share it, as whole
+# ladders simulated on each profile's measured noise, and at the upper end of its intervals, show.
 LADDER_FALSE_KEEP, LADDER_RUNGS = 0.05, 5
-CONFIDENCE = 0.985  # two-sided: each way at most 0.75 %; a true +10 % is still called better in >= 90 % of rungs
-                    # (tests/test_rule_simulation.py); 0.99 would cost that (89.2 %) for ~0.5 % of the budget
-# A measured floor is read at the upper end of its two-sided FLOOR_LEVEL interval (Floor.read): 8 engines cannot tell
-# 0.59 % from 1.20 %, and the t-interval's degrees of freedom cover that only on average over measurements. A ladder
-# reads one stored floor every time; read as measured, where the truth sat at that upper end, all-placebo ladders kept
-# something in 18.4 % (gpu-shape-4090: 0.59 % on 8 engines) and 10.3 % (cpu: 2.50 % on 24), budget 5 %. Read there,
-# the truth the simulations stress is the floor the rule reads (tests/test_ladder_simulation.py).
+CONFIDENCE = 0.985  # two-sided: each way at most 0.75 % where the truth sits at the floor's upper end (less below
+                    # it); a true +10 % is called better in >= 90 % of rungs on a 1.5 % floor measured on 24+ engines
+                    # (tests/test_rule_simulation.py: 95 % on 32, 61 % on 8)
+# A measured floor (stored, pooled with the ladder's own engines) is judged at the upper end of its two-sided
+# FLOOR_LEVEL interval, as if known there (a normal quantile, not a t on its df): 8 engines cannot tell 0.59 % from
+# 1.20 %, and a t-interval's degrees of freedom cover that only on average over measurements. A ladder reads one
+# stored floor every time; read as measured, where the truth sat at that upper end, all-placebo ladders kept
+# something in 18.4 % (gpu-shape-4090: 0.59 % on 8 engines) and 10.3 % (cpu: 2.50 % on 24), budget 5 %. Judged there,
+# every truth up to that upper end gets at most CONFIDENCE's rate; the t on top would count the floor's own error
+# twice (tests/test_ladder_simulation.py, tests/test_rule_simulation.py).
 FLOOR_LEVEL = 0.95
 
 
@@ -52,11 +55,17 @@ class Floor:
     engines: int = 0
     groups: int = 1
     source: str = "not measured"
-    read_at: float | None = None  # a stored floor read at the upper end of its interval of this level (Floor.read)
+    read_at: float | None = None  # judged at the upper end of its interval of this level (Floor.read); None: as is
 
     @property
     def df(self) -> int:
         return max(self.engines - self.groups, 0)
+
+    @property
+    def judged(self) -> float:
+        """The SD every Δ is drawn with: the estimate's upper end where it is read there (read_at), else the
+        estimate."""
+        return upper_cv(self.cv, self.df, self.read_at) if self.read_at and self.df else self.cv
 
     @classmethod
     def of(cls, block: Floor | NoiseFloor | None) -> Floor:
@@ -73,17 +82,15 @@ class Floor:
 
     @classmethod
     def read(cls, cv: float, engines: int, source: str) -> Floor:
-        """A floor measured as `cv` on `engines` fresh engines of one config, as the rule reads it: at the upper end of
-        its two-sided FLOOR_LEVEL interval (upper_cv), the measured value named in its source."""
-        if engines < 2:
-            return cls(cv, engines, 1, source)
-        return cls(upper_cv(cv, engines - 1), engines, 1,
-                   f"{cv:.2%} measured, read at its {FLOOR_LEVEL:.0%} upper end; {source}", FLOOR_LEVEL)
+        """A floor measured as `cv` on `engines` fresh engines of one config, as the rule reads it: judged at the upper
+        end of its two-sided FLOOR_LEVEL interval (judged), pooled as measured."""
+        return cls(cv, engines, 1, source, FLOOR_LEVEL)
 
     def words(self) -> str:
         if not self.df:
             return "no start-to-start SD measured"
-        return f"start-to-start CV {self.cv:.1%} from {self.engines} engines (df {self.df}; {self.source})"
+        read = (f", judged at its {self.read_at:.0%} upper end: {self.judged:.2%}" if self.read_at else "")
+        return f"start-to-start CV {self.cv:.2%} from {self.engines} engines (df {self.df}; {self.source}){read}"
 
 
 def pool(prior: Floor | NoiseFloor | None, groups: list[list[float]], source: str = "") -> Floor:
@@ -112,9 +119,10 @@ def delta_words(read_at: float | None = FLOOR_LEVEL) -> str:
     """The legend of a Δ on output tok/s; `read_at`: the level at whose upper end the stored floor was read (None: a
     ladder from before 2026-12-07, whose floor was read as measured and whose intervals added every engine's repeats
     to it; its record's noise_floor.read_at says which)."""
-    how = (f"on the start-to-start floor read at the upper end of its {read_at:.0%} interval, or on the engines' own "
-           "repeats where they spread wider than it holds (Welch-Satterthwaite over them, at most the floor's degrees "
-           "of freedom)" if read_at else
+    how = (f"on the start-to-start floor (pooled with the ladder's own re-measures) taken at the upper end of its "
+           f"{read_at:.0%} interval as known there (a normal quantile), or on the engines' own repeats where they "
+           "spread wider than it holds (a t, Welch-Satterthwaite over them, at most the floor's degrees of freedom)"
+           if read_at else
            "whose degrees of freedom include the start-to-start floor's (Welch-Satterthwaite over the floor and every "
            "engine's repeats, at most the floor's)")
     return ("Δ vs base: the rung's fresh engine against its base's engine measured just before it and, where that "
@@ -155,10 +163,10 @@ def delta(base, new, floor: Floor | NoiseFloor | None = None, confidence: float 
     if not floor.df:
         return {"rel": rel, "ci": None, "verdict": "unknown", "engines": [len(b), len(n)],
                 "why": f"{sides}, {floor.words()}: the difference cannot be told from start-to-start noise"}
-    var = floor.cv ** 2 * (mb ** 2 / len(b) + mn ** 2 / len(n))
+    var = floor.judged ** 2 * (mb ** 2 / len(b) + mn ** 2 / len(n))
     own = [(float(np.var(e, ddof=1)) / len(e) / len(side) ** 2, len(e) - 1) for side in (b, n) for e in side
            if len(e) >= 2]
-    df: float = floor.df
+    df: float = math.inf if floor.read_at else floor.df  # a floor judged at its upper end is taken as known there
     if sum(v for v, _ in own) > var:  # repeats wider than the floor holds: a disturbed engine's, not the floor's
         var = sum(v for v, _ in own)
         # never more df than the floor's: tight repeats must not buy degrees of freedom (agreeing engines read df 5
@@ -167,9 +175,11 @@ def delta(base, new, floor: Floor | NoiseFloor | None = None, confidence: float 
     half = tq(confidence, df) * math.sqrt(var)
     ci = [(mn - mb - half) / mb, (mn - mb + half) / mb]
     verdict = "better" if ci[0] > 0 else "worse" if ci[1] < 0 else "within noise"
-    why = f"{sides}, {confidence:.1%} interval, {floor.words()}, df {df:.1f}"
+    normal = math.isinf(df)
+    why = f"{sides}, {confidence:.1%} interval, {floor.words()}, " + ("a normal quantile" if normal else f"df {df:.1f}")
     out = {"rel": rel, "ci": ci, "verdict": verdict, "why": why, "engines": [len(b), len(n)],
-           "confidence": confidence, "df": round(df, 2), "floor_cv": floor.cv}
+           "confidence": confidence, "df": floor.df if normal else round(df, 2), "floor_cv": floor.judged,
+           **({"normal": True} if normal else {})}
     if len(b) == 1 and verdict != "better":
         out["again_odds"] = round(again_odds(b[0], n, floor, confidence), 4)
     return out
@@ -186,12 +196,12 @@ def again_odds(base_engine: list[float], new, floor: Floor, confidence: float = 
     (relative SD cv x sqrt 2): the Δ against both is better where the rung's lead over their mean beats the interval of
     two base engines against the rung's (taken as if the second read like the first)."""
     both = delta([base_engine, base_engine], new, floor, confidence)
-    if not floor.cv or both["ci"] is None:
+    if not floor.judged or both["ci"] is None:
         return 1.0
     half = (both["ci"][1] - both["ci"][0]) / 2
     # better iff mean(new) - b1 (1 + x / 2) > half x b1: the second engine's relative reading x must be below this
     x_max = 2 * (both["rel"] - half)
-    return float(sps.norm.cdf(x_max / (floor.cv * math.sqrt(2))))
+    return float(sps.norm.cdf(x_max / (floor.judged * math.sqrt(2))))
 
 
 def may_gain(d: dict) -> bool:
@@ -447,8 +457,10 @@ def knees_delta(base: list[dict], new: list[dict], spread=None, confidence: floa
 
 def power(d: dict, gain: float = CONFIRM_STACK - 1, confidence: float = CONFIDENCE) -> float | None:
     """The chance that a Δ drawn as `d` was (delta: the engines and floor it rests on; knees_delta: the servers and
-    their SD) calls a true gain of `gain` better: a noncentral t at the interval's degrees of freedom. None where `d`
-    drew no interval. In-engine repeats are left out of a tok/s Δ's SD (they widen it by a hair)."""
+    their SD) calls a true gain of `gain` better: a noncentral t at the interval's degrees of freedom (a normal where
+    the floor was judged at its upper end: the power there, where the truth sits at that upper end; below it, a gain
+    that large is found more often). None where `d` drew no interval. In-engine repeats are left out of a tok/s Δ's SD
+    (they widen it only where they spread wider than the floor holds)."""
     if d.get("ci") is None or not d.get("df"):
         return None
     if "servers" in d:  # a knee over servers: on the log scale
@@ -459,6 +471,8 @@ def power(d: dict, gain: float = CONFIRM_STACK - 1, confidence: float = CONFIDEN
         se, shift = d["floor_cv"] * math.sqrt(1 / nb + (1 + gain) ** 2 / nn), gain
     if not se:
         return 1.0
+    if d.get("normal"):
+        return float(sps.norm.sf(sps.norm.ppf((1 + confidence) / 2) - shift / se))
     return float(sps.nct.sf(tq(confidence, d["df"]), d["df"], shift / se))
 
 
