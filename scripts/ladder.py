@@ -649,7 +649,8 @@ class Driver:
             "eval_file": self.eff["eval"]["file"], "eval_sha256": common.sha256_file(ev_file),
             "eval_n": sum(1 for ln in open(ev_file, encoding="utf-8") if ln.strip()),
             "final_exp": self.final_exp, "rungs": self.records, "confirm": self.confirm,
-            "noise_floor": {**dataclasses.asdict(floor := self.floor()), "df": floor.df, "words": floor.words()},
+            "noise_floor": {**dataclasses.asdict(floor := self.floor()), "df": floor.df, "words": floor.words(),
+                            "delta_words": stats.delta_words(bool(floor.read_at))},
             "engine_seconds": round(measured, 1), "wall_seconds": round(time.monotonic() - self.t0, 1),
             "preflight_seconds": round(self.preflight_s, 1),
         }

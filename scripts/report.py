@@ -1306,7 +1306,7 @@ def render(lad: LadderRecord | dict, out: Path) -> str:
           f"![{PARETO_ALT}](pareto.png)", "",
           "## Time", *time_lines(rec), "",
           f"## Appendix: the full table ({len(rec.rungs)} runs)", "", table(rec), "",
-          tps_words(rec) + " " + stats.delta_words(rec.noise_floor.read_at if rec.noise_floor else None)
+          tps_words(rec) + " " + ((rec.noise_floor.delta_words if rec.noise_floor else None) or stats.OLD_DELTA_WORDS)
           + ". Knee: highest offered rate meeting the SLO, with the first rate that broke it.", ""]
     return "\n".join(md)
 

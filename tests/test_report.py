@@ -250,3 +250,17 @@ def test_a_confirm_pair_that_reproduces_the_gain_leaves_the_headline_as_it_was(t
         old["confirm"].pop(k)
     said = decide.reproduced_words(lad["confirm"])
     assert report.render(old, tmp_path).split("\n")[2].replace("pair(s))", f"pair(s); {said})") == headline
+
+
+def test_the_legend_says_how_the_record_drew_its_deltas(tmp_path):
+    # a ladder writes how it drew its Δs on tok/s (noise_floor.delta_words); one from before wrote none and is
+    # rendered with the words of its own rule, not today's
+    lad = json.loads((FIXTURES / "ladder_cpu.json").read_text())
+    old = report.render({**lad, "noise_floor": None}, tmp_path)
+    assert stats.OLD_DELTA_WORDS in old and stats.DELTA_WORDS not in old
+    floor = stats.Floor.of(config.NoiseFloor(cv=0.025, engines=24))
+    block = {"cv": floor.cv, "engines": floor.engines, "groups": 1, "source": floor.source, "df": floor.df,
+             "words": floor.words(), "read_at": floor.read_at, "delta_words": stats.delta_words(True)}
+    new = report.render({**lad, "noise_floor": block}, tmp_path)
+    assert stats.DELTA_WORDS in new and "a normal quantile" in new
+    assert "the ladder's own re-measures of its bases (a t on their degrees of freedom)" in stats.delta_words(False)

@@ -701,3 +701,14 @@ def test_a_look_counts_the_requests_it_was_sized_for_where_seconds_of_poisson_ar
     for r in (None, rate):
         w = probing.counted_window(reqs, 0.0, 0, 1, r)
         assert w["hi"] - w["lo"] <= 0 and reqs[w["lo"]:w["hi"]] == [], (r, w)
+
+
+def test_the_power_of_a_delta_drawn_on_wider_repeats_uses_their_spread():
+    # a disturbed base engine whose passes spread wider than the floor holds: the interval is theirs, and so is the
+    # power it states (on the floor's SD it read 57 % where the interval drawn gave 24 %)
+    floor = stats.Floor.of(config.NoiseFloor(cv=0.025, engines=24))
+    d = stats.delta([[100.0, 80.0, 120.0], [100.0, 101.0, 99.0]], [[130.0, 131.0, 129.0], [130.0, 129.0, 131.0]],
+                    floor)
+    assert "repeats_se" in d and not d.get("normal")
+    on_floor = stats.power({**d, "repeats_se": None, "normal": True})
+    assert stats.power(d) < on_floor

@@ -4,6 +4,7 @@ imports it (decide, record, gate, report, ladder, capacity); the measuring maths
 GRID_ROUNDING is measure/evidence.py's, a leaf: the judgement stands on no knee search)."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,8 +30,9 @@ if TYPE_CHECKING:
 # where the truth sits there) and the knee's re-check pairs (KNEE_BETTER_ROUNDS, up to ~1.9 %) share it, as whole
 # ladders simulated on each profile's measured noise, and at the upper end of its intervals, show.
 LADDER_FALSE_KEEP, LADDER_RUNGS = 0.05, 5
-CONFIDENCE = 0.985  # two-sided: each way at most 0.75 % where the truth sits at the floor's upper end (less below
-                    # it); a true +10 % is called better in >= 90 % of rungs on a 1.5 % floor measured on 24+ engines
+CONFIDENCE = 0.985  # two-sided: each way 0.75 % where the truth sits at the stored floor's upper end (less below
+                    # it; ~0.8 % where one own pair pools with an 8-engine floor and pulls the judged SD down); a true
+                    # +10 % is called better in >= 90 % of rungs on a 1.5 % floor measured on 24+ engines
                     # (tests/test_rule_simulation.py: 95 % on 32, 61 % on 8)
 # A measured floor (stored, pooled with the ladder's own engines) is judged at the upper end of its two-sided
 # FLOOR_LEVEL interval, as if known there (a normal quantile, not a t on its df): 8 engines cannot tell 0.59 % from
@@ -44,7 +46,12 @@ FLOOR_LEVEL = 0.95
 
 def upper_cv(cv: float, df: int, level: float = FLOOR_LEVEL) -> float:
     """The upper end of a CV's two-sided `level` interval estimated on `df` degrees of freedom (chi-square)."""
-    return cv * math.sqrt(df / sps.chi2.ppf((1 - level) / 2, df)) if df > 0 else cv
+    return cv * _upper_factor(df, level) if df > 0 else cv
+
+
+@functools.cache
+def _upper_factor(df: int, level: float) -> float:  # the simulations judge floors in their inner loops
+    return math.sqrt(df / sps.chi2.ppf((1 - level) / 2, df))
 
 
 @dataclass(frozen=True)
@@ -115,22 +122,26 @@ def pool(prior: Floor | NoiseFloor | None, groups: list[list[float]], source: st
 
 # How a Δ on output tok/s is drawn, as the report's legend and docs/method.md say it (delta below is what it
 # describes).
-def delta_words(read_at: float | None = FLOOR_LEVEL) -> str:
-    """The legend of a Δ on output tok/s; `read_at`: the level at whose upper end the stored floor was read (None: a
-    ladder from before 2026-12-07, whose floor was read as measured and whose intervals added every engine's repeats
-    to it; its record's noise_floor.read_at says which)."""
+def delta_words(judged: bool = True) -> str:
+    """The legend of a Δ on output tok/s as this code draws it; `judged`: on a stored floor (pooled with the
+    ladder's own re-measures) judged at its upper end, else on the ladder's own re-measures alone (no floor stored).
+    A ladder writes it into its record (noise_floor.delta_words); a record from before holds none (OLD_DELTA_WORDS)."""
     how = (f"on the start-to-start floor (pooled with the ladder's own re-measures) taken at the upper end of its "
-           f"{read_at:.0%} interval as known there (a normal quantile), or on the engines' own repeats where they "
-           "spread wider than it holds (a t, Welch-Satterthwaite over them, at most the floor's degrees of freedom)"
-           if read_at else
-           "whose degrees of freedom include the start-to-start floor's (Welch-Satterthwaite over the floor and every "
-           "engine's repeats, at most the floor's)")
+           f"{FLOOR_LEVEL:.0%} interval as known there (a normal quantile)" if judged else
+           "on the start-to-start SD of the ladder's own re-measures of its bases (a t on their degrees of freedom)")
     return ("Δ vs base: the rung's fresh engine against its base's engine measured just before it and, where that "
             "could be a gain, the mean of that and one measured again just after it (a machine drifting under the "
-            f"rung cancels), with a {CONFIDENCE:.1%} interval {how}; \"within noise\" where it includes zero, "
-            "\"unknown\" where no floor was measured")
+            f"rung cancels), with a {CONFIDENCE:.1%} interval {how}, or on the engines' own repeats where they spread "
+            "wider than it holds (a t, Welch-Satterthwaite over them, at most the floor's degrees of freedom); "
+            "\"within noise\" where it includes zero, \"unknown\" where no floor was measured")
 
 
+# how a record from before 2026-12-07 drew its Δs (its floor read as measured, every engine's repeats added to it)
+OLD_DELTA_WORDS = ("Δ vs base: the rung's fresh engine against its base's engine measured just before it and, where "
+                   "that could be a gain, the mean of that and one measured again just after it (a machine drifting "
+                   "under the rung cancels), with a 98.5% interval whose degrees of freedom include the start-to-start "
+                   "floor's (Welch-Satterthwaite over the floor and every engine's repeats, at most the floor's); "
+                   "\"within noise\" where it includes zero, \"unknown\" where no floor was measured")
 DELTA_WORDS = delta_words()
 
 
@@ -167,7 +178,8 @@ def delta(base, new, floor: Floor | NoiseFloor | None = None, confidence: float 
     own = [(float(np.var(e, ddof=1)) / len(e) / len(side) ** 2, len(e) - 1) for side in (b, n) for e in side
            if len(e) >= 2]
     df: float = math.inf if floor.read_at else floor.df  # a floor judged at its upper end is taken as known there
-    if sum(v for v, _ in own) > var:  # repeats wider than the floor holds: a disturbed engine's, not the floor's
+    repeats = sum(v for v, _ in own) > var  # repeats wider than the floor holds: a disturbed engine's, not the floor's
+    if repeats:
         var = sum(v for v, _ in own)
         # never more df than the floor's: tight repeats must not buy degrees of freedom (agreeing engines read df 5
         # on a df-1 floor)
@@ -179,7 +191,7 @@ def delta(base, new, floor: Floor | NoiseFloor | None = None, confidence: float 
     why = f"{sides}, {confidence:.1%} interval, {floor.words()}, " + ("a normal quantile" if normal else f"df {df:.1f}")
     out = {"rel": rel, "ci": ci, "verdict": verdict, "why": why, "engines": [len(b), len(n)],
            "confidence": confidence, "df": floor.df if normal else round(df, 2), "floor_cv": floor.judged,
-           **({"normal": True} if normal else {})}
+           **({"normal": True} if normal else {}), **({"repeats_se": math.sqrt(var) / mb} if repeats else {})}
     if len(b) == 1 and verdict != "better":
         out["again_odds"] = round(again_odds(b[0], n, floor, confidence), 4)
     return out
@@ -458,14 +470,16 @@ def knees_delta(base: list[dict], new: list[dict], spread=None, confidence: floa
 def power(d: dict, gain: float = CONFIRM_STACK - 1, confidence: float = CONFIDENCE) -> float | None:
     """The chance that a Δ drawn as `d` was (delta: the engines and floor it rests on; knees_delta: the servers and
     their SD) calls a true gain of `gain` better: a noncentral t at the interval's degrees of freedom (a normal where
-    the floor was judged at its upper end: the power there, where the truth sits at that upper end; below it, a gain
-    that large is found more often). None where `d` drew no interval. In-engine repeats are left out of a tok/s Δ's SD
-    (they widen it only where they spread wider than the floor holds)."""
+    the floor was judged at its upper end: the power where the truth sits at that upper end). On tok/s, the SD the
+    interval was drawn with: the floor's, or the engines' own repeats' where they spread wider. None where `d` drew no
+    interval."""
     if d.get("ci") is None or not d.get("df"):
         return None
     if "servers" in d:  # a knee over servers: on the log scale
         nb, nn = d["servers"]
         se, shift = d["sd"] * math.sqrt(1 / nb + 1 / nn), math.log(1 + gain)
+    elif d.get("repeats_se"):  # drawn on the engines' own repeats, wider than the floor: their SE
+        se, shift = d["repeats_se"], gain
     else:
         nb, nn = d["engines"]
         se, shift = d["floor_cv"] * math.sqrt(1 / nb + (1 + gain) ** 2 / nn), gain

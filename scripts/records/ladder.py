@@ -101,9 +101,10 @@ class TargetConversion(Closed):
 class Change(BaseModel):
     """A rung's Δ vs its base on one measure: stats.delta (output tok/s) or stats.knee_delta (the knee, re-judged by
     stats.knee_recheck where fresh servers re-checked it), per GPU where the two ran on different GPU counts
-    (record.compare). Its other keys (engines, df, floor_cv, again_odds, past, ...) differ across the record's
-    versions: `extra="allow"` keeps them as written. An interval from before its level was stated with it is
-    `ci95`."""
+    (record.compare). Its other keys (engines, df, floor_cv, again_odds, past, normal, repeats_se, ...) differ across
+    the record's versions: `extra="allow"` keeps them as written (since 2026-12-07 floor_cv is the floor as judged,
+    `normal` says the interval took a normal quantile on it, and df is then the floor's own). An interval from
+    before its level was stated with it is `ci95`."""
     model_config = ConfigDict(extra="allow")
     rel: float | None = None
     ci: list[float] | None = None
@@ -302,8 +303,9 @@ class NoiseFloor(Closed):
     source: str | None = None
     df: int | None = None
     words: str
-    read_at: float | None = None  # the level at whose upper end the stored floor was read; None: as measured (a
-                                  # ladder from before 2026-12-07's stats.Floor.read)
+    read_at: float | None = None  # the level at whose upper end a stored floor was judged; None: none was stored
+                                  # (the ladder's own re-measures alone), or a ladder from before 2026-12-07
+    delta_words: str | None = None  # how its Δs on tok/s were drawn (stats.delta_words); None: a ladder from before
 
 
 class LadderRecord(Record):
