@@ -48,7 +48,7 @@ def test_a_fresh_clone_s_dvc_status_names_every_stage(tmp_path):
 
 def test_each_example_names_the_commit_that_made_it(tracked):
     readme = (ROOT / "README.md").read_text()
-    # none is committed today: the last two were made by an older rule and removed (docs/method.md)
+    # each one README lists: the H100 check ladders (docs/method.md: What is committed)
     examples = sorted(f for f in tracked if f.startswith("report/examples/") and f.endswith(".md"))
     shallow = git("rev-parse", "--is-shallow-repository").strip() == "true"
     for ex in examples:
