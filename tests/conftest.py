@@ -115,6 +115,30 @@ class Project:
         self.run("git", "commit", "-qm", msg, check=False)
 
 
+# The engine tests' eval: each category's first EVAL_PER_CATEGORY items of the eval file (50 of 140), written over
+# the project's copy: an eval (and rung 0's, run twice for its noise) generates for 50 items, not 140
+# (tests/test_e2e_1_pipeline.py 240 -> 223 s on one 2-core box, docs/measurements.md, 2026-12-07). The pipeline is
+# tested, not the eval's power: 10 a category leave the gate able to call a category's regression with up to 4 flips
+# of rung 0's own noise discounted (6 one-way flips at alpha 0.05; stats.detectable_flips), and the rung designed to
+# fail it still fails on evidence (rung 0 answers ~22 of the 50 right; a broken rung flips them).
+EVAL_PER_CATEGORY = 10
+
+
+def shorten_eval(proj: Project, per_category: int = EVAL_PER_CATEGORY) -> None:
+    """The project's eval file cut to each category's first `per_category` items, in file order."""
+    import json
+    path = proj.path / proj.params()["eval"]["file"]
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    seen: dict[str, int] = {}
+    keep = []
+    for ln in lines:
+        cat = json.loads(ln)["category"]
+        seen[cat] = seen.get(cat, 0) + 1
+        if seen[cat] <= per_category:
+            keep.append(ln)
+    path.write_text("\n".join(keep) + "\n")
+
+
 def make_project(dest: Path) -> Project:
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.split("\n")
@@ -164,6 +188,7 @@ def project(tmp_path_factory) -> Project:
     """One project for the engine tests, in test order: they build on each other's results (and run-cache)."""
     proj = make_project(tmp_path_factory.mktemp("ladder"))
     proj.set_params(**FAST)
+    shorten_eval(proj)
     proj.commit("fast settings for tests")
     return proj
 

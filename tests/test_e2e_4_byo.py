@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DTYPE, KNEE_SMALL, make_project, wait_no_vllm
+from conftest import DTYPE, KNEE_SMALL, make_project, shorten_eval, wait_no_vllm
 from test_byo import REV, hf_cache
 
 pytestmark = pytest.mark.engine
@@ -20,6 +20,7 @@ SMALL = {**DTYPE, "bench__repeats": 1, "bench__num_prompts": 8, "bench__warmups"
 def proj(tmp_path_factory):
     p = make_project(tmp_path_factory.mktemp("byo"))
     p.set_params(**SMALL)
+    shorten_eval(p)
     p.commit("small settings")
     return p
 
